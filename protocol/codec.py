@@ -1,0 +1,224 @@
+"""Encoders and decoders for every message family, each built once.
+
+Decoding is strict about types (no string-to-number coercion) and ignores
+unknown keys, as AHP asks of forward-compatible peers. A frame that does not
+decode raises :class:`MalformedFrame`, whose ``path`` names the bad field the
+way JSON-RPC clients see it (``$.params.action.turnId``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from protocol.actions import StateAction
+from protocol.chat import KNOWN_PART_KINDS, ChatState
+from protocol.messages import (
+    ActionEnvelope,
+    ChannelParams,
+    ChannelState,
+    CreateChatParams,
+    CreateSessionParams,
+    DispatchActionParams,
+    ErrorCode,
+    FetchTurnsParams,
+    IncomingResponse,
+    InitializeParams,
+    ListSessionsParams,
+    ReconnectParams,
+    Request,
+    Snapshot,
+    SubscribeParams,
+)
+from protocol.session import RootState, SessionState
+from protocol.uris import BadChannelUri, channel_kind
+
+T = TypeVar("T")
+
+
+class MalformedFrame(Exception):
+    """A frame that is not valid JSON-RPC or whose params do not fit.
+
+    ``code`` is the JSON-RPC error code to answer with; ``path`` is the JSON
+    path of the offending field, when there is one.
+    """
+
+    def __init__(self, code: int, reason: str, path: str | None = None) -> None:
+        super().__init__(code, reason, path)
+        self.code = code
+        self.reason = reason
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.reason if self.path is None else f"{self.reason} - at `{self.path}`"
+
+
+def _split(error: msgspec.ValidationError, prefix: str) -> tuple[str, str | None]:
+    text = str(error)
+    reason, sep, path = text.rpartition(" - at `")
+    if not sep:
+        return text, prefix
+    return reason, prefix + path.rstrip("`")[1:]
+
+
+def _decode(decoder: msgspec.json.Decoder[T], data: bytes | str, prefix: str, code: int) -> T:
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as error:
+        reason, path = _split(error, prefix)
+        raise MalformedFrame(code, reason, path) from None
+    except msgspec.DecodeError as error:
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, f"invalid JSON: {error}") from None
+
+
+_encoder: Final = msgspec.json.Encoder()
+_request: Final = msgspec.json.Decoder(Request)
+_response: Final = msgspec.json.Decoder(IncomingResponse)
+_action: Final[msgspec.json.Decoder[StateAction]] = msgspec.json.Decoder(StateAction)
+_envelope: Final = msgspec.json.Decoder(ActionEnvelope)
+STATE_TYPES: Final[dict[str, type[Any]]] = {
+    "root": RootState,
+    "session": SessionState,
+    "chat": ChatState,
+}
+_states: Final = {kind: msgspec.json.Decoder(t) for kind, t in STATE_TYPES.items()}
+
+PARAMS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
+    "initialize": msgspec.json.Decoder(InitializeParams),
+    "ping": msgspec.json.Decoder(ChannelParams),
+    "subscribe": msgspec.json.Decoder(SubscribeParams),
+    "unsubscribe": msgspec.json.Decoder(ChannelParams),
+    "dispatchAction": msgspec.json.Decoder(DispatchActionParams),
+    "reconnect": msgspec.json.Decoder(ReconnectParams),
+    "createSession": msgspec.json.Decoder(CreateSessionParams),
+    "disposeSession": msgspec.json.Decoder(ChannelParams),
+    "createChat": msgspec.json.Decoder(CreateChatParams),
+    "disposeChat": msgspec.json.Decoder(ChannelParams),
+    "listSessions": msgspec.json.Decoder(ListSessionsParams),
+    "fetchTurns": msgspec.json.Decoder(FetchTurnsParams),
+}
+"""The params decoder of every method the host serves."""
+
+
+def encode(value: Any) -> bytes:
+    """Encode any wire value as JSON (absent optional fields left out)."""
+    return _encoder.encode(value)
+
+
+def to_builtins(value: Any) -> Any:
+    """A wire value as plain JSON-compatible Python objects."""
+    return msgspec.to_builtins(value)
+
+
+def decode_request(data: bytes | str) -> Request:
+    """Decode one JSON-RPC request or notification frame."""
+    return _decode(_request, data, "$", ErrorCode.INVALID_REQUEST)
+
+
+def decode_params(method: str, params: msgspec.Raw | None) -> Any:
+    """Decode the params of ``method``; raises :class:`MalformedFrame` with
+    ``METHOD_NOT_FOUND`` for an unknown method."""
+    decoder = PARAMS.get(method)
+    if decoder is None:
+        raise MalformedFrame(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method!r}")
+    if params is None:
+        raise MalformedFrame(ErrorCode.INVALID_PARAMS, "missing params", "$.params")
+    return _decode(decoder, params, "$.params", ErrorCode.INVALID_PARAMS)
+
+
+def decode_response(data: bytes | str) -> IncomingResponse:
+    return _decode(_response, data, "$", ErrorCode.INVALID_REQUEST)
+
+
+def decode_action(data: bytes | str) -> StateAction:
+    return _decode(_action, data, "$", ErrorCode.INVALID_PARAMS)
+
+
+def decode_envelope(data: bytes | str) -> ActionEnvelope:
+    return _decode(_envelope, data, "$", ErrorCode.INVALID_PARAMS)
+
+
+def decode_state(channel: str, data: bytes | str) -> ChannelState:
+    """Decode the state of ``channel`` by its kind (root, session or chat)."""
+    try:
+        kind = channel_kind(channel)
+    except BadChannelUri as error:
+        raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), "$.resource") from None
+    state: ChannelState = _decode(_states[kind], data, "$.state", ErrorCode.INVALID_PARAMS)
+    return state
+
+
+def _map_parts(state: Any, mapper: Any) -> Any:
+    """Apply ``mapper`` to every response part of a chat state in builtins."""
+    if not isinstance(state, dict):
+        return state
+    out = dict(state)
+    turns = out.get("turns")
+    if isinstance(turns, list):
+        out["turns"] = [
+            {**t, "responseParts": [mapper(p) for p in t.get("responseParts") or []]}
+            if isinstance(t, dict)
+            else t
+            for t in turns
+        ]
+    active = out.get("activeTurn")
+    if isinstance(active, dict):
+        parts = active.get("responseParts") or []
+        out["activeTurn"] = {**active, "responseParts": [mapper(p) for p in parts]}
+    return out
+
+
+def _wrap_unknown(part: Any) -> Any:
+    if isinstance(part, dict) and part.get("kind") not in KNOWN_PART_KINDS:
+        return {"kind": "huddle/unknown", "raw": part}
+    return part
+
+
+def _unwrap_unknown(part: Any) -> Any:
+    if isinstance(part, dict) and part.get("kind") == "huddle/unknown":
+        return part.get("raw")
+    return part
+
+
+def convert_state(value: Any, kind: str) -> ChannelState:
+    """Stored or received state (plain JSON objects) as a typed state.
+
+    Lenient where AHP expects growth: a response part of an unknown kind
+    is kept as an :class:`~protocol.chat.UnknownPart`.
+    """
+    if kind == "chat":
+        value = _map_parts(value, _wrap_unknown)
+    state: ChannelState = convert(value, STATE_TYPES[kind], "$")
+    return state
+
+
+def state_to_builtins(state: ChannelState) -> Any:
+    """A state as plain JSON objects, unknown parts written back as read."""
+    value = msgspec.to_builtins(state)
+    return _map_parts(value, _unwrap_unknown) if isinstance(state, ChatState) else value
+
+
+def convert(value: Any, type_: type[T], path: str = "$") -> T:
+    """Convert plain JSON objects (already parsed) into a wire type."""
+    try:
+        return msgspec.convert(value, type_)
+    except msgspec.ValidationError as error:
+        reason, where = _split(error, path)
+        raise MalformedFrame(ErrorCode.INVALID_PARAMS, reason, where) from None
+
+
+def decode_snapshot(value: Any) -> Snapshot:
+    """A snapshot from plain JSON, its state typed by the channel it names."""
+    if not isinstance(value, dict) or not isinstance(value.get("resource"), str):
+        raise MalformedFrame(ErrorCode.INVALID_PARAMS, "expected a snapshot", "$")
+    resource = value["resource"]
+    try:
+        kind = channel_kind(resource)
+    except BadChannelUri as error:
+        raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), "$.resource") from None
+    state = convert_state(value.get("state"), kind)
+    from_seq = value.get("fromSeq")
+    if not isinstance(from_seq, int) or isinstance(from_seq, bool):
+        raise MalformedFrame(ErrorCode.INVALID_PARAMS, "Expected `int`", "$.fromSeq")
+    return Snapshot(resource=resource, state=state, from_seq=from_seq)

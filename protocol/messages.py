@@ -1,0 +1,300 @@
+"""JSON-RPC 2.0 frames, AHP error codes, action envelopes, snapshots and the
+params and results of the AHP commands Huddle serves.
+
+A frame is decoded in two steps: first the JSON-RPC envelope, with ``params``
+kept as raw JSON, then the params by method (see :mod:`protocol.codec`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal, TypeAlias
+
+import msgspec
+
+from protocol.actions import StateAction
+from protocol.chat import ChatState, Message, Turn
+from protocol.session import ActiveClient, RootState, SessionState, SessionSummary
+from protocol.wire import URI, JsonObject, Wire
+
+PROTOCOL_VERSION: Final = "0.7.0"
+SUPPORTED_PROTOCOL_VERSIONS: Final = (PROTOCOL_VERSION,)
+
+
+class ErrorCode:
+    """JSON-RPC 2.0 and AHP error codes."""
+
+    PARSE_ERROR: Final = -32700
+    INVALID_REQUEST: Final = -32600
+    METHOD_NOT_FOUND: Final = -32601
+    INVALID_PARAMS: Final = -32602
+    INTERNAL_ERROR: Final = -32603
+    SESSION_NOT_FOUND: Final = -32001
+    PROVIDER_NOT_FOUND: Final = -32002
+    SESSION_ALREADY_EXISTS: Final = -32003
+    TURN_IN_PROGRESS: Final = -32004
+    UNSUPPORTED_PROTOCOL_VERSION: Final = -32005
+    CONTENT_NOT_FOUND: Final = -32006
+    AUTH_REQUIRED: Final = -32007
+    NOT_FOUND: Final = -32008
+    PERMISSION_DENIED: Final = -32009
+    ALREADY_EXISTS: Final = -32010
+    CONFLICT: Final = -32011
+
+
+RequestId: TypeAlias = int | str
+
+# ─── JSON-RPC frames ─────────────────────────────────────────────────────────
+
+
+class Request(Wire, frozen=True, kw_only=True):
+    """A request (with ``id``) or a notification (without)."""
+
+    jsonrpc: Literal["2.0"]
+    method: str
+    id: RequestId | None = None
+    params: msgspec.Raw | None = None
+
+
+class RpcError(Wire, frozen=True, kw_only=True):
+    code: int
+    message: str
+    data: Any = None
+
+
+class ErrorResponse(Wire, frozen=True, kw_only=True):
+    jsonrpc: Literal["2.0"] = "2.0"
+    id: RequestId | None
+    error: RpcError
+
+
+class Response(Wire, frozen=True, kw_only=True):
+    """A success response; ``result`` is any encodable value."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    id: RequestId
+    result: Any
+
+
+class Notification(Wire, frozen=True, kw_only=True):
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: str
+    params: Any
+
+
+class IncomingResponse(Wire, frozen=True, kw_only=True):
+    """A response as a client reads it: a result or an error."""
+
+    jsonrpc: Literal["2.0"]
+    id: RequestId | None = None
+    result: msgspec.Raw | None = None
+    error: RpcError | None = None
+
+
+# ─── Envelopes and snapshots ─────────────────────────────────────────────────
+
+
+class ActionOrigin(Wire, frozen=True, kw_only=True):
+    client_id: str
+    client_seq: int
+
+
+class ActionEnvelope(Wire, frozen=True, kw_only=True):
+    """An action as every subscriber of ``channel`` receives it.
+
+    ``server_seq`` is the channel's sequence number: per channel, strictly
+    increasing with no gaps. A rejection carries ``rejection_reason``, goes
+    only to its sender and repeats the channel's current seq.
+    """
+
+    channel: URI
+    action: StateAction
+    server_seq: int
+    origin: ActionOrigin | None = None
+    rejection_reason: str | None = None
+
+
+ChannelState: TypeAlias = RootState | SessionState | ChatState
+
+
+class Snapshot(Wire, frozen=True, kw_only=True):
+    """A channel's state at ``from_seq``; later actions have a greater seq."""
+
+    resource: URI
+    state: ChannelState
+    from_seq: int
+
+
+class RawSnapshot(Wire, frozen=True, kw_only=True):
+    """A snapshot as read from the wire, before its state is decoded by the
+    kind of channel it names (see :func:`protocol.codec.decode_snapshot`)."""
+
+    resource: URI
+    state: msgspec.Raw
+    from_seq: int
+
+
+# ─── Command params and results ──────────────────────────────────────────────
+
+
+class Implementation(Wire, frozen=True, kw_only=True):
+    name: str
+    version: str | None = None
+    title: str | None = None
+
+
+class InitializeParams(Wire, frozen=True, kw_only=True):
+    channel: URI
+    protocol_versions: list[str]
+    client_id: str
+    client_info: Implementation | None = None
+    initial_subscriptions: list[URI] | None = None
+    locale: str | None = None
+    capabilities: JsonObject | None = None
+
+
+class InitializeResult(Wire, frozen=True, kw_only=True):
+    protocol_version: str
+    server_seq: int
+    server_info: Implementation | None = None
+    snapshots: list[Snapshot]
+
+
+class ChannelParams(Wire, frozen=True, kw_only=True):
+    """Params of commands that name only their channel (``ping``,
+    ``unsubscribe``, ``disposeSession``, ``disposeChat``)."""
+
+    channel: URI
+
+
+class SubscribeView(Wire, frozen=True, kw_only=True):
+    turns: int | None = None
+
+
+class DeliveryOptions(Wire, frozen=True, kw_only=True):
+    max_latency_ms: int | None = None
+
+
+class SubscribeParams(Wire, frozen=True, kw_only=True):
+    channel: URI
+    delivery: DeliveryOptions | None = None
+    view: SubscribeView | None = None
+
+
+class SubscribeResult(Wire, frozen=True, kw_only=True):
+    snapshot: Snapshot | None = None
+
+
+class DispatchActionParams(Wire, frozen=True, kw_only=True):
+    channel: URI
+    client_seq: int
+    action: StateAction
+
+
+class ChannelCursor(Wire, frozen=True, kw_only=True):
+    """The last ``serverSeq`` a client saw on one channel."""
+
+    channel: URI
+    last_seen_server_seq: int
+
+
+class ReconnectParams(Wire, frozen=True, kw_only=True):
+    """Resume after a dropped connection, one cursor per channel.
+
+    Per-channel cursors come from newer AHP; Huddle's seqs are per channel,
+    so one global ``lastSeenServerSeq`` could not say where to resume.
+    """
+
+    channel: URI
+    client_id: str
+    cursors: list[ChannelCursor]
+
+
+class ChannelResume(Wire, frozen=True, kw_only=True, tag_field="type"):
+    """How one channel resumes; tagged by ``type``."""
+
+    channel: URI
+
+
+class ReplayResume(ChannelResume, frozen=True, kw_only=True, tag="replay"):
+    """The store still held the gap: these envelopes follow the cursor."""
+
+    actions: list[ActionEnvelope]
+
+
+class SnapshotResume(ChannelResume, frozen=True, kw_only=True, tag="snapshot"):
+    """The gap is gone (trimmed, or the log's epoch changed): start over."""
+
+    snapshot: Snapshot
+
+
+class MissingResume(ChannelResume, frozen=True, kw_only=True, tag="missing"):
+    """The channel no longer exists."""
+
+
+Resume: TypeAlias = ReplayResume | SnapshotResume | MissingResume
+
+
+class ReconnectResult(Wire, frozen=True, kw_only=True):
+    channels: list[Resume]
+
+
+class CreateSessionParams(Wire, frozen=True, kw_only=True):
+    channel: URI
+    provider: str | None = None
+    working_directories: list[URI] | None = None
+    config: JsonObject | None = None
+    active_client: ActiveClient | None = None
+    title: str | None = None
+
+
+class CreateChatParams(Wire, frozen=True, kw_only=True):
+    """Create the chat ``chat`` in the session named by ``channel``."""
+
+    channel: URI
+    chat: URI
+    initial_message: Message | None = None
+    working_directories: list[URI] | None = None
+    title: str | None = None
+
+
+class ListSessionsParams(Wire, frozen=True, kw_only=True):
+    channel: URI
+    limit: int | None = None
+    cursor: str | None = None
+
+
+class ListSessionsResult(Wire, frozen=True, kw_only=True):
+    items: list[SessionSummary]
+    next_cursor: str | None = None
+
+
+class FetchTurnsParams(Wire, frozen=True, kw_only=True):
+    channel: URI
+    cursor: str | None = None
+    limit: int | None = None
+
+
+class FetchTurnsResult(Wire, frozen=True, kw_only=True):
+    """The page of older turns the host inserted into the chat's state."""
+
+    turns: list[Turn]
+    turns_next_cursor: str | None = None
+
+
+# ─── Root notifications ──────────────────────────────────────────────────────
+
+
+class SessionAddedParams(Wire, frozen=True, kw_only=True):
+    channel: URI
+    summary: SessionSummary
+
+
+class SessionRemovedParams(Wire, frozen=True, kw_only=True):
+    channel: URI
+    session: URI
+
+
+class SessionSummaryChangedParams(Wire, frozen=True, kw_only=True):
+    channel: URI
+    session: URI
+    changes: JsonObject

@@ -116,13 +116,13 @@ def decode_request(data: bytes | str) -> Request:
     return _decode(_request, data, "$", ErrorCode.INVALID_REQUEST)
 
 
-def decode_params(method: str, params: msgspec.Raw | None) -> Any:
+def decode_params(method: str, params: msgspec.Raw) -> Any:
     """Decode the params of ``method``; raises :class:`MalformedFrame` with
     ``METHOD_NOT_FOUND`` for an unknown method."""
     decoder = PARAMS.get(method)
     if decoder is None:
         raise MalformedFrame(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method!r}")
-    if params is None:
+    if not params:
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "missing params", "$.params")
     return _decode(decoder, params, "$.params", ErrorCode.INVALID_PARAMS)
 

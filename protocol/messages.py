@@ -46,13 +46,23 @@ RequestId: TypeAlias = int | str
 # ─── JSON-RPC frames ─────────────────────────────────────────────────────────
 
 
+class Frame(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Base of the JSON-RPC frames: every field is always written (JSON-RPC
+    wants ``"jsonrpc": "2.0"`` on every message, ``"id": null`` when the
+    request's id could not be read)."""
+
+
+NO_PARAMS = msgspec.Raw(b"")
+
+
 class Request(Wire, frozen=True, kw_only=True):
-    """A request (with ``id``) or a notification (without)."""
+    """A request (with ``id``) or a notification (without); ``params`` stay
+    raw JSON until the method is known (empty when absent)."""
 
     jsonrpc: Literal["2.0"]
     method: str
     id: RequestId | None = None
-    params: msgspec.Raw | None = None
+    params: msgspec.Raw = NO_PARAMS
 
 
 class RpcError(Wire, frozen=True, kw_only=True):
@@ -61,13 +71,13 @@ class RpcError(Wire, frozen=True, kw_only=True):
     data: Any = None
 
 
-class ErrorResponse(Wire, frozen=True, kw_only=True):
+class ErrorResponse(Frame, frozen=True, kw_only=True):
     jsonrpc: Literal["2.0"] = "2.0"
     id: RequestId | None
     error: RpcError
 
 
-class Response(Wire, frozen=True, kw_only=True):
+class Response(Frame, frozen=True, kw_only=True):
     """A success response; ``result`` is any encodable value."""
 
     jsonrpc: Literal["2.0"] = "2.0"
@@ -75,7 +85,7 @@ class Response(Wire, frozen=True, kw_only=True):
     result: Any
 
 
-class Notification(Wire, frozen=True, kw_only=True):
+class Notification(Frame, frozen=True, kw_only=True):
     jsonrpc: Literal["2.0"] = "2.0"
     method: str
     params: Any
@@ -121,15 +131,6 @@ class Snapshot(Wire, frozen=True, kw_only=True):
 
     resource: URI
     state: ChannelState
-    from_seq: int
-
-
-class RawSnapshot(Wire, frozen=True, kw_only=True):
-    """A snapshot as read from the wire, before its state is decoded by the
-    kind of channel it names (see :func:`protocol.codec.decode_snapshot`)."""
-
-    resource: URI
-    state: msgspec.Raw
     from_seq: int
 
 

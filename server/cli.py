@@ -1,9 +1,29 @@
-"""The ``huddle`` command."""
+"""The ``huddle`` command.
+
+``huddle serve`` runs the server: the embedded store unless ``--store``
+names another, an agent token from ``--token``/``HUDDLE_TOKEN`` (or a new
+one, printed), and a link to the web client with a participant token, as
+Jupyter prints one.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+import webbrowser
 from importlib.metadata import version
+from typing import Any
+
+from server.app import create_app
+from server.auth import TokenAuthority
+from server.config import Settings, settings_from
+from server.serve import UvicornServer, uvicorn_config
+from server.store.base import ChannelStore
+from server.store.memory import MemoryStore
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -12,8 +32,74 @@ def build_parser() -> argparse.ArgumentParser:
         description="Huddle: a real-time, human-in-the-loop session server for AI agents.",
     )
     parser.add_argument("--version", action="version", version=f"huddle {version('huddle')}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="run the server",
+        description="Run the Huddle server. Every flag has a HUDDLE_* variable "
+        "(--max-subscriptions: HUDDLE_MAX_SUBSCRIPTIONS); a flag wins.",
+    )
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default 8765; 0 picks one)")
+    serve.add_argument("--store", help="'memory' (default, embedded) or redis://host:port/db")
+    serve.add_argument("--token", help="the agent token (default: a new one, printed)")
+    serve.add_argument(
+        "--origin",
+        dest="origins",
+        action="append",
+        metavar="ORIGIN",
+        help="a browser origin allowed besides the server's own (repeatable; '*' for any)",
+    )
+    serve.add_argument(
+        "--agent",
+        help="the built-in agent: 'none' (outside agents connect with the agent "
+        "token) or module:attribute",
+    )
+    serve.add_argument("--max-frame-bytes", type=int, help="largest frame accepted (1 MiB)")
+    serve.add_argument(
+        "--actions-per-second", type=float, help="actions a connection may send a second (50)"
+    )
+    serve.add_argument("--action-burst", type=int, help="actions a connection may burst (100)")
+    serve.add_argument("--max-subscriptions", type=int, help="subscriptions per connection (100)")
+    serve.add_argument(
+        "--send-queue", type=int, help="frames queued per client before it is cut off (1000)"
+    )
+    serve.add_argument(
+        "--replay-window", type=int, help="envelopes kept per channel for reconnect (1000)"
+    )
+    serve.add_argument(
+        "--open-browser", action="store_true", default=None, help="open the web client"
+    )
     return parser
+
+
+def make_store(settings: Settings) -> ChannelStore:
+    if settings.store == "memory":
+        return MemoryStore(retention=settings.replay_window)
+    raise SystemExit(f"huddle: unknown store {settings.store!r} (use 'memory')")
+
+
+async def serve(settings: Settings) -> None:
+    generated = settings.token is None
+    token = settings.token or TokenAuthority.generate_agent_token()
+    authority = TokenAuthority(token)
+    app = create_app(settings, make_store(settings), authority)
+
+    def announce(port: int) -> None:
+        host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
+        participant = authority.mint(
+            "participant", name="participant", expires_at=time.time() + settings.participant_ttl
+        )
+        link = f"http://{host}:{port}/?token={participant}"
+        if generated:
+            print(f"Agent token (keep it secret; set HUDDLE_TOKEN to reuse it): {token}")
+        print(f"Huddle is serving on http://{host}:{port}")
+        print(f"Open the web client: {link}", flush=True)
+        if settings.open_browser:
+            webbrowser.open(link)
+
+    server = UvicornServer(uvicorn_config(app, settings), on_listening=announce)
+    await server.serve()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,4 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
+        return 0
+    flags: dict[str, Any] = vars(args)
+    settings = settings_from(flags, os.environ)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(settings))
+    except ValueError as error:
+        print(f"huddle: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
     return 0

@@ -1,0 +1,183 @@
+"""What a host derives from a chat for its session and from a session for the
+sessions list: pure functions of state, used by the host after each action.
+
+AHP asks hosts to keep three aggregates current:
+
+- the session's ``inputNeeded`` queue mirrors every open input request and
+  every tool call waiting on a person, across the session's chats
+  (:func:`derive_session_actions` emits ``session/inputNeededSet`` and
+  ``session/inputNeededRemoved``);
+- the session's ``chats`` catalog mirrors each chat's summary fields
+  (``session/chatUpdated``);
+- the sessions list shows a summary whose status, activity and modifiedAt
+  are aggregated over the session's chats (:func:`session_summary`).
+
+Decision where AHP is silent: the mirrored input request leaves out
+``answers``. Drafts change on every keystroke batch; the queue only says
+that a request is open, and the chat holds the answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from msgspec.structs import replace
+
+from protocol.actions import (
+    SessionAction,
+    SessionChatUpdated,
+    SessionInputNeededRemoved,
+    SessionInputNeededSet,
+)
+from protocol.chat import (
+    ChatState,
+    ChatSummary,
+    ChatSummaryChanges,
+    InputRequestPart,
+    ToolCallAuthRequired,
+    ToolCallPart,
+    ToolCallPendingConfirmation,
+    ToolCallPendingResultConfirmation,
+)
+from protocol.session import (
+    ChatInputNeeded,
+    SessionInputRequest,
+    SessionState,
+    SessionSummary,
+    ToolAuthenticationNeeded,
+    ToolConfirmationNeeded,
+)
+from protocol.status import ACTIVITY_MASK, SessionStatus
+
+SUMMARY_FIELDS = tuple(f for f in ChatSummary.__struct_fields__ if f != "resource")
+
+
+def select_input_needed(chat: ChatState) -> dict[str, SessionInputRequest]:
+    """Every open block of the chat's active turn, by entry id: input
+    requests by request id, tool calls by tool call id."""
+    turn = chat.active_turn
+    if turn is None:
+        return {}
+    found: dict[str, SessionInputRequest] = {}
+    for part in turn.response_parts:
+        if type(part) is InputRequestPart:
+            if part.response is None:
+                request = replace(part.request, answers=None)
+                found[request.id] = ChatInputNeeded(
+                    id=request.id, chat=chat.resource, request=request
+                )
+        elif type(part) is ToolCallPart:
+            call = part.tool_call
+            if isinstance(call, ToolCallPendingConfirmation | ToolCallPendingResultConfirmation):
+                found[call.tool_call_id] = ToolConfirmationNeeded(
+                    id=call.tool_call_id, chat=chat.resource, turn_id=turn.id, tool_call=call
+                )
+            elif isinstance(call, ToolCallAuthRequired):
+                found[call.tool_call_id] = ToolAuthenticationNeeded(
+                    id=call.tool_call_id, chat=chat.resource, turn_id=turn.id, tool_call=call
+                )
+    return found
+
+
+def chat_summary(chat: ChatState) -> ChatSummary:
+    """The catalog entry of a chat: its denormalized summary fields."""
+    return ChatSummary(
+        resource=chat.resource,
+        title=chat.title,
+        status=chat.status,
+        activity=chat.activity,
+        modified_at=chat.modified_at,
+        origin=chat.origin,
+        interactivity=chat.interactivity,
+        working_directories=chat.working_directories,
+    )
+
+
+def summary_changes(before: ChatState, after: ChatState) -> dict[str, Any]:
+    """The summary fields that differ between two states of one chat."""
+    return {
+        field: new
+        for field in SUMMARY_FIELDS
+        if (new := getattr(after, field)) != getattr(before, field)
+    }
+
+
+def derive_session_actions(
+    before: ChatState, after: ChatState, *, include_modified_at: bool = True
+) -> list[SessionAction]:
+    """The session actions that keep the session in step with a chat change:
+    ``inputNeeded`` entries opened, changed or closed, then a
+    ``session/chatUpdated`` with the changed summary fields. With
+    ``include_modified_at`` False a change of ``modifiedAt`` alone is left
+    for later (hosts throttle those)."""
+    if before is after:
+        return []
+    actions: list[SessionAction] = []
+    old, new = select_input_needed(before), select_input_needed(after)
+    for entry_id, entry in new.items():
+        if old.get(entry_id) != entry:
+            actions.append(SessionInputNeededSet(request=entry))
+    for entry_id in old.keys() - new.keys():
+        actions.append(SessionInputNeededRemoved(id=entry_id))
+    changes = summary_changes(before, after)
+    if changes and (include_modified_at or changes.keys() != {"modified_at"}):
+        if changes.keys() != {"modified_at"}:
+            changes["modified_at"] = after.modified_at
+        actions.append(
+            SessionChatUpdated(chat=after.resource, changes=ChatSummaryChanges(**changes))
+        )
+    return actions
+
+
+def _activity(status: int) -> int:
+    return status & ACTIVITY_MASK
+
+
+def session_summary(uri: str, session: SessionState, created_at: str) -> SessionSummary:
+    """The session as the sessions list shows it, by AHP's aggregation rules:
+    activity bits and text from the default chat (else the most recently
+    modified one), promoted to InputNeeded, else Error, when any chat is so;
+    IsRead/IsArchived from the session, modifiedAt the latest of the chats."""
+    chats = session.chats
+    leader = next((c for c in chats if c.resource == session.default_chat), None)
+    if leader is None and chats:
+        leader = max(chats, key=lambda c: c.modified_at)
+    activity = _activity(leader.status) if leader else _activity(session.status)
+    activity_text = leader.activity if leader else session.activity
+    for promoted in (SessionStatus.INPUT_NEEDED, SessionStatus.ERROR):
+        winner = next((c for c in chats if _activity(c.status) == promoted), None)
+        if winner is not None:
+            activity, activity_text = promoted, winner.activity
+            break
+    if session.input_needed:
+        activity = SessionStatus.INPUT_NEEDED
+    flags = session.status & ~ACTIVITY_MASK
+    modified = max((c.modified_at for c in chats), default=created_at)
+    return SessionSummary(
+        resource=uri,
+        provider=session.provider,
+        title=session.title,
+        status=flags | (activity or SessionStatus.IDLE),
+        activity=activity_text,
+        project=session.project,
+        working_directories=session.working_directories,
+        annotations=session.annotations,
+        created_at=created_at,
+        modified_at=max(modified, created_at),
+    )
+
+
+def summary_diff(before: SessionSummary, after: SessionSummary) -> dict[str, Any]:
+    """The changed fields of a session summary as AHP's
+    ``root/sessionSummaryChanged`` carries them (wire names; ``null`` for a
+    field that became absent); identity fields never change."""
+    old = msgspec.to_builtins(before)
+    new = msgspec.to_builtins(after)
+    changed: dict[str, Any] = {}
+    for key in old.keys() | new.keys():
+        if key in ("resource", "provider", "createdAt"):
+            continue
+        if old.get(key) != new.get(key):
+            changed[key] = new.get(key)
+    return changed

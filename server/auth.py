@@ -1,0 +1,121 @@
+"""Tokens: who may connect, in which role, to which sessions.
+
+The agent token is a shared secret (``huddle serve --token``); whoever holds
+it has the ``agent`` role on every session. Every other token is minted by
+the server: a JSON payload (role, sessions, name, expiry) and an HMAC-SHA256
+signature with a key derived from the agent token, both base64url, joined by
+a dot. Processes that share the agent token therefore accept each other's
+tokens, and changing the agent token revokes every minted one.
+
+Roles: ``agent`` may dispatch every action and create sessions;
+``participant`` may dispatch client-dispatchable actions; ``observer`` may
+only subscribe. ``sessions`` of None means every session.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Literal
+
+from server.errors import AuthError
+
+Role = Literal["agent", "participant", "observer"]
+ROLES: tuple[Role, ...] = ("agent", "participant", "observer")
+TOKEN_PREFIX = "hud1."
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a verified token allows."""
+
+    role: Role
+    sessions: frozenset[str] | None
+    name: str
+
+    def may_touch(self, session: str | None) -> bool:
+        """Whether the token reaches ``session`` (None: not session-scoped)."""
+        return self.sessions is None or session is None or session in self.sessions
+
+    @property
+    def may_dispatch(self) -> bool:
+        return self.role != "observer"
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class TokenAuthority:
+    """Mints and verifies tokens for one agent token."""
+
+    def __init__(self, agent_token: str) -> None:
+        if len(agent_token) < 16:
+            raise ValueError("the agent token must be at least 16 characters")
+        self.agent_token = agent_token
+        self._key = hashlib.sha256(b"huddle token key\0" + agent_token.encode()).digest()
+
+    @staticmethod
+    def generate_agent_token() -> str:
+        return secrets.token_urlsafe(32)
+
+    def mint(
+        self,
+        role: Role,
+        *,
+        sessions: list[str] | None = None,
+        name: str | None = None,
+        expires_at: float,
+    ) -> str:
+        """A token for ``role`` on ``sessions`` (all when None) until
+        ``expires_at`` (Unix time)."""
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        payload = {
+            "role": role,
+            "sessions": sessions,
+            "name": name or role,
+            "exp": int(expires_at),
+            "n": secrets.token_hex(4),
+        }
+        body = _b64(json.dumps(payload, separators=(",", ":")).encode())
+        signature = _b64(hmac.new(self._key, body.encode(), hashlib.sha256).digest())
+        return f"{TOKEN_PREFIX}{body}.{signature}"
+
+    def verify(self, token: str | None, now: float) -> Grant:
+        """The grant of ``token``; raises AuthError(401) when it is missing,
+        forged, malformed or expired."""
+        if not token:
+            raise AuthError(401, "a token is required")
+        if hmac.compare_digest(token.encode(), self.agent_token.encode()):
+            return Grant(role="agent", sessions=None, name="agent")
+        if not token.startswith(TOKEN_PREFIX):
+            raise AuthError(401, "unknown token")
+        body, _, signature = token[len(TOKEN_PREFIX) :].partition(".")
+        expected = _b64(hmac.new(self._key, body.encode(), hashlib.sha256).digest())
+        if not hmac.compare_digest(signature.encode(), expected.encode()):
+            raise AuthError(401, "invalid token signature")
+        try:
+            payload = json.loads(_unb64(body))
+            role, sessions, name, exp = (
+                payload["role"],
+                payload["sessions"],
+                payload["name"],
+                payload["exp"],
+            )
+        except (ValueError, KeyError, TypeError):
+            raise AuthError(401, "malformed token") from None
+        if role not in ROLES:
+            raise AuthError(401, "malformed token")
+        if not isinstance(exp, int) or exp <= now:
+            raise AuthError(401, "the token has expired")
+        scope = None if sessions is None else frozenset(str(s) for s in sessions)
+        return Grant(role=role, sessions=scope, name=str(name))

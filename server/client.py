@@ -1,0 +1,422 @@
+"""An async AHP client for agents, tools, tests and benchmarks.
+
+    async with await HuddleClient.connect(url, token) as client:
+        chat = await client.subscribe("ahp-chat:/...")      # a live Mirror
+        await client.dispatch_and_wait(chat.uri, action)     # echo or raise
+        outcome = await client.request_input(chat.uri, request)
+
+Each subscription is a :class:`Mirror`: the channel's state kept current
+with the same reducers the server runs, applying envelopes strictly in
+``serverSeq`` order. When the socket drops, the client reconnects by itself
+(with backoff), sends ``reconnect`` with one cursor per channel, and applies
+the replay or the fresh snapshot; a mirror never skips or repeats a seq.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import msgspec
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from protocol.actions import ChatInputRequested, StateAction
+from protocol.chat import ChatState, InputAnswer, InputRequest, InputRequestPart
+from protocol.codec import convert, decode_snapshot, encode
+from protocol.messages import (
+    PROTOCOL_VERSION,
+    ActionEnvelope,
+    ChannelCursor,
+    ChannelParams,
+    ChannelState,
+    DispatchActionParams,
+    InitializeParams,
+    ReconnectParams,
+    Snapshot,
+    SubscribeParams,
+    SubscribeView,
+)
+from protocol.uris import ROOT_URI
+from reducers import reduce
+from server.errors import ActionRejected, HuddleError, InputAbandoned
+
+log = logging.getLogger("huddle.client")
+
+
+class ProtocolError(HuddleError):
+    """The server answered a request with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(code, message, data)
+        self.code, self.message, self.data = code, message, data
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.code})"
+
+
+class Disconnected(HuddleError):
+    """The connection is gone and the client is closed (or was refused)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"disconnected: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Completion:
+    """How an input request was completed, as a client sees it."""
+
+    response: str
+    answers: dict[str, InputAnswer]
+
+
+class Mirror:
+    """A channel's state, kept current from its envelopes."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.uri = snapshot.resource
+        self.state: ChannelState = snapshot.state
+        self.seq = snapshot.from_seq
+        self.changed = asyncio.Condition()
+        self.listeners: list[Callable[[ActionEnvelope], None]] = []
+
+    async def _reset(self, snapshot: Snapshot) -> None:
+        self.state, self.seq = snapshot.state, snapshot.from_seq
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def _apply(self, envelope: ActionEnvelope, now_ms: int) -> bool:
+        """Apply the next envelope; False when it leaves a gap."""
+        if envelope.server_seq <= self.seq:
+            return True
+        if envelope.server_seq != self.seq + 1:
+            return False
+        self.state = reduce(self.state, envelope.action, now_ms)
+        self.seq = envelope.server_seq
+        for listener in list(self.listeners):
+            listener(envelope)
+        async with self.changed:
+            self.changed.notify_all()
+        return True
+
+    async def wait_for(self, predicate: Callable[[ChannelState], bool]) -> ChannelState:
+        """Wait until ``predicate(state)`` holds; returns that state. Bound
+        it with ``asyncio.timeout``."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: predicate(self.state))
+            return self.state
+
+    @property
+    def chat(self) -> ChatState:
+        assert isinstance(self.state, ChatState)
+        return self.state
+
+
+class HuddleClient:
+    """A connection to a Huddle server; see the module docstring."""
+
+    def __init__(self, url: str, token: str, *, client_id: str | None = None) -> None:
+        self.url = url
+        self.token = token
+        self.client_id = client_id or f"py-{secrets.token_hex(6)}"
+        self.mirrors: dict[str, Mirror] = {}
+        self.notices: list[Callable[[str, Any], None]] = []
+        self.connected = asyncio.Event()
+        self.reconnects = 0
+        self._ws: ClientConnection | None = None
+        self._ids = itertools.count(1)
+        self._seqs = itertools.count(1)
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._echoes: dict[int, asyncio.Future[ActionEnvelope]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+        self._lost = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+
+    # ─── Connecting ──────────────────────────────────────────────────────
+
+    @classmethod
+    async def connect(
+        cls, url: str, token: str, *, client_id: str | None = None, reconnect: bool = True
+    ) -> Self:
+        """Connect and initialize; with ``reconnect`` the client reconnects
+        by itself after a drop. Raises Disconnected when refused."""
+        client = cls(url, token, client_id=client_id)
+        await client._open(initial=True)
+        if reconnect:
+            client._supervisor = asyncio.create_task(client._supervise())
+        return client
+
+    async def _open(self, *, initial: bool) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        try:
+            ws = await connect(
+                self.url, additional_headers=headers, compression=None, max_size=None
+            )
+        except InvalidStatus as error:
+            status = error.response.status_code
+            raise Disconnected(f"the server refused the connection ({status})") from None
+        except OSError as error:
+            raise Disconnected(f"cannot reach {self.url}: {error}") from None
+        self._ws = ws
+        self._lost.clear()
+        self._reader = asyncio.create_task(self._read(ws))
+        params = InitializeParams(
+            channel=ROOT_URI, protocol_versions=[PROTOCOL_VERSION], client_id=self.client_id
+        )
+        raw = await self.call("initialize", params)
+        self.protocol_version: str = raw["protocolVersion"]
+        self.initial_snapshots = [decode_snapshot(s) for s in raw.get("snapshots", [])]
+        if not initial:
+            await self._resume()
+        self.connected.set()
+
+    async def _supervise(self) -> None:
+        delay = 0.05
+        while not self._closed:
+            await self._lost.wait()
+            self.connected.clear()
+            if self._closed:
+                return
+            try:
+                await self._open(initial=False)
+            except (Disconnected, ProtocolError, ConnectionClosed, OSError) as error:
+                log.info("reconnect failed: %s", error)
+                await asyncio.sleep(delay)  # backoff between attempts
+                delay = min(delay * 2, 2.0)
+                self._lost.set()
+                continue
+            self.reconnects += 1
+            delay = 0.05
+
+    async def _resume(self) -> None:
+        cursors = [
+            ChannelCursor(channel=m.uri, last_seen_server_seq=m.seq) for m in self.mirrors.values()
+        ]
+        if not cursors:
+            return
+        raw = await self.call(
+            "reconnect",
+            ReconnectParams(channel=ROOT_URI, client_id=self.client_id, cursors=cursors),
+        )
+        for item in raw["channels"]:
+            mirror = self.mirrors.get(item["channel"])
+            if mirror is None:
+                continue
+            if item["type"] == "replay":
+                for envelope in item["actions"]:
+                    await self._on_envelope(convert(envelope, ActionEnvelope))
+            elif item["type"] == "snapshot":
+                await mirror._reset(decode_snapshot(item["snapshot"]))
+            else:
+                del self.mirrors[item["channel"]]
+        self._fail_echoes(Disconnected("the connection dropped before the echo"))
+
+    async def close(self) -> None:
+        self._closed = True
+        self._lost.set()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        if self._ws is not None:
+            await self._ws.close()
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def kill_socket(self) -> None:
+        """Drop the socket without closing the client (tests use it to see
+        the reconnect path)."""
+        if self._ws is not None:
+            self._ws.transport.abort()
+
+    # ─── Reading ─────────────────────────────────────────────────────────
+
+    async def _read(self, ws: ClientConnection) -> None:
+        try:
+            async for text in ws:
+                await self._on_frame(msgspec.json.decode(text))
+        except ConnectionClosed:
+            pass
+        finally:
+            self._fail_calls(Disconnected("the connection dropped"))
+            if self._supervisor is None:
+                self._fail_echoes(Disconnected("the connection dropped"))
+            self._lost.set()
+
+    async def _on_frame(self, frame: dict[str, Any]) -> None:
+        if "method" not in frame:
+            future = self._calls.pop(frame.get("id"), None)  # type: ignore[arg-type]
+            if future is None or future.done():
+                return
+            error = frame.get("error")
+            if error is not None:
+                future.set_exception(
+                    ProtocolError(error.get("code"), error.get("message"), error.get("data"))
+                )
+            else:
+                future.set_result(frame.get("result"))
+            return
+        if frame["method"] == "action":
+            await self._on_envelope(convert(frame["params"], ActionEnvelope))
+            return
+        for notice in list(self.notices):
+            notice(frame["method"], frame.get("params"))
+
+    async def _on_envelope(self, envelope: ActionEnvelope) -> None:
+        origin = envelope.origin
+        if origin is not None and origin.client_id == self.client_id:
+            waiter = self._echoes.pop(origin.client_seq, None)
+            if waiter is not None and not waiter.done():
+                if envelope.rejection_reason is not None:
+                    waiter.set_exception(ActionRejected(envelope.rejection_reason))
+                else:
+                    waiter.set_result(envelope)
+        if envelope.rejection_reason is not None:
+            return
+        mirror = self.mirrors.get(envelope.channel)
+        if mirror is not None and not await mirror._apply(envelope, _now_ms()):
+            log.warning("gap on %s: resyncing", envelope.channel)
+            await self.kill_socket()
+
+    def _fail_calls(self, error: BaseException) -> None:
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(error)
+        self._calls.clear()
+
+    def _fail_echoes(self, error: BaseException) -> None:
+        for future in self._echoes.values():
+            if not future.done():
+                future.set_exception(error)
+        self._echoes.clear()
+
+    # ─── Requests ────────────────────────────────────────────────────────
+
+    async def call(self, method: str, params: Any) -> Any:
+        """Send a request and return its result; raises ProtocolError."""
+        if self._ws is None:
+            raise Disconnected("not connected")
+        request_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._calls[request_id] = future
+        frame = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        try:
+            await self._ws.send(encode(frame).decode())
+        except ConnectionClosed:
+            self._calls.pop(request_id, None)
+            raise Disconnected("the connection dropped") from None
+        return await future
+
+    async def _notify(self, method: str, params: Any) -> None:
+        if self._ws is None:
+            raise Disconnected("not connected")
+        frame = {"jsonrpc": "2.0", "method": method, "params": params}
+        try:
+            await self._ws.send(encode(frame).decode())
+        except ConnectionClosed:
+            raise Disconnected("the connection dropped") from None
+
+    async def subscribe(self, uri: str, *, turns: int | None = None) -> Mirror:
+        """Subscribe and return the channel's live mirror."""
+        view = SubscribeView(turns=turns) if turns is not None else None
+        raw = await self.call("subscribe", SubscribeParams(channel=uri, view=view))
+        mirror = Mirror(decode_snapshot(raw["snapshot"]))
+        self.mirrors[uri] = mirror
+        return mirror
+
+    async def unsubscribe(self, uri: str) -> None:
+        self.mirrors.pop(uri, None)
+        await self._notify("unsubscribe", ChannelParams(channel=uri))
+
+    async def create_session(self, uri: str, *, title: str | None = None) -> None:
+        params: dict[str, Any] = {"channel": uri}
+        if title is not None:
+            params["title"] = title
+        await self.call("createSession", params)
+
+    async def list_sessions(self) -> list[dict[str, Any]]:
+        result = await self.call("listSessions", {"channel": ROOT_URI})
+        items: list[dict[str, Any]] = result["items"]
+        return items
+
+    async def dispatch(self, uri: str, action: StateAction) -> int:
+        """Send an action without waiting; returns its ``clientSeq``."""
+        seq = next(self._seqs)
+        await self._notify(
+            "dispatchAction", DispatchActionParams(channel=uri, client_seq=seq, action=action)
+        )
+        return seq
+
+    async def dispatch_and_wait(self, uri: str, action: StateAction) -> ActionEnvelope:
+        """Send an action and wait for its echo; raises ActionRejected."""
+        seq = next(self._seqs)
+        future: asyncio.Future[ActionEnvelope] = asyncio.get_running_loop().create_future()
+        self._echoes[seq] = future
+        try:
+            await self._notify(
+                "dispatchAction", DispatchActionParams(channel=uri, client_seq=seq, action=action)
+            )
+        except Disconnected:
+            self._echoes.pop(seq, None)
+            raise
+        return await future
+
+    async def request_input(self, chat: str, request: InputRequest) -> Completion:
+        """Ask the people in ``chat`` (needs an agent token and an active
+        turn) and wait for the completion. Raises InputAbandoned when the
+        turn ends or the chat is truncated first."""
+        mirror = self.mirrors.get(chat) or await self.subscribe(chat)
+        active = mirror.chat.active_turn
+        if active is None:
+            raise ActionRejected(f"no-active-turn: {chat} has no active turn to ask in")
+        await self.dispatch_and_wait(chat, ChatInputRequested(request=request))
+
+        def settled(state: ChannelState) -> bool:
+            assert isinstance(state, ChatState)
+            still_running = state.active_turn is not None and state.active_turn.id == active.id
+            return _resolved(state, request.id) is not None or not still_running
+
+        state = await mirror.wait_for(settled)
+        part = _resolved(state, request.id)
+        if part is None or part.response is None:
+            raise InputAbandoned(f"request {request.id}: the turn ended first")
+        return Completion(response=part.response, answers=dict(part.request.answers or {}))
+
+
+def _resolved(state: ChannelState, request_id: str) -> InputRequestPart | None:
+    assert isinstance(state, ChatState)
+    turns: list[Any] = [state.active_turn] if state.active_turn else []
+    turns.extend(reversed(state.turns[-1:]))
+    for turn in turns:
+        for part in reversed(turn.response_parts):
+            if type(part) is InputRequestPart and part.request.id == request_id:
+                return part if part.response is not None else None
+    return None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,100 @@
+"""Server settings, from ``huddle serve`` flags and ``HUDDLE_*`` variables.
+
+A flag wins over its variable (``--max-subscriptions`` over
+``HUDDLE_MAX_SUBSCRIPTIONS``), which wins over the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.connection import Limits
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    store: str = "memory"
+    """``memory`` (embedded, the default) or ``redis://host:port/db``."""
+    token: str | None = None
+    """The agent token; generated and printed when not given."""
+    origins: tuple[str, ...] = ()
+    """Browser origins allowed besides the server's own."""
+    agent: str = "none"
+    """``none``, or ``module:attribute`` naming the built-in agent."""
+    max_frame_bytes: int = 1 << 20
+    limits: Limits = field(default_factory=Limits)
+    replay_window: int = 1000
+    """Envelopes the memory store keeps per channel for ``reconnect``."""
+    participant_ttl: float = 7 * 24 * 3600.0
+    """Lifetime of the participant token in the printed link (seconds)."""
+    open_browser: bool = False
+
+
+ENV_PREFIX = "HUDDLE_"
+
+
+class _Source:
+    def __init__(self, flags: Mapping[str, Any], env: Mapping[str, str]) -> None:
+        self.flags, self.env = flags, env
+
+    def raw(self, name: str) -> Any:
+        flag = self.flags.get(name)
+        if flag is not None and flag != [] and flag != ():
+            return flag
+        return self.env.get(ENV_PREFIX + name.upper())
+
+    def text(self, name: str, default: str) -> str:
+        value = self.raw(name)
+        return default if value is None else str(value)
+
+    def integer(self, name: str, default: int) -> int:
+        value = self.raw(name)
+        return default if value is None else int(value)
+
+    def number(self, name: str, default: float) -> float:
+        value = self.raw(name)
+        return default if value is None else float(value)
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, bool):
+            return value
+        return str(value).lower() in ("1", "true", "yes", "on")
+
+    def items(self, name: str) -> tuple[str, ...]:
+        value = self.raw(name)
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            value = value.split(",")
+        return tuple(str(v).strip() for v in value if str(v).strip())
+
+
+def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
+    """Settings from parsed flags (None = not given) and the environment."""
+    src, base, limits = _Source(flags, env), Settings(), Limits()
+    token = src.raw("token")
+    return Settings(
+        host=src.text("host", base.host),
+        port=src.integer("port", base.port),
+        store=src.text("store", base.store),
+        token=None if token is None else str(token),
+        origins=src.items("origins"),
+        agent=src.text("agent", base.agent),
+        max_frame_bytes=src.integer("max_frame_bytes", base.max_frame_bytes),
+        limits=Limits(
+            actions_per_second=src.number("actions_per_second", limits.actions_per_second),
+            action_burst=src.integer("action_burst", limits.action_burst),
+            max_subscriptions=src.integer("max_subscriptions", limits.max_subscriptions),
+            send_queue=src.integer("send_queue", limits.send_queue),
+        ),
+        replay_window=src.integer("replay_window", base.replay_window),
+        participant_ttl=src.number("participant_ttl", base.participant_ttl),
+        open_browser=src.flag("open_browser", base.open_browser),
+    )

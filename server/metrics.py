@@ -1,0 +1,52 @@
+"""Prometheus metrics of one server (a registry of its own, so that many
+servers in one test process do not collide)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from server.connection import Metrics
+
+
+class ServerMetrics(Metrics):
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.connections = Gauge(
+            "huddle_connections", "Open WebSocket connections", registry=self.registry
+        )
+        self.subscriptions = Gauge(
+            "huddle_subscriptions", "Channel subscriptions", registry=self.registry
+        )
+        self.accepted = Counter(
+            "huddle_actions_accepted", "Actions accepted", ["type"], registry=self.registry
+        )
+        self.rejections = Counter(
+            "huddle_actions_rejected", "Actions rejected", ["type"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "huddle_dispatch_to_broadcast_seconds",
+            "From accepting an action to queueing it for every subscriber",
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+        )
+        self.queue_drops = Counter(
+            "huddle_send_queue_drops",
+            "Clients closed because their send queue was full",
+            registry=self.registry,
+        )
+
+    def subscribed(self, delta: int) -> None:
+        self.subscriptions.inc(delta)
+
+    def rejected(self, type_: str) -> None:
+        self.rejections.labels(type=type_).inc()
+
+    def queue_overflow(self) -> None:
+        self.queue_drops.inc()
+
+    def applied(self, type_: str, seconds: float) -> None:
+        self.accepted.labels(type=type_).inc()
+        self.latency.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,112 @@
+"""The store contract every store implements.
+
+A channel is a gapless log of encoded action envelopes (``serverSeq`` 1, 2,
+...) plus a snapshot of its state at some seq, written by the host every K
+actions so that the log can be trimmed. ``append`` is a compare-and-set on
+the channel's seq: it succeeds only when the caller's ``expected_seq`` is
+the channel's current seq, which makes the store the one place that orders a
+channel's actions even when many processes write.
+
+``epoch`` names one life of a channel's log. It changes when the log is lost
+(a flushed or failed-over Redis), which tells every process and every client
+that seqs from before are meaningless and a fresh snapshot is needed.
+
+Other processes' appends reach a process through the listener it registers:
+a hint to read, never the truth (the log is). Notices are ephemeral
+messages between processes (root notifications), not logged.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StoredChannel:
+    """A channel as loaded: its snapshot and every envelope after it."""
+
+    epoch: str
+    snapshot_seq: int
+    snapshot: bytes
+    log: list[bytes]
+
+    @property
+    def seq(self) -> int:
+        """The seq of the last envelope (the channel's current seq)."""
+        return self.snapshot_seq + len(self.log)
+
+
+class Listener(ABC):
+    """What a process wants to hear about other processes' writes."""
+
+    @abstractmethod
+    def envelope_appended(self, channel: str, seq: int, envelope: bytes) -> None:
+        """``envelope`` was appended to ``channel`` at ``seq`` (a hint: it may
+        arrive late, twice, or not at all; the log is the truth)."""
+
+    @abstractmethod
+    def notice(self, topic: str, payload: bytes) -> None:
+        """A notice was published on ``topic``."""
+
+
+class ChannelStore(ABC):
+    """Channel logs, snapshots and records; see the module docstring."""
+
+    @abstractmethod
+    async def create(self, channel: str, state: bytes) -> bool:
+        """Create ``channel`` at seq 0 with ``state``; False if it exists."""
+
+    @abstractmethod
+    async def load(self, channel: str) -> StoredChannel:
+        """The latest snapshot and the log after it; raises ChannelGone."""
+
+    @abstractmethod
+    async def append(self, channel: str, expected_seq: int, envelope: bytes) -> None:
+        """Append ``envelope`` as seq ``expected_seq + 1``. Raises SeqConflict
+        when the channel is elsewhere, ChannelGone, or StoreUnavailable."""
+
+    @abstractmethod
+    async def read_log(self, channel: str, after_seq: int, epoch: str) -> list[bytes] | None:
+        """The envelopes after ``after_seq`` of the log life ``epoch``, or
+        None when the store no longer holds them all (trimmed, or the epoch
+        changed). Raises ChannelGone."""
+
+    @abstractmethod
+    async def save_snapshot(self, channel: str, seq: int, state: bytes) -> None:
+        """Record ``state`` as the channel's state at ``seq``; the log up to
+        ``seq`` may then be trimmed."""
+
+    @abstractmethod
+    async def delete(self, channel: str) -> None:
+        """Remove the channel and its log (no error if absent)."""
+
+    @abstractmethod
+    async def put_record(self, kind: str, key: str, value: bytes) -> None:
+        """Set a small record (session summaries, chat ownership)."""
+
+    @abstractmethod
+    async def get_record(self, kind: str, key: str) -> bytes | None: ...
+
+    @abstractmethod
+    async def delete_record(self, kind: str, key: str) -> None: ...
+
+    @abstractmethod
+    async def records(self, kind: str) -> dict[str, bytes]:
+        """Every record of ``kind`` by key."""
+
+    @abstractmethod
+    async def publish(self, topic: str, payload: bytes) -> None:
+        """Send a notice to every process's listener (this one's included)."""
+
+    @abstractmethod
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        """Register ``listener``; returns a function that removes it."""
+
+    @abstractmethod
+    async def ready(self) -> bool:
+        """Whether the store can serve now (for ``/readyz``)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...

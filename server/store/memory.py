@@ -1,0 +1,118 @@
+"""The embedded store: everything in this process's memory.
+
+It keeps the last ``retention`` envelopes of each channel for replay, and
+never drops one newer than the channel's latest snapshot, so that a channel
+can always be loaded. Listeners hear every append and notice, so several
+hosts in one process (as tests run them) behave like several processes.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from server.errors import ChannelGone, SeqConflict
+from server.store.base import ChannelStore, Listener, StoredChannel
+
+
+@dataclass
+class _Channel:
+    epoch: str
+    seq: int
+    snapshot_seq: int
+    snapshot: bytes
+    log: deque[bytes] = field(default_factory=deque)  # seqs seq-len(log)+1 .. seq
+
+    @property
+    def first_seq(self) -> int:
+        return self.seq - len(self.log) + 1
+
+
+class MemoryStore(ChannelStore):
+    def __init__(self, retention: int = 1000) -> None:
+        self.retention = retention
+        self._channels: dict[str, _Channel] = {}
+        self._records: dict[str, dict[str, bytes]] = {}
+        self._listeners: list[Listener] = []
+
+    def _get(self, channel: str) -> _Channel:
+        found = self._channels.get(channel)
+        if found is None:
+            raise ChannelGone(channel)
+        return found
+
+    async def create(self, channel: str, state: bytes) -> bool:
+        if channel in self._channels:
+            return False
+        self._channels[channel] = _Channel(
+            epoch=secrets.token_hex(8), seq=0, snapshot_seq=0, snapshot=state
+        )
+        return True
+
+    async def load(self, channel: str) -> StoredChannel:
+        ch = self._get(channel)
+        skip = ch.snapshot_seq - ch.first_seq + 1
+        return StoredChannel(
+            epoch=ch.epoch,
+            snapshot_seq=ch.snapshot_seq,
+            snapshot=ch.snapshot,
+            log=list(ch.log)[skip:],
+        )
+
+    async def append(self, channel: str, expected_seq: int, envelope: bytes) -> None:
+        ch = self._get(channel)
+        if ch.seq != expected_seq:
+            raise SeqConflict(channel, expected_seq, ch.seq)
+        ch.seq += 1
+        ch.log.append(envelope)
+        self._trim(ch)
+        for listener in list(self._listeners):
+            listener.envelope_appended(channel, ch.seq, envelope)
+
+    def _trim(self, ch: _Channel) -> None:
+        # Keep `retention` envelopes, and always everything after the snapshot.
+        while len(ch.log) > self.retention and ch.first_seq <= ch.snapshot_seq:
+            ch.log.popleft()
+
+    async def read_log(self, channel: str, after_seq: int, epoch: str) -> list[bytes] | None:
+        ch = self._get(channel)
+        if epoch != ch.epoch or after_seq + 1 < ch.first_seq or after_seq > ch.seq:
+            return None
+        return list(ch.log)[after_seq + 1 - ch.first_seq :]
+
+    async def save_snapshot(self, channel: str, seq: int, state: bytes) -> None:
+        ch = self._get(channel)
+        if ch.snapshot_seq < seq <= ch.seq:
+            ch.snapshot_seq, ch.snapshot = seq, state
+            self._trim(ch)
+
+    async def delete(self, channel: str) -> None:
+        self._channels.pop(channel, None)
+
+    async def put_record(self, kind: str, key: str, value: bytes) -> None:
+        self._records.setdefault(kind, {})[key] = value
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        return self._records.get(kind, {}).get(key)
+
+    async def delete_record(self, kind: str, key: str) -> None:
+        self._records.get(kind, {}).pop(key, None)
+
+    async def records(self, kind: str) -> dict[str, bytes]:
+        return dict(self._records.get(kind, {}))
+
+    async def publish(self, topic: str, payload: bytes) -> None:
+        for listener in list(self._listeners):
+            listener.notice(topic, payload)
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    async def ready(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        self._listeners.clear()

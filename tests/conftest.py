@@ -1,0 +1,109 @@
+"""Shared fixtures: a real Huddle server (uvicorn on port 0) and clients.
+
+Every timeout in the tests is a multiple of UNIT seconds (``HUDDLE_TEST_UNIT``,
+default 1), so a slow machine can scale them all at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from protocol.chat import Message, MessageOrigin
+from server.app import Server, create_app
+from server.auth import Role, TokenAuthority
+from server.client import HuddleClient
+from server.config import Settings
+from server.connection import Limits
+from server.serve import UvicornServer, uvicorn_config
+from server.store.base import ChannelStore
+from server.store.memory import MemoryStore
+
+UNIT = float(os.environ.get("HUDDLE_TEST_UNIT", "1"))
+AGENT_TOKEN = "test-agent-token-0123456789abcdef"
+
+
+@dataclass
+class RunningServer:
+    """A server listening on loopback, with what tests need to reach it."""
+
+    server: Server
+    uvicorn: UvicornServer
+    task: asyncio.Task[None]
+    authority: TokenAuthority
+    clients: list[HuddleClient] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return self.uvicorn.port
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ahp"
+
+    def token(
+        self, role: Role = "participant", sessions: list[str] | None = None, name: str | None = None
+    ) -> str:
+        if role == "agent":
+            return AGENT_TOKEN
+        return self.authority.mint(
+            role, sessions=sessions, name=name, expires_at=time.time() + 3600
+        )
+
+    async def client(
+        self,
+        role: Role = "participant",
+        sessions: list[str] | None = None,
+        name: str | None = None,
+        **options: Any,
+    ) -> HuddleClient:
+        client = await HuddleClient.connect(self.ws, self.token(role, sessions, name), **options)
+        self.clients.append(client)
+        return client
+
+    async def stop(self) -> None:
+        for client in self.clients:
+            await client.close()
+        self.uvicorn.should_exit = True
+        await self.task
+
+
+async def start_server(
+    settings: Settings | None = None, store: ChannelStore | None = None
+) -> RunningServer:
+    settings = settings or Settings(port=0)
+    authority = TokenAuthority(AGENT_TOKEN)
+    app = create_app(settings, store or MemoryStore(retention=settings.replay_window), authority)
+    server = UvicornServer(uvicorn_config(app, settings, port=0, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    async with asyncio.timeout(10 * UNIT):
+        await server.listening.wait()
+    return RunningServer(app.state.server, server, task, authority)
+
+
+@pytest.fixture
+async def huddle() -> AsyncIterator[RunningServer]:
+    running = await start_server()
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+@pytest.fixture
+def limits() -> Limits:
+    return Limits()
+
+
+def user_message(text: str) -> Message:
+    return Message(text=text, origin=MessageOrigin(kind="user"))

@@ -146,6 +146,30 @@ class Channel:
     since_snapshot: int = 0
     remote_head: int = 0
     catching_up: bool = False
+    appending: bool = False
+
+
+class LogEntry(msgspec.Struct, frozen=True, gc=False):
+    """What the store keeps per seq: the envelope as sent (``e``) and the
+    writer's clock (``t``, ms), so that every process reduces it to the same
+    state (``modifiedAt`` comes from the caller's clock)."""
+
+    t: int
+    e: msgspec.Raw
+
+
+_read_entry = msgspec.json.Decoder(LogEntry)
+
+
+def log_entry(now_ms: int, envelope: bytes) -> bytes:
+    return b'{"t":%d,"e":%b}' % (now_ms, envelope)
+
+
+def read_entry(raw: bytes) -> tuple[int, ActionEnvelope, bytes]:
+    """The writer's time, the envelope, and the envelope's bytes."""
+    entry = _read_entry.decode(raw)
+    data = bytes(entry.e)
+    return entry.t, decode_envelope(data), data
 
 
 @dataclass(frozen=True)
@@ -307,7 +331,8 @@ class Host(Listener):
         stored = await self.store.load(uri)
         state = convert_state(json.loads(stored.snapshot), kind)
         for raw in stored.log:
-            state = reduce(state, decode_envelope(raw).action, self.now_ms())
+            when, envelope, _ = read_entry(raw)
+            state = reduce(state, envelope.action, when)
         return Channel(uri=uri, state=state, seq=stored.seq, epoch=stored.epoch)
 
     # ─── The write path ──────────────────────────────────────────────────
@@ -354,17 +379,20 @@ class Host(Listener):
                 )
                 if reason is not None:
                     raise ActionRejected(reason)
-            before = ch.state
-            after = reduce(before, action, self.now_ms())
+            before, now = ch.state, self.now_ms()
+            after = reduce(before, action, now)
             envelope = ActionEnvelope(
                 channel=ch.uri, action=action, server_seq=ch.seq + 1, origin=origin
             )
             data = encode(envelope)
+            ch.appending = True
             try:
-                await self.store.append(ch.uri, ch.seq, data)
+                await self.store.append(ch.uri, ch.seq, log_entry(now, data))
             except SeqConflict:
                 await self._catch_up(ch)
                 continue
+            finally:
+                ch.appending = False
             self._apply(ch, after, envelope, data)
             return envelope, before
         raise ActionRejected(f"conflict: {ch.uri} is too busy to write now; try again")
@@ -393,11 +421,11 @@ class Host(Listener):
             await self._reload(ch)
             return
         for raw in entries:
-            envelope = decode_envelope(raw)
+            when, envelope, data = read_entry(raw)
             if envelope.server_seq != ch.seq + 1:
                 continue
-            after = reduce(ch.state, envelope.action, self.now_ms())
-            self._apply(ch, after, envelope, raw)
+            after = reduce(ch.state, envelope.action, when)
+            self._apply(ch, after, envelope, data)
             if isinstance(after, ChatState):
                 # The writing process told the session; start from here.
                 self._chat_shadows[ch.uri] = after
@@ -417,6 +445,8 @@ class Host(Listener):
         ch = self.channels.get(channel)
         if ch is None or seq <= ch.seq:
             return
+        if ch.appending and seq == ch.seq + 1:
+            return  # most likely our own append; a conflict would catch us up
         ch.remote_head = max(ch.remote_head, seq)
         if not ch.catching_up:
             ch.catching_up = True
@@ -546,7 +576,7 @@ class Host(Listener):
             if entries is None or len(entries) != ch.seq - last_seen:
                 snapshot = Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
                 return SnapshotResume(channel=uri, snapshot=snapshot)
-            return ReplayResume(channel=uri, actions=[decode_envelope(e) for e in entries])
+            return ReplayResume(channel=uri, actions=[read_entry(e)[1] for e in entries])
 
     # ─── Sessions and chats ──────────────────────────────────────────────
 

@@ -1,7 +1,8 @@
 """The store contract every store implements.
 
-A channel is a gapless log of encoded action envelopes (``serverSeq`` 1, 2,
-...) plus a snapshot of its state at some seq, written by the host every K
+A channel is a gapless log of entries (``serverSeq`` 1, 2, ...; each the
+host's encoded envelope with its writer's clock, opaque to the store) plus a
+snapshot of its state at some seq, written by the host every K
 actions so that the log can be trimmed. ``append`` is a compare-and-set on
 the channel's seq: it succeeds only when the caller's ``expected_seq`` is
 the channel's current seq, which makes the store the one place that orders a

@@ -1,0 +1,382 @@
+"""The host's in-process API: sessions, asking people, waiting, aggregates."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from protocol.actions import (
+    ChatInputAnswerChanged,
+    ChatInputCompleted,
+    ChatToolCallConfirmed,
+    ChatToolCallReady,
+    ChatToolCallStart,
+    ChatTruncated,
+    ChatTurnCancelled,
+    ChatTurnComplete,
+    ChatTurnStarted,
+)
+from protocol.chat import (
+    ChatState,
+    InputAnswer,
+    InputRequest,
+    InputRequestPart,
+    NumberValue,
+    SelectedValue,
+    TextQuestion,
+    TextValue,
+)
+from protocol.messages import ActionOrigin
+from protocol.session import RootState, SessionState
+from protocol.status import ACTIVITY_MASK, SessionStatus
+from protocol.uris import ROOT_URI
+from server.app import default_agents
+from server.errors import ActionRejected, CommandError, InputAbandoned
+from server.host import Host, Identity
+from server.store.memory import MemoryStore
+from tests.conftest import UNIT, user_message
+
+SESSION = "ahp-session:/s1"
+TICKET_FORM: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "system": {"type": "string", "title": "Affected system", "pattern": "^[A-Z]+$"},
+        "impact": {"type": "string", "enum": ["one-user", "team", "everyone"]},
+        "users": {"type": "integer", "minimum": 1},
+    },
+    "required": ["system", "impact"],
+}
+
+
+class Recorder:
+    """A subscriber that keeps every frame it is sent."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.resynced: list[str] = []
+        self.arrived = asyncio.Event()
+
+    def send_frame(self, frame: str) -> None:
+        self.frames.append(json.loads(frame))
+        self.arrived.set()
+
+    def resync(self, channel: str) -> None:
+        self.resynced.append(channel)
+
+    def seqs(self, channel: str) -> list[int]:
+        return [
+            f["params"]["serverSeq"]
+            for f in self.frames
+            if f.get("method") == "action" and f["params"]["channel"] == channel
+        ]
+
+    def methods(self) -> list[str]:
+        return [f["method"] for f in self.frames]
+
+
+@pytest.fixture
+async def host() -> AsyncIterator[Host]:
+    host = Host(MemoryStore(), agents=default_agents(), clock=lambda: 1_800_000_000.0)
+    await host.start()
+    try:
+        yield host
+    finally:
+        await host.stop()
+
+
+async def start_turn(host: Host, chat: str, turn_id: str = "t1") -> None:
+    await host.dispatch(
+        chat,
+        ChatTurnStarted(
+            turn_id=turn_id,
+            started_at="2027-01-15T08:00:00.000Z",
+            message=user_message("Open a high-priority ticket: nobody can log in"),
+        ),
+    )
+
+
+def submitted(value: Any) -> InputAnswer:
+    return InputAnswer(state="submitted", value=value)
+
+
+NOTE = InputRequest(
+    id="q",
+    message="Anything to add?",
+    questions=[TextQuestion(id=name, message=f"Note {name}") for name in ("x", "a", "b")],
+)
+PARTICIPANT = ActionOrigin(client_id="browser-1", client_seq=1)
+
+
+async def answer_ticket_form(host: Host, chat: str, request_id: str, system: str) -> None:
+    await host.register_client("browser-1", Identity(name="alice", role="participant"))
+    await host.dispatch(
+        chat,
+        ChatInputCompleted(
+            request_id=request_id,
+            response="accept",
+            answers={
+                "system": submitted(TextValue(value=system)),
+                "impact": submitted(SelectedValue(value="everyone")),
+                "users": submitted(NumberValue(value=250.0)),
+            },
+        ),
+        origin=PARTICIPANT,
+    )
+
+
+async def wait_until_open(host: Host, chat: str, request_id: str) -> None:
+    """Wait until ``request_id`` is open in ``chat`` (a subscriber sees the
+    ``chat/inputRequested`` envelope, or it was open already)."""
+    recorder = Recorder()
+    await host.subscribe(chat, recorder)
+
+    def is_open() -> bool:
+        state = host.channels[chat].state
+        assert isinstance(state, ChatState)
+        turn = state.active_turn
+        return turn is not None and any(
+            isinstance(p, InputRequestPart) and p.request.id == request_id
+            for p in turn.response_parts
+        )
+
+    try:
+        async with asyncio.timeout(2 * UNIT):
+            while not is_open():
+                recorder.arrived.clear()
+                await recorder.arrived.wait()
+    finally:
+        host.unsubscribe(chat, recorder)
+
+
+async def test_create_session_makes_a_ready_session_with_its_default_chat(host: Host) -> None:
+    chat = await host.create_session(SESSION, title="Login failures")
+    session = (await host.channel(SESSION)).state
+    assert isinstance(session, SessionState)
+    assert session.lifecycle == "ready"
+    assert session.default_chat == chat
+    assert [c.resource for c in session.chats] == [chat]
+    root = (await host.channel(ROOT_URI)).state
+    assert isinstance(root, RootState)
+    assert root.active_sessions == 1
+    assert [s.title for s in await host.list_sessions()] == ["Login failures"]
+
+
+async def test_create_session_refuses_a_uri_in_use(host: Host) -> None:
+    await host.create_session(SESSION)
+    with pytest.raises(CommandError) as error:
+        await host.create_session(SESSION)
+    assert error.value.code == -32003
+
+
+async def test_request_input_returns_typed_form_data_and_who_answered(host: Host) -> None:
+    chat = await host.create_session(SESSION)
+    await start_turn(host, chat)
+    asking = asyncio.create_task(
+        host.request_input(
+            chat, InputRequest(id="details", message="Ticket details"), schema=TICKET_FORM
+        )
+    )
+    await wait_until_open(host, chat, "details")
+    await answer_ticket_form(host, chat, "details", "SSO")
+    async with asyncio.timeout(2 * UNIT):
+        outcome = await asking
+    assert outcome.response == "accept"
+    assert outcome.data == {"system": "SSO", "impact": "everyone", "users": 250}
+    assert isinstance(outcome.data["users"], int)
+    assert outcome.by == Identity(name="alice", role="participant")
+    assert outcome.origin == PARTICIPANT
+
+
+async def test_accept_that_breaks_the_frozen_schema_is_rejected(host: Host) -> None:
+    chat = await host.create_session(SESSION)
+    await start_turn(host, chat)
+    asking = asyncio.create_task(
+        host.request_input(chat, InputRequest(id="details"), schema=TICKET_FORM)
+    )
+    await wait_until_open(host, chat, "details")
+    with pytest.raises(ActionRejected) as rejected:
+        await answer_ticket_form(host, chat, "details", "lowercase-is-not-allowed")
+    assert rejected.value.code == "form-invalid"
+    assert "lowercase" not in rejected.value.reason
+    assert not asking.done()
+    await answer_ticket_form(host, chat, "details", "SSO")
+    async with asyncio.timeout(2 * UNIT):
+        assert (await asking).response == "accept"
+
+
+@pytest.mark.parametrize(
+    "end_turn",
+    [
+        pytest.param(ChatTurnComplete(turn_id="t1", duration=5), id="turn-complete"),
+        pytest.param(ChatTurnCancelled(turn_id="t1", duration=5), id="turn-cancelled"),
+        pytest.param(ChatTruncated(), id="truncated"),
+    ],
+)
+async def test_waiting_for_input_is_abandoned_when_the_turn_goes(host: Host, end_turn: Any) -> None:
+    chat = await host.create_session(SESSION)
+    await start_turn(host, chat)
+    asking = asyncio.create_task(host.request_input(chat, NOTE))
+    await wait_until_open(host, chat, "q")
+    await host.dispatch(chat, end_turn)
+    with pytest.raises(InputAbandoned):
+        async with asyncio.timeout(2 * UNIT):
+            await asking
+
+
+async def test_request_input_without_an_active_turn_is_rejected(host: Host) -> None:
+    chat = await host.create_session(SESSION)
+    with pytest.raises(ActionRejected):
+        await host.request_input(chat, NOTE)
+
+
+async def test_wait_input_returns_at_once_for_a_completed_request(host: Host) -> None:
+    chat = await host.create_session(SESSION)
+    await start_turn(host, chat)
+    asking = asyncio.create_task(host.request_input(chat, NOTE))
+    await wait_until_open(host, chat, "q")
+    await host.dispatch(chat, ChatInputCompleted(request_id="q", response="decline"))
+    await asking
+    outcome = await host.wait_input(chat, "q")
+    assert outcome.response == "decline"
+    with pytest.raises(InputAbandoned):
+        await host.wait_input(chat, "never-asked")
+
+
+async def open_tool_call(host: Host, chat: str) -> None:
+    await host.dispatch(
+        chat,
+        ChatToolCallStart(
+            turn_id="t1",
+            tool_call_id="c1",
+            tool_name="create_support_ticket",
+            display_name="Create support ticket",
+        ),
+    )
+    await host.dispatch(
+        chat,
+        ChatToolCallReady(
+            turn_id="t1",
+            tool_call_id="c1",
+            invocation_message="Create P1 ticket",
+            tool_input='{"priority": "high"}',
+            editable=True,
+        ),
+    )
+
+
+@pytest.mark.parametrize("approved", [True, False], ids=["approve", "deny"])
+async def test_wait_tool_confirmation_returns_the_decision(host: Host, approved: bool) -> None:
+    chat = await host.create_session(SESSION)
+    await start_turn(host, chat)
+    await open_tool_call(host, chat)
+    waiting = asyncio.create_task(host.wait_tool_confirmation(chat, "t1", "c1"))
+    await asyncio.sleep(0)  # let the waiter register before the decision
+    decision = (
+        ChatToolCallConfirmed(
+            turn_id="t1",
+            tool_call_id="c1",
+            approved=True,
+            confirmed="user-action",
+            edited_tool_input='{"priority": "p1"}',
+        )
+        if approved
+        else ChatToolCallConfirmed(turn_id="t1", tool_call_id="c1", approved=False, reason="denied")
+    )
+    await host.dispatch(chat, decision, origin=PARTICIPANT)
+    async with asyncio.timeout(2 * UNIT):
+        result = await waiting
+    assert result.approved is approved
+    assert result.origin == PARTICIPANT
+    if approved:
+        assert result.edited_input == '{"priority": "p1"}'
+    else:
+        assert result.reason == "denied"
+
+
+async def test_wait_tool_confirmation_is_abandoned_when_the_turn_ends(host: Host) -> None:
+    chat = await host.create_session(SESSION)
+    await start_turn(host, chat)
+    await open_tool_call(host, chat)
+    waiting = asyncio.create_task(host.wait_tool_confirmation(chat, "t1", "c1"))
+    await asyncio.sleep(0)
+    await host.dispatch(chat, ChatTurnCancelled(turn_id="t1", duration=1))
+    with pytest.raises(InputAbandoned):
+        async with asyncio.timeout(2 * UNIT):
+            await waiting
+
+
+async def test_session_mirrors_open_requests_and_the_chat_status(host: Host) -> None:
+    chat = await host.create_session(SESSION)
+    root = Recorder()
+    await host.subscribe(ROOT_URI, root)
+    await start_turn(host, chat)
+    asking = asyncio.create_task(host.request_input(chat, NOTE))
+    await wait_until_open(host, chat, "q")
+    session = (await host.channel(SESSION)).state
+    assert isinstance(session, SessionState)
+    assert [r.id for r in session.input_needed or []] == ["q"]
+    assert session.status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
+    assert session.chats[0].status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
+    summary = (await host.list_sessions())[0]
+    assert summary.status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
+    assert "root/sessionSummaryChanged" in root.methods()
+
+    await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+    await asking
+    session = (await host.channel(SESSION)).state
+    assert isinstance(session, SessionState)
+    assert session.input_needed is None
+    assert session.chats[0].status & ACTIVITY_MASK == SessionStatus.IN_PROGRESS
+
+
+async def test_answer_drafts_do_not_flood_the_session(host: Host) -> None:
+    chat = await host.create_session(SESSION)
+    await start_turn(host, chat)
+    asking = asyncio.create_task(host.request_input(chat, NOTE))
+    await wait_until_open(host, chat, "q")
+    session_seq = (await host.channel(SESSION)).seq
+    for n in range(20):
+        draft = InputAnswer(state="draft", value=TextValue(value=f"typing {n}"))
+        await host.dispatch(
+            chat, ChatInputAnswerChanged(request_id="q", question_id="x", answer=draft)
+        )
+    assert (await host.channel(SESSION)).seq - session_seq <= 1
+    asking.cancel()
+
+
+async def test_two_hosts_on_one_store_deliver_the_same_envelopes_in_order() -> None:
+    store = MemoryStore()
+    first = Host(store, agents=default_agents())
+    second = Host(store, agents=default_agents())
+    await first.start()
+    await second.start()
+    chat = await first.create_session(SESSION)
+    watcher = Recorder()
+    await second.subscribe(chat, watcher)
+    await start_turn(first, chat)
+    asking = asyncio.create_task(first.request_input(chat, NOTE))
+    await wait_until_open(first, chat, "q")
+
+    async def type_on(host: Host, who: str) -> None:
+        for n in range(25):
+            draft = InputAnswer(state="draft", value=TextValue(value=f"{who} {n}"))
+            await host.dispatch(
+                chat, ChatInputAnswerChanged(request_id="q", question_id=who, answer=draft)
+            )
+
+    await asyncio.gather(type_on(first, "a"), type_on(second, "b"))
+    final = (await first.channel(chat)).seq
+    async with asyncio.timeout(2 * UNIT):
+        while watcher.seqs(chat)[-1:] != [final]:
+            watcher.arrived.clear()
+            await watcher.arrived.wait()
+    seqs = watcher.seqs(chat)
+    assert seqs == list(range(seqs[0], final + 1))
+    assert (await second.channel(chat)).state == (await first.channel(chat)).state
+    asking.cancel()
+    await first.stop()
+    await second.stop()

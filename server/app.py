@@ -396,7 +396,12 @@ def create_app(
     on_start: Callable[[Server], Awaitable[None]] | None = None,
 ) -> Starlette:
     """The app for ``settings``; the store is closed when the app stops."""
-    host = Host(store, agents=agents or default_agents(), clock=clock)
+    host = Host(
+        store,
+        agents=agents or default_agents(),
+        clock=clock,
+        snapshot_every=settings.snapshot_every,
+    )
     server = Server(
         settings=settings,
         store=store,

@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--replay-window", type=int, help="envelopes kept per channel for reconnect (1000)"
     )
     serve.add_argument(
+        "--snapshot-every", type=int, help="actions between stored snapshots of a channel (100)"
+    )
+    serve.add_argument(
         "--open-browser", action="store_true", default=None, help="open the web client"
     )
     return parser

@@ -144,7 +144,9 @@ class HuddleClient:
         self._closed = False
         self._lost = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
-        self._failure: BaseException | None = None
+        self.resumed: dict[str, str] = {}
+        """How each channel resumed at the last reconnect: replay, snapshot
+        or missing."""
 
     # ─── Connecting ──────────────────────────────────────────────────────
 
@@ -192,15 +194,25 @@ class HuddleClient:
             if self._closed:
                 return
             try:
-                await self._open(initial=False)
+                await self.reconnect()
             except (Disconnected, ProtocolError, ConnectionClosed, OSError) as error:
                 log.info("reconnect failed: %s", error)
                 await asyncio.sleep(delay)  # backoff between attempts
                 delay = min(delay * 2, 2.0)
                 self._lost.set()
                 continue
-            self.reconnects += 1
             delay = 0.05
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set while the socket is down."""
+        return self._lost
+
+    async def reconnect(self) -> None:
+        """Open a new socket, initialize with the same client id and resume
+        every mirror from its last seq (replay or snapshot)."""
+        await self._open(initial=False)
+        self.reconnects += 1
 
     async def _resume(self) -> None:
         cursors = [
@@ -216,6 +228,7 @@ class HuddleClient:
             mirror = self.mirrors.get(item["channel"])
             if mirror is None:
                 continue
+            self.resumed[mirror.uri] = item["type"]
             if item["type"] == "replay":
                 for envelope in item["actions"]:
                     await self._on_envelope(convert(envelope, ActionEnvelope))
@@ -372,7 +385,10 @@ class HuddleClient:
         return seq
 
     async def dispatch_and_wait(self, uri: str, action: StateAction) -> ActionEnvelope:
-        """Send an action and wait for its echo; raises ActionRejected."""
+        """Send an action and wait for its echo; raises ActionRejected.
+        Subscribes to ``uri`` first if needed: only subscribers see echoes."""
+        if uri not in self.mirrors:
+            await self.subscribe(uri)
         seq = next(self._seqs)
         future: asyncio.Future[ActionEnvelope] = asyncio.get_running_loop().create_future()
         self._echoes[seq] = future

@@ -29,6 +29,8 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     replay_window: int = 1000
     """Envelopes the memory store keeps per channel for ``reconnect``."""
+    snapshot_every: int = 100
+    """Actions between two stored snapshots of a channel."""
     participant_ttl: float = 7 * 24 * 3600.0
     """Lifetime of the participant token in the printed link (seconds)."""
     open_browser: bool = False
@@ -95,6 +97,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
             send_queue=src.integer("send_queue", limits.send_queue),
         ),
         replay_window=src.integer("replay_window", base.replay_window),
+        snapshot_every=src.integer("snapshot_every", base.snapshot_every),
         participant_ttl=src.number("participant_ttl", base.participant_ttl),
         open_browser=src.flag("open_browser", base.open_browser),
     )

@@ -41,6 +41,10 @@ Rules, per action, checked top to bottom; the first broken rule wins::
                                                          overlay the synced ones
                                   form-invalid           accept, and the FormCheck refuses the
                                                          overlaid answers
+    chat/pendingMessageRemoved    no-pending-message     no pending message of that `kind` has
+                                                         that `id` (AHP: SHOULD reject)
+    session/defaultChatChanged    unknown-chat           `defaultChat` is not in the session's
+                                                         chat catalog (AHP: MUST reject)
     any other action, or an action of another channel's family: no rule, accepted
 
 Answer rules (:func:`answer_problem`), one answer to one question::
@@ -108,6 +112,7 @@ from protocol.actions import (
     ChatUsage,
     ChatWorkingDirectoryRemoved,
     ChatWorkingDirectorySet,
+    SessionDefaultChatChanged,
     StateAction,
     is_chat_action,
 )
@@ -134,6 +139,7 @@ from protocol.chat import (
     ToolCallState,
 )
 from protocol.messages import ChannelState
+from protocol.session import SessionState
 from reducers.chat import select_open_input_part, select_tool_call
 
 RejectionCode: TypeAlias = Literal[
@@ -150,6 +156,8 @@ RejectionCode: TypeAlias = Literal[
     "invalid-tool-input",
     "no-active-turn",
     "turn-in-progress",
+    "no-pending-message",
+    "unknown-chat",
 ]
 """The stable first part of every rejection reason."""
 
@@ -181,6 +189,8 @@ def reject_reason(
     An action of another channel's family than ``state`` has no rule here
     (the reducer ignores it). See the module docstring for the rules.
     """
+    if isinstance(state, SessionState) and isinstance(action, SessionDefaultChatChanged):
+        return _default_chat_reason(state, action)
     if not isinstance(state, ChatState) or not is_chat_action(action):
         return None
     match action:
@@ -196,6 +206,8 @@ def reject_reason(
             return _input_answer_changed_reason(state, action)
         case ChatInputCompleted():
             return _input_completed_reason(state, action, form_check)
+        case ChatPendingMessageRemoved():
+            return _pending_removed_reason(state, action)
         case (
             ChatDelta()
             | ChatResponsePart()
@@ -216,7 +228,6 @@ def reject_reason(
             | ChatToolCallAuthRequired()
             | ChatToolCallAuthResolved()
             | ChatPendingMessageSet()
-            | ChatPendingMessageRemoved()
             | ChatQueuedMessagesReordered()
             | ChatDraftChanged()
             | ChatInputRequested()
@@ -247,6 +258,23 @@ def answer_problem(
 
 def _reason(code: RejectionCode, sentence: str) -> str:
     return f"{code}: {sentence}"
+
+
+def _pending_removed_reason(state: ChatState, action: ChatPendingMessageRemoved) -> str | None:
+    if action.kind == "steering":
+        pending = [state.steering_message] if state.steering_message else []
+    else:
+        pending = state.queued_messages or []
+    if any(message.id == action.id for message in pending):
+        return None
+    return _reason("no-pending-message", f"there is no {action.kind} message '{action.id}'")
+
+
+def _default_chat_reason(state: SessionState, action: SessionDefaultChatChanged) -> str | None:
+    chat = action.default_chat
+    if chat is None or any(summary.resource == chat for summary in state.chats):
+        return None
+    return _reason("unknown-chat", f"the session has no chat {chat}")
 
 
 # ─── Turns ───────────────────────────────────────────────────────────────────

@@ -14,10 +14,12 @@ from protocol.actions import (
     ChatDelta,
     ChatInputAnswerChanged,
     ChatInputCompleted,
+    ChatPendingMessageRemoved,
     ChatToolCallConfirmed,
     ChatToolCallResultConfirmed,
     ChatTurnCancelled,
     ChatTurnStarted,
+    SessionDefaultChatChanged,
     SessionTitleChanged,
     StateAction,
 )
@@ -27,6 +29,7 @@ from protocol.chat import (
     BooleanQuestion,
     BooleanValue,
     ChatState,
+    ChatSummary,
     ConfirmationOption,
     InputAnswer,
     InputAnswerValue,
@@ -42,6 +45,7 @@ from protocol.chat import (
     MultiSelectQuestion,
     NumberQuestion,
     NumberValue,
+    PendingMessage,
     ResponsePart,
     SelectedManyValue,
     SelectedValue,
@@ -976,3 +980,66 @@ def test_validate_fixture_passes(path: Path) -> None:
     assert None in data["rejections"]
     assert any(code is not None for code in data["rejections"])
     assert run_fixture(path, data, AHP_FIXTURE_NOW_MS).error is None
+
+
+# ─── AHP's pending-message and default-chat rules ────────────────────────────
+
+
+def _chat_with_queue() -> ChatState:
+    message = Message(text="and escalate it", origin=MessageOrigin(kind="user"))
+    return ChatState(
+        resource="ahp-chat:/c",
+        title="t",
+        status=1,
+        modified_at="1970-01-01T00:00:00.000Z",
+        turns=[],
+        steering_message=PendingMessage(id="steer", message=message),
+        queued_messages=[PendingMessage(id="next", message=message)],
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "message_id", "code"),
+    [
+        pytest.param("steering", "steer", None, id="steering-present"),
+        pytest.param("queued", "next", None, id="queued-present"),
+        pytest.param("steering", "next", "no-pending-message", id="steering-absent"),
+        pytest.param("queued", "steer", "no-pending-message", id="queued-absent"),
+    ],
+)
+def test_removing_a_pending_message_needs_one_to_remove(
+    kind: str, message_id: str, code: str | None
+) -> None:
+    action = ChatPendingMessageRemoved(kind=kind, id=message_id)  # type: ignore[arg-type]
+    reason = reject_reason(_chat_with_queue(), action)
+    assert (reason.split(":", 1)[0] if reason else None) == code
+
+
+@pytest.mark.parametrize(
+    ("default_chat", "code"),
+    [
+        pytest.param("ahp-chat:/main", None, id="chat-in-catalog"),
+        pytest.param(None, None, id="clearing"),
+        pytest.param("ahp-chat:/elsewhere", "unknown-chat", id="chat-not-in-catalog"),
+    ],
+)
+def test_the_default_chat_must_be_in_the_catalog(
+    default_chat: str | None, code: str | None
+) -> None:
+    session = SessionState(
+        provider="huddle",
+        title="s",
+        status=1,
+        lifecycle="ready",
+        active_clients=[],
+        chats=[
+            ChatSummary(
+                resource="ahp-chat:/main",
+                title="Main",
+                status=1,
+                modified_at="1970-01-01T00:00:00.000Z",
+            )
+        ],
+    )
+    reason = reject_reason(session, SessionDefaultChatChanged(default_chat=default_chat))
+    assert (reason.split(":", 1)[0] if reason else None) == code

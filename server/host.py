@@ -95,6 +95,7 @@ from server.errors import (
     CommandError,
     InputAbandoned,
     SeqConflict,
+    StoreError,
 )
 from server.store.base import ChannelStore, Listener
 
@@ -145,6 +146,8 @@ class Channel:
     waiters: list[_Waiter] = field(default_factory=list)
     since_snapshot: int = 0
     remote_head: int = 0
+    hints: dict[int, bytes] = field(default_factory=dict)
+    """Entries other processes announced, by seq, not yet applied."""
     catching_up: bool = False
     appending: bool = False
 
@@ -242,12 +245,14 @@ class Host(Listener):
         clock: Callable[[], float] = time.time,
         snapshot_every: int = 100,
         modified_at_interval: float = 1.0,
+        idle_check_interval: float = 2.0,
     ) -> None:
         self.store = store
         self.agents = agents
         self.clock = clock
         self.snapshot_every = snapshot_every
         self.modified_at_interval = modified_at_interval
+        self.idle_check_interval = idle_check_interval
         self.channels: dict[str, Channel] = {}
         self.observers: list[Observer] = []
         self.root_subscribers: set[Subscriber] = set()
@@ -272,6 +277,8 @@ class Host(Listener):
     async def start(self) -> None:
         """Create the root channel if needed and listen to other processes."""
         self._remove_listener = self.store.add_listener(self)
+        if self.idle_check_interval > 0:
+            self._spawn(self._check_idle_channels())
         root = RootState(agents=self.agents, active_sessions=0)
         if not await self.store.create(ROOT_URI, encode(root)):
             current = await self.channel(ROOT_URI)
@@ -389,7 +396,7 @@ class Host(Listener):
             try:
                 await self.store.append(ch.uri, ch.seq, log_entry(now, data))
             except SeqConflict:
-                await self._catch_up(ch)
+                await self._catch_up(ch, behind=True)
                 continue
             finally:
                 ch.appending = False
@@ -414,27 +421,38 @@ class Host(Listener):
         for observer in self.observers:
             observer(ch.uri, envelope, after)
 
-    async def _catch_up(self, ch: Channel) -> None:
-        """Apply what other processes appended after ``ch.seq`` (lock held)."""
+    async def _catch_up(self, ch: Channel, *, behind: bool = False) -> None:
+        """Apply what other processes appended after ``ch.seq`` (lock held):
+        the announced entries while they follow on, then the store's log
+        when some are still missing (or ``behind``: a conflict said so)."""
+        while (raw := ch.hints.pop(ch.seq + 1, None)) is not None:
+            self._apply_entry(ch, raw)
+        ch.hints = {seq: raw for seq, raw in ch.hints.items() if seq > ch.seq}
+        if ch.remote_head <= ch.seq and not behind:
+            return
         entries = await self.store.read_log(ch.uri, ch.seq, ch.epoch)
         if entries is None:
             await self._reload(ch)
             return
         for raw in entries:
-            when, envelope, data = read_entry(raw)
-            if envelope.server_seq != ch.seq + 1:
-                continue
-            after = reduce(ch.state, envelope.action, when)
-            self._apply(ch, after, envelope, data)
-            if isinstance(after, ChatState):
-                # The writing process told the session; start from here.
-                self._chat_shadows[ch.uri] = after
+            self._apply_entry(ch, raw)
+
+    def _apply_entry(self, ch: Channel, raw: bytes) -> None:
+        when, envelope, data = read_entry(raw)
+        if envelope.server_seq != ch.seq + 1:
+            return
+        after = reduce(ch.state, envelope.action, when)
+        self._apply(ch, after, envelope, data)
+        if isinstance(after, ChatState):
+            # The writing process told the session; start from here.
+            self._chat_shadows[ch.uri] = after
 
     async def _reload(self, ch: Channel) -> None:
         """The log we knew is gone (epoch changed or trimmed past us): load
         afresh and make every subscriber start over."""
         fresh = await self._load(ch.uri)
         ch.state, ch.seq, ch.epoch = fresh.state, fresh.seq, fresh.epoch
+        ch.hints.clear()
         for subscriber in list(ch.subscribers):
             subscriber.resync(ch.uri)
         ch.subscribers.clear()
@@ -448,6 +466,8 @@ class Host(Listener):
         if ch.appending and seq == ch.seq + 1:
             return  # most likely our own append; a conflict would catch us up
         ch.remote_head = max(ch.remote_head, seq)
+        if len(ch.hints) < 1000:
+            ch.hints[seq] = envelope
         if not ch.catching_up:
             ch.catching_up = True
             self._spawn(self._follow(ch))
@@ -459,6 +479,35 @@ class Host(Listener):
                     await self._catch_up(ch)
         finally:
             ch.catching_up = False
+
+    async def _check_idle_channels(self) -> None:
+        """Now and then, compare every watched channel with the store's head:
+        an append whose hint was lost is applied within one interval."""
+        while True:
+            await asyncio.sleep(self.idle_check_interval)
+            try:
+                await self.check_heads()
+            except StoreError as error:
+                log.warning("idle check failed: %s", error)
+
+    async def check_heads(self) -> None:
+        """Catch up every watched channel that is behind the store."""
+        watched = [uri for uri, ch in self.channels.items() if ch.subscribers or ch.waiters]
+        if not watched:
+            return
+        heads = await self.store.heads(watched)
+        for uri in watched:
+            ch = self.channels.get(uri)
+            head = heads.get(uri)
+            if ch is None or head is None:
+                continue
+            epoch, seq = head
+            if epoch != ch.epoch or seq > ch.seq:
+                async with ch.lock:
+                    if epoch != ch.epoch:
+                        await self._reload(ch)
+                    else:
+                        await self._catch_up(ch, behind=True)
 
     def notice(self, topic: str, payload: bytes) -> None:
         if topic == ROOT_URI:

@@ -380,3 +380,22 @@ async def test_two_hosts_on_one_store_deliver_the_same_envelopes_in_order() -> N
     asking.cancel()
     await first.stop()
     await second.stop()
+
+
+async def test_an_append_whose_hint_was_lost_arrives_with_the_idle_check() -> None:
+    store = MemoryStore()
+    first = Host(store, agents=default_agents(), idle_check_interval=0)
+    second = Host(store, agents=default_agents(), idle_check_interval=0)
+    await first.start()
+    await second.start()
+    chat = await first.create_session(SESSION)
+    watcher = Recorder()
+    await second.subscribe(chat, watcher)
+    assert second._remove_listener is not None
+    second._remove_listener()  # from now on `second` hears no hints
+    await start_turn(first, chat)
+    assert watcher.seqs(chat) == []
+    await second.check_heads()
+    assert watcher.seqs(chat) == [(await first.channel(chat)).seq]
+    await first.stop()
+    await second.stop()

@@ -75,6 +75,11 @@ class ChannelStore(ABC):
         changed). Raises ChannelGone."""
 
     @abstractmethod
+    async def heads(self, channels: list[str]) -> dict[str, tuple[str, int]]:
+        """The (epoch, seq) of each existing channel of ``channels``, read in
+        one go: how a process notices appends whose hint it missed."""
+
+    @abstractmethod
     async def save_snapshot(self, channel: str, seq: int, state: bytes) -> None:
         """Record ``state`` as the channel's state at ``seq``; the log up to
         ``seq`` may then be trimmed."""

@@ -82,6 +82,9 @@ class MemoryStore(ChannelStore):
             return None
         return list(ch.log)[after_seq + 1 - ch.first_seq :]
 
+    async def heads(self, channels: list[str]) -> dict[str, tuple[str, int]]:
+        return {c: (ch.epoch, ch.seq) for c in channels if (ch := self._channels.get(c))}
+
     async def save_snapshot(self, channel: str, seq: int, state: bytes) -> None:
         ch = self._get(channel)
         if ch.snapshot_seq < seq <= ch.seq:
@@ -109,7 +112,12 @@ class MemoryStore(ChannelStore):
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
+
+        def remove() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return remove
 
     async def ready(self) -> bool:
         return True

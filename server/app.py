@@ -159,7 +159,7 @@ async def ahp_socket(websocket: WebSocket) -> None:
     )
     server.connections.add(connection)
     server.metrics.connections.inc()
-    writer = asyncio.create_task(connection.writer())
+    writer = connection.start_writer()
     try:
         await _read_frames(websocket, connection, writer)
     finally:

@@ -24,6 +24,7 @@ from server.config import Settings, settings_from
 from server.serve import UvicornServer, uvicorn_config
 from server.store.base import ChannelStore
 from server.store.memory import MemoryStore
+from server.store.redis import RedisStore
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,9 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_store(settings: Settings) -> ChannelStore:
+    """The store ``--store`` names: ``memory`` or a redis:// (unix://) URL."""
     if settings.store == "memory":
         return MemoryStore(retention=settings.replay_window)
-    raise SystemExit(f"huddle: unknown store {settings.store!r} (use 'memory')")
+    if settings.store.startswith(("redis://", "rediss://", "unix://")):
+        return RedisStore(settings.store, retention=settings.replay_window)
+    raise SystemExit(f"huddle: unknown store {settings.store!r} (use memory or redis://...)")
 
 
 async def serve(settings: Settings) -> None:

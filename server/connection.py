@@ -3,8 +3,9 @@
 Frames are handled one at a time, in the order they arrive, so a client's
 ``dispatchAction`` notifications are applied in its ``clientSeq`` order.
 Outgoing frames go through a bounded queue drained by a writer task; a
-client that lets the queue fill up is closed (1013, "try again later") and
-resumes with ``reconnect``; it never slows anyone else down.
+client that lets the queue fill up is closed (1013, "try again later"; with
+no close frame at all when its socket takes no more bytes) and resumes with
+``reconnect``; it never slows anyone else down.
 
 Errors, by whose fault they are (see :mod:`server.errors`):
 
@@ -149,6 +150,9 @@ class Connection:
         self.subscriptions: set[str] = set()
         self.queue: asyncio.Queue[str | None] = asyncio.Queue(limits.send_queue)
         self.closing: tuple[int, str] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._sending = False
+        self._abandoned = False
         self.bucket = TokenBucket(limits.actions_per_second, limits.action_burst, time.monotonic)
         self.limited_in_a_row = 0
         self._handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
@@ -188,14 +192,39 @@ class Connection:
             while not self.queue.empty():
                 self.queue.get_nowait()
         self.queue.put_nowait(None)
+        if code == CLOSE_TRY_AGAIN and self._sending and self._writer is not None:
+            # The writer is stuck in a send: the peer stopped reading, so a
+            # close frame could not reach it either. Give up on the socket
+            # now instead of holding the connection open for as long as the
+            # peer likes.
+            self._abandoned = True
+            self._writer.cancel()
+
+    def start_writer(self) -> asyncio.Task[None]:
+        """Start :meth:`writer` as a task; it ends when the connection is
+        closed (or given up after its send queue overflowed)."""
+        self._writer = asyncio.create_task(self.writer())
+        return self._writer
 
     async def writer(self) -> None:
         """Drain the queue to the socket until the connection closes."""
-        while True:
-            frame = await self.queue.get()
-            if frame is None:
-                break
-            await self._send(frame)
+        try:
+            while True:
+                frame = await self.queue.get()
+                if frame is None:
+                    break
+                self._sending = True
+                try:
+                    await self._send(frame)
+                finally:
+                    self._sending = False
+        except asyncio.CancelledError:
+            if not self._abandoned:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return
         code, reason = self.closing or (CLOSE_NORMAL, "")
         await self._close(code, reason)
 

@@ -491,7 +491,8 @@ class Host(Listener):
                 log.warning("idle check failed: %s", error)
 
     async def check_heads(self) -> None:
-        """Catch up every watched channel that is behind the store."""
+        """Catch up every watched channel that is behind the store (or whose
+        log changed its epoch: then subscribers start over)."""
         watched = [uri for uri, ch in self.channels.items() if ch.subscribers or ch.waiters]
         if not watched:
             return
@@ -508,6 +509,9 @@ class Host(Listener):
                         await self._reload(ch)
                     else:
                         await self._catch_up(ch, behind=True)
+
+    def store_reconnected(self) -> None:
+        self._spawn(self.check_heads())
 
     def notice(self, topic: str, payload: bytes) -> None:
         if topic == ROOT_URI:

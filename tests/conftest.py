@@ -24,6 +24,7 @@ from server.connection import Limits
 from server.serve import UvicornServer, uvicorn_config
 from server.store.base import ChannelStore
 from server.store.memory import MemoryStore
+from tests.redis_server import RedisServer, running_redis
 
 UNIT = float(os.environ.get("HUDDLE_TEST_UNIT", "1"))
 AGENT_TOKEN = "test-agent-token-0123456789abcdef"
@@ -107,3 +108,10 @@ def limits() -> Limits:
 
 def user_message(text: str) -> Message:
     return Message(text=text, origin=MessageOrigin(kind="user"))
+
+
+@pytest.fixture
+async def redis_server() -> AsyncIterator[RedisServer]:
+    """A redis-server of the test's own (real, started from the binary)."""
+    async with running_redis(10 * UNIT) as server:
+        yield server

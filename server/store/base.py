@@ -51,6 +51,11 @@ class Listener(ABC):
     def notice(self, topic: str, payload: bytes) -> None:
         """A notice was published on ``topic``."""
 
+    @abstractmethod
+    def store_reconnected(self) -> None:
+        """The store's link to other processes is back: hints may have been
+        lost meanwhile, so compare with the store now."""
+
 
 class ChannelStore(ABC):
     """Channel logs, snapshots and records; see the module docstring."""

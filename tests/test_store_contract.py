@@ -1,0 +1,163 @@
+"""Every store honours the ChannelStore contract: memory and Redis alike."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from server.errors import ChannelGone, SeqConflict
+from server.store.base import ChannelStore, Listener
+from server.store.memory import MemoryStore
+from server.store.redis import RedisStore
+from tests.conftest import UNIT
+from tests.redis_server import running_redis
+
+CHAT = "ahp-chat:/contract"
+
+
+class Heard(Listener):
+    def __init__(self) -> None:
+        self.appends: list[tuple[str, int, bytes]] = []
+        self.notices: list[tuple[str, bytes]] = []
+        self.changed = asyncio.Event()
+        self.reconnected = 0
+
+    def envelope_appended(self, channel: str, seq: int, envelope: bytes) -> None:
+        self.appends.append((channel, seq, envelope))
+        self.changed.set()
+
+    def notice(self, topic: str, payload: bytes) -> None:
+        self.notices.append((topic, payload))
+        self.changed.set()
+
+    def store_reconnected(self) -> None:
+        self.reconnected += 1
+
+    async def until(self, count: int) -> None:
+        async with asyncio.timeout(2 * UNIT):
+            while len(self.appends) + len(self.notices) < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[ChannelStore]:
+    async with contextlib.AsyncExitStack() as stack:
+        made: ChannelStore
+        if request.param == "memory":
+            made = MemoryStore(retention=3)
+        else:
+            server = await stack.enter_async_context(running_redis(10 * UNIT))
+            made = RedisStore(server.url, retention=3)
+        try:
+            yield made
+        finally:
+            await made.close()
+
+
+async def test_a_new_channel_loads_at_seq_zero(store: ChannelStore) -> None:
+    assert await store.create(CHAT, b'{"s":0}')
+    loaded = await store.load(CHAT)
+    assert (loaded.seq, loaded.snapshot, loaded.log) == (0, b'{"s":0}', [])
+
+
+async def test_creating_an_existing_channel_says_no(store: ChannelStore) -> None:
+    assert await store.create(CHAT, b"{}")
+    assert not await store.create(CHAT, b"{}")
+
+
+async def test_append_is_a_compare_and_set_on_the_seq(store: ChannelStore) -> None:
+    await store.create(CHAT, b"{}")
+    await store.append(CHAT, 0, b"one")
+    with pytest.raises(SeqConflict) as conflict:
+        await store.append(CHAT, 0, b"late")
+    assert conflict.value.current == 1
+    await store.append(CHAT, 1, b"two")
+    assert (await store.load(CHAT)).log == [b"one", b"two"]
+
+
+async def test_concurrent_appends_on_many_channels_all_land(store: ChannelStore) -> None:
+    channels = [f"ahp-chat:/c{n}" for n in range(20)]
+    for channel in channels:
+        await store.create(channel, b"{}")
+
+    async def write(channel: str) -> None:
+        for seq in range(10):
+            await store.append(channel, seq, f"{channel}:{seq}".encode())
+
+    await asyncio.gather(*(write(c) for c in channels))
+    heads = await store.heads(channels)
+    assert {seq for _, seq in heads.values()} == {10}
+
+
+async def test_read_log_returns_the_gap_or_none_when_it_is_gone(store: ChannelStore) -> None:
+    await store.create(CHAT, b"{}")
+    for seq in range(8):
+        await store.append(CHAT, seq, f"e{seq + 1}".encode())
+    epoch = (await store.load(CHAT)).epoch
+    assert await store.read_log(CHAT, 6, epoch) == [b"e7", b"e8"]
+    assert await store.read_log(CHAT, 8, epoch) == []
+    assert await store.read_log(CHAT, 9, epoch) is None
+    assert await store.read_log(CHAT, 6, "another-epoch") is None
+    await store.save_snapshot(CHAT, 7, b'{"at":7}')
+    # Retention 3 and a snapshot at 7: 5 and before are trimmed.
+    assert await store.read_log(CHAT, 2, epoch) is None
+    assert await store.read_log(CHAT, 5, epoch) == [b"e6", b"e7", b"e8"]
+    loaded = await store.load(CHAT)
+    assert (loaded.snapshot_seq, loaded.snapshot, loaded.log) == (7, b'{"at":7}', [b"e8"])
+
+
+async def test_a_snapshot_never_goes_back_nor_ahead(store: ChannelStore) -> None:
+    await store.create(CHAT, b"{}")
+    for seq in range(4):
+        await store.append(CHAT, seq, b"e")
+    await store.save_snapshot(CHAT, 3, b"three")
+    await store.save_snapshot(CHAT, 2, b"two")
+    await store.save_snapshot(CHAT, 9, b"nine")
+    loaded = await store.load(CHAT)
+    assert (loaded.snapshot_seq, loaded.snapshot) == (3, b"three")
+
+
+async def test_a_missing_channel_is_gone(store: ChannelStore) -> None:
+    with pytest.raises(ChannelGone):
+        await store.load(CHAT)
+    with pytest.raises(ChannelGone):
+        await store.append(CHAT, 0, b"x")
+    with pytest.raises(ChannelGone):
+        await store.read_log(CHAT, 0, "e")
+    assert await store.heads([CHAT]) == {}
+
+
+async def test_delete_removes_the_channel(store: ChannelStore) -> None:
+    await store.create(CHAT, b"{}")
+    await store.delete(CHAT)
+    with pytest.raises(ChannelGone):
+        await store.load(CHAT)
+
+
+async def test_records_are_set_read_listed_and_deleted(store: ChannelStore) -> None:
+    await store.put_record("session", "a", b"1")
+    await store.put_record("session", "b", b"2")
+    assert await store.get_record("session", "a") == b"1"
+    assert await store.records("session") == {"a": b"1", "b": b"2"}
+    await store.delete_record("session", "a")
+    assert await store.get_record("session", "a") is None
+    assert await store.records("other") == {}
+
+
+async def test_listeners_hear_appends_and_notices(store: ChannelStore) -> None:
+    heard = Heard()
+    remove = store.add_listener(heard)
+    if isinstance(store, RedisStore):
+        async with asyncio.timeout(2 * UNIT):
+            await store.connected.wait()
+    await store.create(CHAT, b"{}")
+    await store.append(CHAT, 0, b"entry")
+    await store.publish("ahp-root://", b"notice")
+    await heard.until(2)
+    assert heard.appends == [(CHAT, 1, b"entry")]
+    assert heard.notices == [("ahp-root://", b"notice")]
+    remove()

@@ -20,10 +20,10 @@ from protocol.chat import (
     InputAnswer,
     InputRequest,
     InputResponseKind,
+    KnownPart,
     McpAuthRequirement,
     Message,
     PendingMessageKind,
-    ResponsePart,
     ToolCallEdits,
     ToolCallResult,
     ToolCallRiskAssessment,
@@ -236,7 +236,7 @@ class ChatDelta(Action, frozen=True, kw_only=True, tag="chat/delta"):
 
 class ChatResponsePart(Action, frozen=True, kw_only=True, tag="chat/responsePart"):
     turn_id: str
-    part: ResponsePart
+    part: KnownPart
     meta: JsonObject | None = meta_field()
 
 

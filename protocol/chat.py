@@ -516,15 +516,18 @@ KNOWN_PART_KINDS = frozenset(
     {"markdown", "contentRef", "toolCall", "reasoning", "systemNotification", "inputRequest"}
 )
 
-ResponsePart: TypeAlias = (
+KnownPart: TypeAlias = (
     MarkdownPart
     | ContentRefPart
     | ToolCallPart
     | ReasoningPart
     | SystemNotificationPart
     | InputRequestPart
-    | UnknownPart
 )
+"""The parts an action may carry: only kinds this version knows."""
+
+ResponsePart: TypeAlias = KnownPart | UnknownPart
+"""The parts state may hold: a stored state may keep a newer peer's part."""
 
 # ─── Turns and the chat ──────────────────────────────────────────────────────
 

@@ -13,7 +13,7 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from protocol.actions import StateAction
-from protocol.chat import KNOWN_PART_KINDS, ChatState
+from protocol.chat import KNOWN_PART_KINDS, ChatState, UnknownPart
 from protocol.messages import (
     ActionEnvelope,
     ChannelParams,
@@ -73,6 +73,7 @@ def _decode(decoder: msgspec.json.Decoder[T], data: bytes | str, prefix: str, co
 
 
 _encoder: Final = msgspec.json.Encoder()
+UNKNOWN_KIND: Final = str(UnknownPart.__struct_config__.tag)
 _request: Final = msgspec.json.Decoder(Request)
 _response: Final = msgspec.json.Decoder(IncomingResponse)
 _action: Final[msgspec.json.Decoder[StateAction]] = msgspec.json.Decoder(StateAction)
@@ -82,7 +83,6 @@ STATE_TYPES: Final[dict[str, type[Any]]] = {
     "session": SessionState,
     "chat": ChatState,
 }
-_states: Final = {kind: msgspec.json.Decoder(t) for kind, t in STATE_TYPES.items()}
 
 PARAMS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
     "initialize": msgspec.json.Decoder(InitializeParams),
@@ -101,9 +101,27 @@ PARAMS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
 """The params decoder of every method the host serves."""
 
 
+_unknown_parts_seen = False
+"""Set once a state with an unknown part was read: from then on encoding
+writes such parts back as they were read (a slower path, for a rare case)."""
+
+
 def encode(value: Any) -> bytes:
     """Encode any wire value as JSON (absent optional fields left out)."""
+    if _unknown_parts_seen:
+        plain = msgspec.to_builtins(value, builtin_types=(msgspec.Raw,))
+        return _encoder.encode(_unwrap_everywhere(plain))
     return _encoder.encode(value)
+
+
+def _unwrap_everywhere(value: Any) -> Any:
+    if isinstance(value, dict):
+        if value.get("kind") == UNKNOWN_KIND and "raw" in value:
+            return value["raw"]
+        return {k: _unwrap_everywhere(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap_everywhere(v) for v in value]
+    return value
 
 
 def to_builtins(value: Any) -> Any:
@@ -145,8 +163,11 @@ def decode_state(channel: str, data: bytes | str) -> ChannelState:
         kind = channel_kind(channel)
     except BadChannelUri as error:
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), "$.resource") from None
-    state: ChannelState = _decode(_states[kind], data, "$.state", ErrorCode.INVALID_PARAMS)
-    return state
+    try:
+        value = msgspec.json.decode(data)
+    except msgspec.DecodeError as error:
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, f"invalid JSON: {error}") from None
+    return convert_state(value, kind, "$.state")
 
 
 def _map_parts(state: Any, mapper: Any) -> Any:
@@ -170,26 +191,29 @@ def _map_parts(state: Any, mapper: Any) -> Any:
 
 
 def _wrap_unknown(part: Any) -> Any:
+    global _unknown_parts_seen
     if isinstance(part, dict) and part.get("kind") not in KNOWN_PART_KINDS:
-        return {"kind": "huddle/unknown", "raw": part}
+        _unknown_parts_seen = True
+        return {"kind": UNKNOWN_KIND, "raw": part}
     return part
 
 
 def _unwrap_unknown(part: Any) -> Any:
-    if isinstance(part, dict) and part.get("kind") == "huddle/unknown":
+    if isinstance(part, dict) and part.get("kind") == UNKNOWN_KIND:
         return part.get("raw")
     return part
 
 
-def convert_state(value: Any, kind: str) -> ChannelState:
+def convert_state(value: Any, kind: str, path: str = "$") -> ChannelState:
     """Stored or received state (plain JSON objects) as a typed state.
 
     Lenient where AHP expects growth: a response part of an unknown kind
-    is kept as an :class:`~protocol.chat.UnknownPart`.
+    is kept as an :class:`~protocol.chat.UnknownPart` (and written back as
+    read by :func:`encode` and :func:`state_to_builtins`).
     """
     if kind == "chat":
         value = _map_parts(value, _wrap_unknown)
-    state: ChannelState = convert(value, STATE_TYPES[kind], "$")
+    state: ChannelState = convert(value, STATE_TYPES[kind], path)
     return state
 
 
@@ -217,7 +241,7 @@ def decode_snapshot(value: Any) -> Snapshot:
         kind = channel_kind(resource)
     except BadChannelUri as error:
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), "$.resource") from None
-    state = convert_state(value.get("state"), kind)
+    state = convert_state(value.get("state"), kind, "$.state")
     from_seq = value.get("fromSeq")
     if not isinstance(from_seq, int) or isinstance(from_seq, bool):
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "Expected `int`", "$.fromSeq")

@@ -96,7 +96,8 @@ class IncomingResponse(Wire, frozen=True, kw_only=True):
 
     jsonrpc: Literal["2.0"]
     id: RequestId | None = None
-    result: msgspec.Raw | None = None
+    result: msgspec.Raw = NO_PARAMS
+    """Raw JSON of the result (empty for an error response)."""
     error: RpcError | None = None
 
 

@@ -110,65 +110,102 @@ def _with_customizations(
     return state if updated is None else replace(state, customizations=updated)
 
 
-def _find_child(
-    items: list[Customization], item_id: str, change: Callable[[list[Customization], int], None]
-) -> list[Customization] | None:
-    """Find ``item_id`` at the top level, or else among the children of a
-    container (plugin or directory), and apply ``change`` to a copy of the
-    list that holds it. Returns the new top-level list, or None."""
-    top = next((i for i, c in enumerate(items) if c.get("id") == item_id), -1)
-    if top >= 0:
-        copy = list(items)
-        change(copy, top)
-        return copy
-    for index, container in enumerate(items):
-        children = container.get("children")
-        if container.get("type") == "mcpServer" or not isinstance(children, list):
-            continue
-        child = next((i for i, c in enumerate(children) if c.get("id") == item_id), -1)
-        if child >= 0:
-            new_children = list(children)
-            change(new_children, child)
-            copy = list(items)
-            copy[index] = {**container, "children": new_children}
-            return copy
-    return None
+def _top_index(items: list[Customization], item_id: str) -> int:
+    return next((i for i, c in enumerate(items) if c.get("id") == item_id), -1)
+
+
+def _children(container: Customization) -> list[Customization] | None:
+    """A container's children (plugins and directories have them; an MCP
+    server at the top level never does)."""
+    children = container.get("children")
+    if container.get("type") == "mcpServer" or not isinstance(children, list):
+        return None
+    return children
 
 
 def _toggled(items: list[Customization], item_id: str, enabled: bool) -> list[Customization] | None:
-    def change(lst: list[Customization], i: int) -> None:
-        lst[i] = {**lst[i], "enabled": enabled}
+    """AHP: the top-level entry with the id, else the child in the first
+    container that has one."""
+    top = _top_index(items, item_id)
+    if top >= 0:
+        updated = list(items)
+        updated[top] = {**items[top], "enabled": enabled}
+        return updated
+    for index, container in enumerate(items):
+        children = _children(container)
+        child = -1 if children is None else _top_index(children, item_id)
+        if children is not None and child >= 0:
+            new_children = list(children)
+            new_children[child] = {**children[child], "enabled": enabled}
+            updated = list(items)
+            updated[index] = {**container, "children": new_children}
+            return updated
+    return None
 
-    return _find_child(items, item_id, change)
+
+def _in_every_container(
+    items: list[Customization],
+    item_id: str,
+    change: Callable[[Customization], Customization | None],
+) -> list[Customization] | None:
+    """Apply ``change`` to the child ``item_id`` of every container; it
+    returns the new child, None to remove it, or the child itself to leave it
+    alone. Returns the new list, or None when nothing changed."""
+    changed = False
+    updated: list[Customization] = []
+    for container in items:
+        children = _children(container)
+        child = -1 if children is None else _top_index(children, item_id)
+        if children is None or child < 0:
+            updated.append(container)
+            continue
+        new = change(children[child])
+        if new is children[child]:
+            updated.append(container)
+            continue
+        changed = True
+        new_children = list(children)
+        if new is None:
+            del new_children[child]
+        else:
+            new_children[child] = new
+        updated.append({**container, "children": new_children})
+    return updated if changed else None
 
 
 def _removed(items: list[Customization], item_id: str) -> list[Customization] | None:
-    def change(lst: list[Customization], i: int) -> None:
-        del lst[i]
-
-    return _find_child(items, item_id, change)
+    """AHP: the top-level entry with the id, else that child of every
+    container."""
+    top = _top_index(items, item_id)
+    if top >= 0:
+        return [c for i, c in enumerate(items) if i != top]
+    return _in_every_container(items, item_id, lambda child: None)
 
 
 def _mcp_server_changed(
     items: list[Customization], item_id: str, state: JsonObject, channel: str | None
 ) -> list[Customization] | None:
-    """Set an MCP server's state (top level or child); AHP leaves any other
-    kind of customization with that id alone."""
-    refused = False
+    """Set an MCP server's state: the top-level entry with the id (unless it
+    is not an MCP server), else every MCP server child with the id."""
 
-    def change(lst: list[Customization], i: int) -> None:
-        nonlocal refused
-        if lst[i].get("type") != "mcpServer":
-            refused = True
-            return
-        entry: dict[str, Any] = {**lst[i], "state": state}
-        entry.pop("channel", None)
+    def change(entry: Customization) -> Customization:
+        if entry.get("type") != "mcpServer":
+            return entry
+        new: dict[str, Any] = {**entry, "state": state}
+        new.pop("channel", None)
         if channel is not None:
-            entry["channel"] = channel
-        lst[i] = entry
+            new["channel"] = channel
+        return new
 
-    updated = _find_child(items, item_id, change)
-    return None if refused else updated
+    top = _top_index(items, item_id)
+    if top >= 0:
+        new = change(items[top])
+        if new is items[top]:
+            return None
+        updated = list(items)
+        updated[top] = new
+        return updated
+    return _in_every_container(items, item_id, change)
 
 
 def reduce_session(state: SessionState, action: SessionAction) -> SessionState:

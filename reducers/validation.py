@@ -41,6 +41,11 @@ Rules, per action, checked top to bottom; the first broken rule wins::
                                                          overlay the synced ones
                                   form-invalid           accept, and the FormCheck refuses the
                                                          overlaid answers
+    chat/inputRequested           answered-question-dropped  it replaces an open request
+                                                         with the same id, carries no
+                                                         `answers`, and leaves out a
+                                                         question that has an answer (the
+                                                         reducer would keep that answer)
     chat/pendingMessageRemoved    no-pending-message     no pending message of that `kind` has
                                                          that `id` (AHP: SHOULD reject)
     session/defaultChatChanged    unknown-chat           `defaultChat` is not in the session's
@@ -158,6 +163,7 @@ RejectionCode: TypeAlias = Literal[
     "turn-in-progress",
     "no-pending-message",
     "unknown-chat",
+    "answered-question-dropped",
 ]
 """The stable first part of every rejection reason."""
 
@@ -208,6 +214,8 @@ def reject_reason(
             return _input_completed_reason(state, action, form_check)
         case ChatPendingMessageRemoved():
             return _pending_removed_reason(state, action)
+        case ChatInputRequested():
+            return _input_requested_reason(state, action)
         case (
             ChatDelta()
             | ChatResponsePart()
@@ -230,7 +238,6 @@ def reject_reason(
             | ChatPendingMessageSet()
             | ChatQueuedMessagesReordered()
             | ChatDraftChanged()
-            | ChatInputRequested()
         ):
             return None
         case _:
@@ -258,6 +265,25 @@ def answer_problem(
 
 def _reason(code: RejectionCode, sentence: str) -> str:
     return f"{code}: {sentence}"
+
+
+def _input_requested_reason(state: ChatState, action: ChatInputRequested) -> str | None:
+    request = action.request
+    if request.answers is not None:
+        return None
+    old = _select_open_request(state, request.id)
+    if old is None or not old.answers:
+        return None
+    asked = {question.id for question in request.questions or []}
+    dropped = sorted(set(old.answers) - asked)
+    if not dropped:
+        return None
+    names = ", ".join(f"'{q}'" for q in dropped)
+    return _reason(
+        "answered-question-dropped",
+        f"input request '{request.id}' would drop {names}, which already have answers; "
+        "send `answers` to say what to keep",
+    )
 
 
 def _pending_removed_reason(state: ChatState, action: ChatPendingMessageRemoved) -> str | None:

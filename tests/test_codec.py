@@ -400,12 +400,6 @@ def test_request_keeps_its_params_raw_until_the_method_is_known() -> None:
     assert bytes(request.params) == b'{"channel":"x"}'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocol.messages: IncomingResponse.result is `msgspec.Raw | None`; msgspec 0.22 "
-    "decodes that union as null only, so decode_response fails on every response that has a "
-    "result ('Expected `null`, got `object` - at `$.result`')",
-)
 def test_response_with_a_result_decodes() -> None:
     response = decode_response(b'{"jsonrpc":"2.0","id":1,"result":{"snapshot":null}}')
     assert response.result is not None
@@ -896,11 +890,6 @@ def test_snapshot_that_does_not_fit_names_the_field(snapshot: Any, path: str, re
     assert (error.code, error.path, error.reason) == (ErrorCode.INVALID_PARAMS, path, reason)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocol.codec.decode_snapshot converts the state with the path '$', so a bad "
-    "field inside the snapshot's state is named `$.title` instead of `$.state.title`",
-)
 def test_snapshot_with_a_bad_state_names_the_field_inside_state() -> None:
     error = malformed(
         decode_snapshot, {**CHAT_SNAPSHOT, "state": {**CHAT_SNAPSHOT["state"], "title": 3}}
@@ -1044,24 +1033,11 @@ def test_stored_session_state_is_never_searched_for_parts() -> None:
     assert state_to_builtins(state) == stored
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocol.codec: encode() writes an UnknownPart as {kind: 'huddle/unknown', raw} "
-    "instead of the part as read, and convert_state wraps that wrapper again; the host "
-    "encodes states with encode() (snapshots it stores, Snapshot results it sends), so AHP "
-    "clients see a 'huddle/unknown' part and every save/load cycle nests one more wrapper",
-)
 def test_encoded_chat_state_writes_unknown_parts_as_read() -> None:
     state = convert_state(STORED_CHAT, "chat")
     assert json.loads(encode(state)) == STORED_CHAT
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocol.chat.UnknownPart says inbound actions never carry one, but it is a member "
-    "of the ResponsePart union the action decoder uses, so a chat/responsePart with kind "
-    "'huddle/unknown' decodes and its `raw` object is later written into state verbatim",
-)
 def test_inbound_action_cannot_carry_an_unknown_part() -> None:
     frame = b'{"type":"chat/responsePart","turnId":"t","part":{"kind":"huddle/unknown","raw":{}}}'
     with pytest.raises(MalformedFrame):

@@ -215,11 +215,6 @@ MACRO = {"id": "shared-id", "type": "prompt"}
 SERVER = {"id": "shared-id", "type": "mcpServer", "enabled": True, "state": {"kind": "stopped"}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reducers.session._find_child stops at the first container holding the id; AHP's "
-    "session/customizationRemoved removes the child from every container that holds it",
-)
 def test_customization_removed_removes_the_child_from_every_container() -> None:
     data = fixture(
         reducer="session",
@@ -230,12 +225,6 @@ def test_customization_removed_removes_the_child_from_every_container() -> None:
     assert run(data) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reducers.session._mcp_server_changed gives up when the first container's child "
-    "with the id is not an MCP server; AHP skips that container and updates the MCP server "
-    "child with the id in every other container",
-)
 def test_mcp_server_start_skips_a_same_id_child_that_is_not_a_server() -> None:
     data = fixture(
         reducer="session",

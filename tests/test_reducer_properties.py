@@ -656,16 +656,9 @@ def test_select_tool_call_finds_the_call_of_the_active_turn() -> None:
     assert call.tool_name == "tag_ticket"
 
 
-# ─── Known gap ───────────────────────────────────────────────────────────────
+# ─── Upserts that drop questions ───────────────────────────────────────────────────────────────
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reducers.chat: chat/inputRequested for an open request keeps the old answers when "
-    "the new request carries none, even for questions the new request no longer asks (AHP "
-    "does the same), and reducers.validation has no rule for chat/inputRequested; so an "
-    "accepted sequence leaves an answer to a question its request does not have",
-)
 def test_upsert_that_drops_a_question_leaves_no_answer_to_it() -> None:
     note = InputAnswer(state="draft", value=TextValue(value="cracked jar"))
     actions: list[ChatAction] = [

@@ -14,6 +14,7 @@ from protocol.actions import (
     ChatDelta,
     ChatInputAnswerChanged,
     ChatInputCompleted,
+    ChatInputRequested,
     ChatPendingMessageRemoved,
     ChatToolCallConfirmed,
     ChatToolCallResultConfirmed,
@@ -60,6 +61,7 @@ from protocol.chat import (
 )
 from protocol.messages import ChannelState
 from protocol.session import SessionState
+from reducers.chat import reduce_chat
 from reducers.fixtures import AHP_FIXTURE_NOW_MS, run_fixture
 from reducers.validation import FormCheck, ToolInputCheck, answer_problem, reject_reason
 
@@ -1043,3 +1045,26 @@ def test_the_default_chat_must_be_in_the_catalog(
     )
     reason = reject_reason(session, SessionDefaultChatChanged(default_chat=default_chat))
     assert (reason.split(":", 1)[0] if reason else None) == code
+
+
+def test_an_upsert_may_not_silently_drop_an_answered_question() -> None:
+    asked = InputRequest(
+        id="r",
+        questions=[
+            TextQuestion(id="keep", message="Keep"),
+            TextQuestion(id="drop", message="Drop"),
+        ],
+    )
+    draft = InputAnswer(state="draft", value=TextValue(value="typed"))
+    state = reduce_chat(chat(), ChatInputRequested(request=asked), 0)
+    state = reduce_chat(
+        state, ChatInputAnswerChanged(request_id="r", question_id="drop", answer=draft), 0
+    )
+    narrower = InputRequest(id="r", questions=[TextQuestion(id="keep", message="Keep")])
+    reason = reject_reason(state, ChatInputRequested(request=narrower))
+    assert reason is not None
+    assert reason.startswith("answered-question-dropped:")
+    assert "typed" not in reason
+    explicit = InputRequest(id="r", questions=narrower.questions, answers={})
+    assert reject_reason(state, ChatInputRequested(request=explicit)) is None
+    assert reject_reason(state, ChatInputRequested(request=asked)) is None

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -138,10 +139,10 @@ async def ahp_socket(websocket: WebSocket) -> None:
             Response(error.reason, status_code=error.status, media_type="text/plain")
         )
         return
+    # Select only what we speak: echoing an offered ``huddle.token.*`` would
+    # put the credential into the response headers.
     offered = _offered_subprotocols(websocket)
     subprotocol = AHP_SUBPROTOCOL if AHP_SUBPROTOCOL in offered else None
-    if subprotocol is None and offered:
-        subprotocol = offered[0]
     await websocket.accept(subprotocol=subprotocol)
 
     async def close(code: int, reason: str) -> None:
@@ -276,6 +277,11 @@ async def dispatch_action(request: Request, server: Server, grant: Grant) -> Res
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "Expected `str`", "$.channel")
     action: StateAction = convert(body.get("action"), StateAction, "$.action")  # type: ignore[arg-type]
     await _reachable(server, grant, uri)
+    family, kind = action_type(action).split("/", 1)[0], channel_kind(uri)
+    if family != kind:
+        server.metrics.rejected(action_type(action))
+        reason = f"wrong-channel: a {family} action cannot go to a {kind} channel"
+        return _json({"rejectionReason": reason}, 409)
     if not grant.may_dispatch:
         raise CommandError(ErrorCode.PERMISSION_DENIED, "observers may not dispatch actions")
     if grant.role != "agent" and not is_client_dispatchable(action):
@@ -336,7 +342,7 @@ async def mint_token(request: Request, server: Server, grant: Grant) -> Response
             ErrorCode.INVALID_PARAMS, "sessions must be a list of URIs", "$.sessions"
         )
     ttl = body.get("ttl", server.settings.participant_ttl)
-    if not isinstance(ttl, int | float) or ttl <= 0:
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "ttl must be a positive number", "$.ttl")
     name = body.get("name")
     token = server.authority.mint(

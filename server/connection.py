@@ -314,11 +314,19 @@ class Connection:
         )
         if version is None:
             raise _UnsupportedVersion()
+        try:
+            snapshots = [
+                await self._subscribe_to(uri) for uri in params.initial_subscriptions or []
+            ]
+        except BaseException:
+            # A failed initialize changes nothing: the client may try again.
+            for uri in list(self.subscriptions):
+                self._unsubscribe(ChannelParams(channel=uri))
+            raise
         self.client_id = params.client_id
         await self.host.register_client(
             params.client_id, Identity(self.grant.name, self.grant.role)
         )
-        snapshots = [await self._subscribe_to(uri) for uri in params.initial_subscriptions or []]
         root = await self.host.channel(ROOT_URI)
         return InitializeResult(
             protocol_version=version,
@@ -400,6 +408,7 @@ class Connection:
             raise MalformedFrame(
                 ErrorCode.INVALID_PARAMS, "expected a session URI", "$.params.channel"
             )
+        await self._require_access(params.channel)
         try:
             await self.host.dispose_session(params.channel)
         except ChannelGone:

@@ -9,8 +9,42 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from server.config import Settings
+
+WRITE_EXTENSION = "huddle.write"
+WRITTEN, CLOSED, OVERLOADED = 1, 0, -1
+
+
+class HuddleWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's sans-I/O WebSocket protocol with one ASGI extension,
+    ``huddle.write``: write a prebuilt frame now, without a task, a queue or
+    an await. Broadcasting one action to N subscribers is then N buffer
+    appends of the same bytes. Huddle disables per-message compression, so a
+    text frame is the same for every connection.
+
+    ``write(frame, limit)`` returns WRITTEN, CLOSED (the connection is
+    closing: dropped) or OVERLOADED (the peer has not taken ``limit`` bytes
+    already written: it cannot keep up).
+    """
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope["extensions"][WRITE_EXTENSION] = {"write": self._write_prebuilt}
+
+    def _write_prebuilt(self, frame: bytes, limit: int) -> int:
+        transport = self.transport
+        if self.close_sent or self.disconnected or transport.is_closing():
+            return CLOSED
+        if not self.handshake_complete:
+            return CLOSED
+        if transport.get_write_buffer_size() + len(frame) > limit:
+            return OVERLOADED
+        transport.write(frame)
+        return WRITTEN
 
 
 class UvicornServer(uvicorn.Server):
@@ -41,7 +75,7 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
-        "ws": "websockets-sansio",
+        "ws": HuddleWebSocketProtocol,
         "ws_per_message_deflate": False,
         "ws_max_size": settings.max_frame_bytes,
         "ws_ping_interval": 20.0,

@@ -19,11 +19,22 @@ truth, and hosts compare heads now and then. Trimming keeps ``retention``
 entries and never one newer than the snapshot, so a snapshot always covers
 what was trimmed.
 
-A lost log (the stream flushed, or shorter than the head says, or the meta
-gone while the snapshot survives) is repaired when found: the head keeps its
-number, the snapshot is re-stamped at the head and the epoch changes, so no
-seq is ever reused and every reader whose cursor falls in the lost stretch
-gets a snapshot.
+A lost log is repaired when a load finds it, and the epoch changes:
+
+- the stream flushed or shorter than the head says: the head moves one past
+  the last seq handed out, the snapshot is re-stamped there and the stream
+  starts afresh. No seq is reused, and every cursor from before (even one at
+  the old head, whose state held entries the snapshot lacks) is behind the
+  snapshot, so it gets the snapshot and never a replay;
+- the meta hash gone while the snapshot survives: the head is read back
+  from the stream's newest entry. A stream that still holds every entry
+  after the snapshot loses nothing (its seqs keep their meaning, so cursors
+  may replay it); one with a hole is repaired as above.
+
+If the meta hash and the stream are both lost, nothing records how far the
+head had gone: it restarts at the snapshot's seq and the seqs after it are
+handed out again. Run Redis with ``maxmemory-policy noeviction`` so that
+keys are never dropped one by one.
 
 Redis down: every call fails fast with StoreUnavailable (no retries inside,
 short timeouts); the pub/sub listener reconnects by itself and, when it does,
@@ -94,9 +105,12 @@ if not snap_seq then return {} end
 snap_seq = tonumber(snap_seq)
 local head = redis.call('HGET', KEYS[1], 'seq')
 if not head then
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'seq', snap_seq, 'epoch', ARGV[1])
   head = snap_seq
+  local newest = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+  if #newest > 0 then
+    head = math.max(head, tonumber(string.match(newest[1][1], '^(%d+)')))
+  end
+  redis.call('HSET', KEYS[1], 'seq', head, 'epoch', ARGV[1])
 end
 head = tonumber(head)
 local entries = {}
@@ -107,8 +121,9 @@ if head > snap_seq then
     complete = tonumber(string.match(entries[1][1], '^(%d+)')) == snap_seq + 1
   end
   if not complete then
+    head = head + 1
     redis.call('HSET', KEYS[3], 'seq', head)
-    redis.call('HSET', KEYS[1], 'epoch', ARGV[1])
+    redis.call('HSET', KEYS[1], 'seq', head, 'epoch', ARGV[1])
     redis.call('DEL', KEYS[2])
     snap_seq = head
     entries = {}

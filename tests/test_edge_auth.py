@@ -1,0 +1,335 @@
+"""Who may do what at the edge: roles, session scopes, tokens, origins.
+
+Refusals before the socket opens are HTTP answers to the upgrade request
+(401 for a bad token, 403 for a foreign origin); once connected, commands
+are refused with JSON-RPC errors and actions with ``forbidden`` rejections.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+from websockets.typing import Origin, Subprotocol
+
+from protocol.actions import (
+    ChatDelta,
+    ChatDraftChanged,
+    ChatInputRequested,
+    ChatTurnStarted,
+    SessionTitleChanged,
+    StateAction,
+)
+from protocol.chat import InputRequest
+from protocol.session import SessionState
+from protocol.uris import ROOT_URI
+from server.auth import Grant, TokenAuthority
+from server.client import HuddleClient
+from tests.conftest import AGENT_TOKEN, RunningServer, user_message
+from tests.edge import Frame, Peer, http, initialize_params
+
+SESSION_A = "ahp-session:/team-a"
+SESSION_B = "ahp-session:/team-b"
+
+
+async def default_chat(agent: HuddleClient, session: str) -> str:
+    await agent.create_session(session)
+    mirror = await agent.subscribe(session)
+    assert isinstance(mirror.state, SessionState)
+    assert mirror.state.default_chat is not None
+    return mirror.state.default_chat
+
+
+async def chat_with_turn(huddle: RunningServer) -> str:
+    """Session A's chat, with turn ``t1`` active."""
+    agent = await huddle.client("agent")
+    chat = await default_chat(agent, SESSION_A)
+    await agent.dispatch_and_wait(
+        chat,
+        ChatTurnStarted(
+            turn_id="t1", started_at="2026-11-30T10:00:00.000Z", message=user_message("Help")
+        ),
+    )
+    return chat
+
+
+def grant_of(huddle: RunningServer, name: str) -> Grant:
+    """The grant the server holds for the connection of ``name``."""
+    (grant,) = [c.grant for c in huddle.server.connections if c.grant.name == name]
+    return grant
+
+
+# ─── Roles ───────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        pytest.param(
+            ChatInputRequested(request=InputRequest(id="sneaky", message="Your password?")),
+            id="input-requested",
+        ),
+        pytest.param(
+            ChatDelta(turn_id="t1", part_id="p1", content="I am the agent"),
+            id="delta",
+        ),
+    ],
+)
+async def test_participant_cannot_dispatch_server_only_actions(
+    huddle: RunningServer, action: StateAction
+) -> None:
+    chat = await chat_with_turn(huddle)
+    participant = await Peer.ready(huddle.ws, huddle.token("participant"), "alice")
+    snapshot = await participant.subscribe(chat)
+
+    await participant.dispatch(chat, action)
+
+    echo = await participant.envelope()
+    assert echo["rejectionReason"].startswith("forbidden: ")
+    assert echo["serverSeq"] == snapshot["fromSeq"]
+    assert (await huddle.server.host.channel(chat)).seq == snapshot["fromSeq"]
+
+
+async def test_scoped_participant_cannot_subscribe_to_another_session(
+    huddle: RunningServer,
+) -> None:
+    agent = await huddle.client("agent")
+    await default_chat(agent, SESSION_A)
+    chat_b = await default_chat(agent, SESSION_B)
+    scoped = await Peer.ready(huddle.ws, huddle.token("participant", [SESSION_A]), "scoped")
+
+    for channel in (SESSION_B, chat_b):
+        reply = await scoped.request("subscribe", {"channel": channel})
+        assert reply["error"]["code"] == -32009, channel
+
+
+async def test_scoped_participant_reaches_its_own_session(huddle: RunningServer) -> None:
+    agent = await huddle.client("agent")
+    chat_a = await default_chat(agent, SESSION_A)
+    scoped = await Peer.ready(huddle.ws, huddle.token("participant", [SESSION_A]), "scoped")
+
+    for channel in (SESSION_A, chat_a):
+        snapshot = await scoped.subscribe(channel)
+        assert snapshot["resource"] == channel
+
+
+async def test_scoped_participant_cannot_dispatch_to_another_session(
+    huddle: RunningServer,
+) -> None:
+    agent = await huddle.client("agent")
+    await default_chat(agent, SESSION_A)
+    chat_b = await default_chat(agent, SESSION_B)
+    before = (await huddle.server.host.channel(chat_b)).seq
+    scoped = await Peer.ready(huddle.ws, huddle.token("participant", [SESSION_A]), "scoped")
+
+    await scoped.dispatch(chat_b, ChatDraftChanged(draft=user_message("let me in")))
+    await scoped.dispatch(SESSION_B, SessionTitleChanged(title="mine now"))
+
+    for _ in range(2):
+        assert (await scoped.envelope())["rejectionReason"].startswith("forbidden: ")
+    assert (await huddle.server.host.channel(chat_b)).seq == before
+
+
+async def test_observer_can_subscribe(huddle: RunningServer) -> None:
+    chat = await chat_with_turn(huddle)
+    observer = await Peer.ready(huddle.ws, huddle.token("observer"), "observer")
+
+    snapshot = await observer.subscribe(chat)
+
+    assert snapshot["state"]["activeTurn"]["id"] == "t1"
+
+
+@pytest.mark.parametrize(
+    ("channel", "action"),
+    [
+        pytest.param("chat", ChatDraftChanged(draft=user_message("hi")), id="draft-changed"),
+        pytest.param(
+            "chat",
+            ChatTurnStarted(
+                turn_id="t2", started_at="2026-11-30T10:00:00.000Z", message=user_message("hi")
+            ),
+            id="turn-started",
+        ),
+        pytest.param("chat", ChatDelta(turn_id="t1", part_id="p", content="x"), id="delta"),
+        pytest.param("session", SessionTitleChanged(title="observed"), id="title-changed"),
+    ],
+)
+async def test_observer_cannot_dispatch_anything(
+    huddle: RunningServer, channel: str, action: StateAction
+) -> None:
+    chat = await chat_with_turn(huddle)
+    uri = chat if channel == "chat" else SESSION_A
+    observer = await Peer.ready(huddle.ws, huddle.token("observer"), "observer")
+    snapshot = await observer.subscribe(uri)
+
+    await observer.dispatch(uri, action)
+
+    echo = await observer.envelope()
+    assert echo["rejectionReason"] == "forbidden: observers may not dispatch actions"
+    assert echo["serverSeq"] == snapshot["fromSeq"]
+
+
+# ─── Tokens ──────────────────────────────────────────────────────────────────
+
+
+def forged(huddle: RunningServer) -> str:
+    token = huddle.token("participant")
+    return token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+
+
+def expired(huddle: RunningServer) -> str:
+    return huddle.authority.mint("participant", expires_at=time.time() - 1)
+
+
+def foreign(huddle: RunningServer) -> str:
+    other = TokenAuthority("another-agent-token-0123456789")
+    return other.mint("agent", expires_at=time.time() + 3600)
+
+
+REFUSED_TOKENS: list[Any] = [
+    pytest.param(lambda h: None, id="missing"),
+    pytest.param(lambda h: "", id="empty-bearer"),
+    pytest.param(forged, id="forged-signature"),
+    pytest.param(expired, id="expired"),
+    pytest.param(foreign, id="signed-by-another-server"),
+    pytest.param(lambda h: "hud1.not-base64!.sig", id="malformed"),
+    pytest.param(lambda h: AGENT_TOKEN + "x", id="agent-token-plus-one"),
+]
+
+
+@pytest.mark.parametrize("make_token", REFUSED_TOKENS)
+async def test_bad_token_is_refused_with_401_before_the_socket_opens(
+    huddle: RunningServer, make_token: Any
+) -> None:
+    token = make_token(huddle)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+
+    with pytest.raises(InvalidStatus) as refused:
+        await connect(huddle.ws, additional_headers=headers, proxy=None)
+
+    assert refused.value.response.status_code == 401
+    assert not huddle.server.connections
+
+
+async def test_foreign_origin_is_refused_with_403(huddle: RunningServer) -> None:
+    headers = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+
+    with pytest.raises(InvalidStatus) as refused:
+        await connect(
+            huddle.ws, additional_headers=headers, origin=Origin("https://evil.example"), proxy=None
+        )
+
+    assert refused.value.response.status_code == 403
+    assert not huddle.server.connections
+
+
+async def test_own_origin_is_accepted(huddle: RunningServer) -> None:
+    headers = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+    own = Origin(f"http://127.0.0.1:{huddle.port}")
+
+    async with connect(huddle.ws, additional_headers=headers, origin=own, proxy=None) as ws:
+        await ws.send('{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"channel": "x"}}')
+        assert '"result"' in str(await ws.recv())
+
+
+async def test_token_is_accepted_as_bearer_header(huddle: RunningServer) -> None:
+    token = huddle.token("participant", [SESSION_A], name="carol")
+
+    peer = await Peer.ready(huddle.ws, token, "carol")
+
+    assert grant_of(huddle, "carol") == Grant("participant", frozenset({SESSION_A}), "carol")
+    await peer.close()
+
+
+async def test_token_is_accepted_as_subprotocol_and_ahp_is_selected(
+    huddle: RunningServer,
+) -> None:
+    token = huddle.token("participant", [SESSION_A], name="carol")
+    offered = [Subprotocol("ahp"), Subprotocol(f"huddle.token.{token}")]
+
+    async with connect(huddle.ws, subprotocols=offered, proxy=None) as ws:
+        assert ws.subprotocol == "ahp"
+        peer = Peer(ws, "carol")
+        reply = await peer.request("initialize", initialize_params("carol"))
+        assert "result" in reply
+        assert grant_of(huddle, "carol") == Grant("participant", frozenset({SESSION_A}), "carol")
+
+
+async def test_token_subprotocol_is_never_echoed_back(huddle: RunningServer) -> None:
+    token = huddle.token("participant", name="carol")
+
+    async with connect(
+        huddle.ws, subprotocols=[Subprotocol(f"huddle.token.{token}")], proxy=None
+    ) as ws:
+        assert ws.subprotocol is None
+        assert ws.response is not None
+        assert "huddle.token" not in str(ws.response.headers)
+
+
+async def test_index_with_token_sets_the_cookie_and_redirects(huddle: RunningServer) -> None:
+    token = huddle.token("participant", name="carol")
+
+    reply = await http("GET", f"{huddle.http}/?token={token}")
+
+    assert reply.status == 303
+    assert reply.headers["Location"] == "/"
+    cookie = reply.headers["Set-Cookie"]
+    attributes = [a.strip().lower() for a in cookie.split(";")]
+    assert attributes[0] == f"huddle_token={token}".lower()
+    assert "httponly" in attributes
+    assert "samesite=strict" in attributes
+    assert "path=/" in attributes
+
+
+async def test_token_is_accepted_from_the_cookie(huddle: RunningServer) -> None:
+    token = huddle.token("participant", [SESSION_A], name="carol")
+    reply = await http("GET", f"{huddle.http}/?token={token}")
+    cookie = reply.headers["Set-Cookie"].split(";")[0]
+
+    async with connect(huddle.ws, additional_headers={"Cookie": cookie}, proxy=None) as ws:
+        peer = Peer(ws, "carol")
+        reply_frame = await peer.request("initialize", initialize_params("carol"))
+        assert "result" in reply_frame
+        assert grant_of(huddle, "carol") == Grant("participant", frozenset({SESSION_A}), "carol")
+
+
+# ─── Scopes beyond subscribe and dispatch ────────────────────────────────────
+
+
+async def test_scoped_agent_cannot_dispose_another_session(huddle: RunningServer) -> None:
+    agent = await huddle.client("agent")
+    await default_chat(agent, SESSION_A)
+    await default_chat(agent, SESSION_B)
+    token = huddle.authority.mint("agent", sessions=[SESSION_A], expires_at=time.time() + 60)
+    scoped = await Peer.ready(huddle.ws, token, "scoped-agent")
+
+    reply = await scoped.request("disposeSession", {"channel": SESSION_B})
+
+    assert reply["error"]["code"] == -32009
+    assert SESSION_B in {s["resource"] for s in await agent.list_sessions()}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="host.py Host.notice sends every root notification (root/sessionAdded, "
+    "root/sessionSummaryChanged, root/sessionRemoved) to every root subscriber, "
+    "whatever the sessions its token is scoped to",
+)
+async def test_scoped_participant_hears_nothing_of_other_sessions_on_the_root_channel(
+    huddle: RunningServer,
+) -> None:
+    scoped = await Peer.ready(huddle.ws, huddle.token("participant", [SESSION_A]), "scoped")
+    await scoped.subscribe(ROOT_URI)
+    agent = await huddle.client("agent")
+    await agent.create_session(SESSION_B, title="Secret merger")
+    await agent.create_session(SESSION_A, title="Printer")
+
+    heard: list[Frame] = []
+    while not any(f.get("method") == "root/sessionAdded" for f in heard):
+        heard.append(await scoped.receive())
+
+    assert heard[-1]["params"]["summary"]["resource"] == SESSION_A
+    assert SESSION_B not in str(heard)

@@ -1,0 +1,458 @@
+"""The edge under abuse: malformed frames, oversized and binary frames,
+floods, too many subscriptions, and a client that stops reading.
+
+Each abuse gets the answer DESIGN.md gives it (a JSON-RPC error, a
+``rate-limited`` rejection, or a close code) and costs nobody else anything:
+afterwards a fresh client still connects and works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from protocol.actions import ChatDraftChanged
+from protocol.session import SessionState
+from protocol.uris import ROOT_URI
+from server.config import Settings
+from server.connection import Connection, Limits
+from tests.conftest import UNIT, RunningServer, start_server, user_message
+from tests.edge import (
+    Frame,
+    Peer,
+    StalledPeer,
+    assert_still_serving,
+    initialize_params,
+    rpc,
+)
+
+SESSION = "ahp-session:/edge-limits"
+
+
+async def session_chat(running: RunningServer) -> str:
+    """Create the test's session; its default chat."""
+    agent = await running.client("agent", name="setup")
+    await agent.create_session(SESSION)
+    mirror = await agent.subscribe(SESSION)
+    assert isinstance(mirror.state, SessionState)
+    assert mirror.state.default_chat is not None
+    return mirror.state.default_chat
+
+
+def draft(text: str) -> ChatDraftChanged:
+    """An action with no validation rule: accepted unless a limit says no."""
+    return ChatDraftChanged(draft=user_message(text))
+
+
+@pytest.fixture
+async def limited() -> AsyncIterator[RunningServer]:
+    """A server with small limits: 4 KiB frames, a burst of 3 actions and
+    (practically) no refill, 2 subscriptions, close after 5 limited in a row."""
+    settings = Settings(
+        port=0,
+        max_frame_bytes=4096,
+        limits=Limits(
+            actions_per_second=0.001, action_burst=3, max_subscriptions=2, flood_close_after=5
+        ),
+    )
+    running = await start_server(settings)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+# ─── Malformed frames ────────────────────────────────────────────────────────
+
+TURN_STARTED_WITH_NUMBER_ID = {
+    "type": "chat/turnStarted",
+    "turnId": 5,
+    "startedAt": "2026-11-30T10:00:00.000Z",
+    "message": {"text": "hi", "origin": {"kind": "user"}},
+}
+"""``turnId`` must be a string."""
+
+
+def dispatch_frame(action: Any) -> Frame:
+    params = {"channel": "ahp-chat:/anything", "clientSeq": 1, "action": action}
+    return rpc("dispatchAction", params)
+
+
+BAD_FRAMES: list[Any] = [
+    pytest.param('{"jsonrpc": "2.0", "id": 1, "method": ', -32700, None, None, id="not-json"),
+    pytest.param("[1, 2, 3]", -32600, None, "$", id="an-array"),
+    pytest.param('"ping"', -32600, None, "$", id="a-string"),
+    pytest.param(
+        {"id": 1, "method": "ping", "params": {"channel": ROOT_URI}},
+        -32600,
+        None,
+        "$",
+        id="no-jsonrpc-member",
+    ),
+    pytest.param(
+        {"jsonrpc": "1.0", "id": 1, "method": "ping", "params": {"channel": ROOT_URI}},
+        -32600,
+        None,
+        "$.jsonrpc",
+        id="wrong-jsonrpc-version",
+    ),
+    pytest.param(rpc("frobnicate", {}, 7), -32601, 7, None, id="unknown-method"),
+    pytest.param(rpc("frobnicate", {}), -32601, None, None, id="unknown-notification"),
+    pytest.param(
+        {"jsonrpc": "2.0", "id": 8, "method": "subscribe"},
+        -32602,
+        8,
+        "$.params",
+        id="subscribe-without-params",
+    ),
+    pytest.param(
+        rpc("subscribe", {"channel": 42}, 9), -32602, 9, "$.params.channel", id="channel-not-a-str"
+    ),
+    pytest.param(
+        rpc("subscribe", {"channel": "http://example.com"}, 10),
+        -32602,
+        10,
+        "$.params.channel",
+        id="channel-not-a-channel-uri",
+    ),
+    pytest.param(
+        dispatch_frame(TURN_STARTED_WITH_NUMBER_ID),
+        -32602,
+        None,
+        "$.params.action.turnId",
+        id="action-field-of-the-wrong-type",
+    ),
+    pytest.param(
+        dispatch_frame({"type": "chat/teleported", "turnId": "t1"}),
+        -32602,
+        None,
+        "$.params.action.type",
+        id="unknown-action-type",
+    ),
+    pytest.param(
+        rpc("dispatchAction", {"channel": ROOT_URI, "clientSeq": 1, "action": {}}, 11),
+        -32600,
+        11,
+        None,
+        id="dispatch-with-an-id",
+    ),
+]
+
+
+@pytest.mark.parametrize(("frame", "code", "request_id", "path"), BAD_FRAMES)
+async def test_bad_frame_gets_a_json_rpc_error(
+    huddle: RunningServer, frame: Frame | str, code: int, request_id: int | None, path: str | None
+) -> None:
+    peer = await Peer.ready(huddle.ws, huddle.token(), "sloppy")
+
+    await peer.send(frame)
+
+    reply = await peer.receive()
+    assert reply["jsonrpc"] == "2.0"
+    assert reply["id"] == request_id
+    assert reply["error"]["code"] == code
+    assert (reply["error"].get("data") or {}).get("path") == path
+
+
+@pytest.mark.parametrize(("frame", "code", "request_id", "path"), BAD_FRAMES)
+async def test_connection_keeps_working_after_a_bad_frame(
+    huddle: RunningServer, frame: Frame | str, code: int, request_id: int | None, path: str | None
+) -> None:
+    peer = await Peer.ready(huddle.ws, huddle.token(), "sloppy")
+    await peer.send(frame)
+    assert (await peer.receive())["error"]["code"] == code
+
+    pong = await peer.request("ping", {"channel": ROOT_URI})
+    assert "error" not in pong
+    assert pong["result"] is None
+    await assert_still_serving(huddle, SESSION)
+
+
+# ─── Initialization ──────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(rpc("subscribe", {"channel": ROOT_URI}, 1), id="subscribe"),
+        pytest.param(rpc("listSessions", {"channel": ROOT_URI}, 1), id="list-sessions"),
+        pytest.param(dispatch_frame({"type": "chat/draftChanged"}), id="dispatch-action"),
+    ],
+)
+async def test_request_before_initialize_is_an_error(huddle: RunningServer, frame: Frame) -> None:
+    peer = await Peer.open(huddle.ws, huddle.token(), "hasty")
+
+    await peer.send(frame)
+
+    reply = await peer.receive()
+    assert reply["id"] == frame.get("id")
+    assert reply["error"]["code"] == -32600
+    assert "initialize" in reply["error"]["message"]
+
+
+async def test_initialize_without_a_shared_version_is_refused(huddle: RunningServer) -> None:
+    peer = await Peer.open(huddle.ws, huddle.token(), "time-traveller")
+
+    reply = await peer.request("initialize", initialize_params("tt", ("0.1.0", "9.9.9")))
+
+    assert reply["error"]["code"] == -32005
+    assert "0.7.0" in reply["error"]["message"]
+
+
+async def test_initialize_may_be_retried_after_a_version_mismatch(huddle: RunningServer) -> None:
+    peer = await Peer.open(huddle.ws, huddle.token(), "time-traveller")
+    await peer.request("initialize", initialize_params("tt", ("9.9.9",)))
+
+    reply = await peer.request("initialize", initialize_params("tt"))
+
+    assert reply["result"]["protocolVersion"] == "0.7.0"
+
+
+async def test_initialize_that_fails_to_subscribe_leaves_the_connection_uninitialized(
+    huddle: RunningServer,
+) -> None:
+    peer = await Peer.open(huddle.ws, huddle.token(), "hopeful")
+    params = {**initialize_params("hopeful"), "initialSubscriptions": [ROOT_URI, "ahp-chat:/gone"]}
+    failed = await peer.request("initialize", params)
+    assert failed["error"]["code"] == -32008
+
+    retried = await peer.request("initialize", initialize_params("hopeful"))
+
+    assert retried["result"]["snapshots"] == []
+    (connection,) = huddle.server.connections
+    assert connection.subscriptions == set()
+
+
+# ─── Frames the socket does not take ─────────────────────────────────────────
+
+
+async def test_oversized_frame_closes_with_1009(limited: RunningServer) -> None:
+    bystander = await limited.client("agent", name="bystander")
+    peer = await Peer.ready(limited.ws, limited.token(), "bulky")
+
+    await peer.send(rpc("ping", {"channel": ROOT_URI, "pad": "x" * 5000}, 2))
+
+    assert await peer.close_code() == 1009
+    assert await bystander.call("ping", {"channel": ROOT_URI}) is None
+    await assert_still_serving(limited, SESSION)
+
+
+async def test_frame_under_the_limit_is_served(limited: RunningServer) -> None:
+    peer = await Peer.ready(limited.ws, limited.token(), "bulky")
+
+    pong = await peer.request("ping", {"channel": ROOT_URI, "pad": "x" * 3000})
+
+    assert pong["result"] is None
+
+
+async def test_binary_frame_closes_with_1003(huddle: RunningServer) -> None:
+    peer = await Peer.ready(huddle.ws, huddle.token(), "binary")
+
+    await peer.ws.send(b'{"jsonrpc": "2.0", "id": 2, "method": "ping"}')
+
+    assert await peer.close_code() == 1003
+    await assert_still_serving(huddle, SESSION)
+
+
+# ─── Floods ──────────────────────────────────────────────────────────────────
+
+
+async def test_actions_beyond_the_burst_are_rejected_as_rate_limited(
+    limited: RunningServer,
+) -> None:
+    chat = await session_chat(limited)
+    peer = await Peer.ready(limited.ws, limited.token(), "eager")
+    seq = (await peer.subscribe(chat))["fromSeq"]
+
+    for n in range(4):
+        await peer.dispatch(chat, draft(f"draft {n}"))
+    echoes = [await peer.envelope() for _ in range(4)]
+
+    assert [e.get("rejectionReason") for e in echoes[:3]] == [None, None, None]
+    assert [e["serverSeq"] for e in echoes] == [seq + 1, seq + 2, seq + 3, seq + 3]
+    assert echoes[3]["rejectionReason"].startswith("rate-limited: ")
+
+
+async def test_rate_limit_is_per_connection(limited: RunningServer) -> None:
+    chat = await session_chat(limited)
+    eager = await Peer.ready(limited.ws, limited.token(), "eager")
+    await eager.subscribe(chat)
+    for n in range(4):
+        await eager.dispatch(chat, draft(f"draft {n}"))
+    assert (await eager.request("ping", {"channel": ROOT_URI}))["result"] is None
+    calm = await limited.client(name="calm")
+    await calm.subscribe(chat)
+
+    envelope = await calm.dispatch_and_wait(chat, draft("my turn"))
+
+    assert envelope.rejection_reason is None
+    await assert_still_serving(limited, "ahp-session:/after-the-flood")
+
+
+async def test_sustained_flood_closes_with_1008(limited: RunningServer) -> None:
+    chat = await session_chat(limited)
+    peer = await Peer.ready(limited.ws, limited.token(), "flooder")
+
+    for n in range(3 + 5):
+        await peer.dispatch(chat, draft(f"draft {n}"))
+
+    assert await peer.close_code() == 1008
+    reasons = [f["params"].get("rejectionReason", "") for f in peer.backlog]
+    assert len(reasons) == 4
+    assert all(r.startswith("rate-limited: ") for r in reasons)
+    await assert_still_serving(limited, "ahp-session:/after-the-flood")
+
+
+# ─── Subscriptions ───────────────────────────────────────────────────────────
+
+
+async def test_subscriptions_beyond_the_limit_are_refused(limited: RunningServer) -> None:
+    chat = await session_chat(limited)
+    peer = await Peer.ready(limited.ws, limited.token(), "collector")
+    await peer.subscribe(ROOT_URI)
+    await peer.subscribe(SESSION)
+
+    reply = await peer.request("subscribe", {"channel": chat})
+
+    assert reply["error"]["code"] == -32009
+    assert "at most 2 subscriptions" in reply["error"]["message"]
+    await assert_still_serving(limited, "ahp-session:/after-the-collector")
+
+
+async def test_subscribing_again_to_the_same_channel_does_not_count(
+    limited: RunningServer,
+) -> None:
+    chat = await session_chat(limited)
+    peer = await Peer.ready(limited.ws, limited.token(), "collector")
+    await peer.subscribe(ROOT_URI)
+    await peer.subscribe(ROOT_URI)
+
+    snapshot = await peer.subscribe(chat)
+
+    assert snapshot["resource"] == chat
+
+
+async def test_unsubscribing_frees_a_subscription(limited: RunningServer) -> None:
+    chat = await session_chat(limited)
+    peer = await Peer.ready(limited.ws, limited.token(), "collector")
+    await peer.subscribe(ROOT_URI)
+    await peer.subscribe(SESSION)
+    await peer.send(rpc("unsubscribe", {"channel": SESSION}))
+
+    snapshot = await peer.subscribe(chat)
+
+    assert snapshot["resource"] == chat
+
+
+# ─── A client that stops reading ─────────────────────────────────────────────
+
+BIG_DRAFT = "x" * (32 << 10)
+MAX_FLOOD = 2000
+"""The most 32 KiB drafts a flood may take (64 MiB, far beyond any socket
+buffer) before the server must have let go of a client that reads nothing."""
+
+
+@pytest.fixture
+async def small_queues() -> AsyncIterator[RunningServer]:
+    """A server whose send queues hold 8 frames, and no rate limit."""
+    limits = Limits(send_queue=8, actions_per_second=1e9, action_burst=10**9)
+    running = await start_server(Settings(port=0, limits=limits))
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+def connection_of(running: RunningServer, name: str) -> Connection:
+    (connection,) = [c for c in running.server.connections if c.grant.name == name]
+    return connection
+
+
+async def flood_until_dropped(running: RunningServer, chat: str, connection: Connection) -> int:
+    """Dispatch 32 KiB drafts on ``chat`` until the server has let go of
+    ``connection``; how many were dispatched."""
+    agent = await running.client("agent", name="flooder")
+    await agent.subscribe(chat)
+    sent = 0
+    async with asyncio.timeout(30 * UNIT):
+        while connection in running.server.connections:
+            assert sent < MAX_FLOOD, f"the server never let go of {connection.grant.name}"
+            await agent.dispatch_and_wait(chat, draft(BIG_DRAFT))
+            sent += 1
+    return sent
+
+
+class Collector:
+    """Every envelope a peer receives, read as fast as they come."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.envelopes: list[Frame] = []
+        self._arrived = asyncio.Event()
+        self._task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            self.envelopes.append(await self.peer.envelope())
+            self._arrived.set()
+
+    async def until(self, count: int) -> list[Frame]:
+        """Wait (at most 5 UNIT) for ``count`` envelopes, then stop reading."""
+        async with asyncio.timeout(5 * UNIT):
+            while len(self.envelopes) < count:
+                self._arrived.clear()
+                await self._arrived.wait()
+        self._task.cancel()
+        return self.envelopes
+
+
+async def test_others_get_every_envelope_in_order_while_a_client_stalls(
+    small_queues: RunningServer,
+) -> None:
+    running = small_queues
+    chat = await session_chat(running)
+    token = running.token(name="stalled")
+    with await StalledPeer.subscribed(running, token, chat):
+        healthy = await Peer.ready(running.ws, running.token(name="healthy"), "healthy")
+        start = (await healthy.subscribe(chat))["fromSeq"]
+        collector = Collector(healthy)
+
+        sent = await flood_until_dropped(running, chat, connection_of(running, "stalled"))
+
+        envelopes = await collector.until(sent)
+    assert [e["serverSeq"] for e in envelopes] == list(range(start + 1, start + sent + 1))
+    assert all("rejectionReason" not in e for e in envelopes)
+    await assert_still_serving(running, "ahp-session:/after-the-stall")
+
+
+async def test_stalled_client_is_dropped_with_its_subscriptions(
+    small_queues: RunningServer,
+) -> None:
+    running = small_queues
+    chat = await session_chat(running)
+    with await StalledPeer.subscribed(running, running.token(name="stalled"), chat):
+        stalled = connection_of(running, "stalled")
+
+        await flood_until_dropped(running, chat, stalled)
+
+        assert stalled not in running.server.host.channels[chat].subscribers
+        assert not stalled.subscriptions
+    metrics = running.server.metrics.render().decode()
+    assert "huddle_send_queue_drops_total 1.0" in metrics
+    assert f"huddle_connections {len(running.server.connections)}.0" in metrics
+
+
+async def test_stalled_client_finds_its_socket_closed_when_it_reads_again(
+    small_queues: RunningServer,
+) -> None:
+    running = small_queues
+    chat = await session_chat(running)
+    with await StalledPeer.subscribed(running, running.token(name="stalled"), chat) as peer:
+        sent = await flood_until_dropped(running, chat, connection_of(running, "stalled"))
+
+        leftover = await peer.read_to_end()
+
+    assert len(leftover) < sent * len(BIG_DRAFT)

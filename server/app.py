@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import json
 import logging
 import math
@@ -47,6 +48,7 @@ from server.errors import (
     InputAbandoned,
     StoreUnavailable,
 )
+from server.frames import WRITE_EXTENSION
 from server.host import Host
 from server.metrics import ServerMetrics
 from server.store.base import ChannelStore
@@ -146,14 +148,16 @@ async def ahp_socket(websocket: WebSocket) -> None:
     await websocket.accept(subprotocol=subprotocol)
 
     async def close(code: int, reason: str) -> None:
-        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
             await websocket.close(code, reason)
 
+    direct = websocket.scope.get("extensions", {}).get(WRITE_EXTENSION)
     connection = Connection(
         server.host,
         grant,
         send=websocket.send_text,
         close=close,
+        direct=DirectWriter(direct["write"], direct["abort"]) if direct else None,
         limits=server.settings.limits,
         metrics=server.metrics,
         server_info=SERVER_INFO,
@@ -162,7 +166,7 @@ async def ahp_socket(websocket: WebSocket) -> None:
     server.metrics.connections.inc()
     writer = connection.start_writer()
     try:
-        await _read_frames(websocket, connection, writer)
+        await _read_frames(websocket, connection)
     finally:
         server.connections.discard(connection)
         server.metrics.connections.dec()
@@ -172,28 +176,32 @@ async def ahp_socket(websocket: WebSocket) -> None:
             await asyncio.wait_for(writer, 5)
 
 
-async def _read_frames(
-    websocket: WebSocket, connection: Connection, writer: asyncio.Task[None]
-) -> None:
-    while connection.closing is None:
-        receive = asyncio.ensure_future(websocket.receive())
-        done, _ = await asyncio.wait({receive, writer}, return_when=asyncio.FIRST_COMPLETED)
-        if receive not in done:
-            receive.cancel()
-            return
-        message = receive.result()
+async def _read_frames(websocket: WebSocket, connection: Connection) -> None:
+    """Handle frames in order until the peer goes (after a close from our
+    side too: uvicorn ends a closing handshake that the peer leaves open)."""
+    while True:
+        message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
             return
+        if connection.closing is not None:
+            continue
         text = message.get("text")
         if text is None:
             connection.shut(CLOSE_UNSUPPORTED, "binary frames are not AHP: send text")
-            return
+            continue
         try:
             await connection.receive_frame(text)
         except Exception:
             log.exception("bug while handling a frame")
             connection.shut(CLOSE_INTERNAL, "internal error")
-            return
+
+
+@dataclass(frozen=True)
+class DirectWriter:
+    """The ``huddle.write`` extension of the server's WebSocket protocol."""
+
+    write: Callable[[bytes, int], int]
+    abort: Callable[[], None]
 
 
 # ─── HTTP API ────────────────────────────────────────────────────────────────
@@ -249,7 +257,9 @@ async def _reachable(server: Server, grant: Grant, uri: str) -> None:
 
 async def create_session(request: Request, server: Server, grant: Grant) -> Response:
     if grant.role == "observer" or grant.sessions is not None:
-        raise CommandError(ErrorCode.PERMISSION_DENIED, "creating sessions needs an agent token")
+        raise CommandError(
+            ErrorCode.PERMISSION_DENIED, "creating sessions needs an agent or unscoped token"
+        )
     body = await _body(request)
     uri = session_uri(str(body.get("id") or secrets.token_hex(8)))
     try:
@@ -378,9 +388,20 @@ async def metrics(request: Request) -> Response:
 
 
 async def index(request: Request) -> Response:
-    """The web client; ``?token=`` becomes a cookie and leaves the URL."""
+    """The web client; ``?token=`` becomes a cookie and leaves the URL. A
+    token that does not verify sets nothing (a link must not plant someone
+    else's credential in a browser)."""
     token = request.query_params.get("token")
     if token:
+        server: Server = request.app.state.server
+        try:
+            server.authority.verify(token, server.clock())
+        except AuthError as error:
+            return HTMLResponse(
+                "<!doctype html><title>Huddle</title><p>This link's token is not valid: "
+                f"{html.escape(error.reason)}. Ask for a new link.</p>",
+                status_code=error.status,
+            )
         response: Response = RedirectResponse("/", status_code=303)
         response.set_cookie(
             TOKEN_COOKIE, token, httponly=True, samesite="strict", max_age=30 * 24 * 3600

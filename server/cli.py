@@ -63,7 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--action-burst", type=int, help="actions a connection may burst (100)")
     serve.add_argument("--max-subscriptions", type=int, help="subscriptions per connection (100)")
     serve.add_argument(
-        "--send-queue", type=int, help="frames queued per client before it is cut off (1000)"
+        "--send-buffer",
+        type=int,
+        help="bytes a client may leave unread before it is cut off (4 MiB)",
+    )
+    serve.add_argument(
+        "--flood-close-after",
+        type=int,
+        help="rate-limited actions in a row after which a client is closed (1000)",
     )
     serve.add_argument(
         "--replay-window", type=int, help="envelopes kept per channel for reconnect (1000)"

@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from protocol.actions import StateAction, action_type, is_client_dispatchable
 from protocol.chat import ChatState
@@ -62,7 +62,8 @@ from protocol.messages import (
 from protocol.uris import ROOT_URI, BadChannelUri, channel_kind
 from server.auth import Grant
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
-from server.host import Host, Identity
+from server.frames import OVERLOADED, OutFrame
+from server.host import Host, Identity, action_frame
 
 log = logging.getLogger("huddle.connection")
 
@@ -85,7 +86,8 @@ class Limits:
     actions_per_second: float = 50.0
     action_burst: int = 100
     max_subscriptions: int = 100
-    send_queue: int = 1000
+    send_buffer: int = 4 << 20
+    """Bytes a client may leave unread before it is cut off."""
     flood_close_after: int = 1000
     """Consecutive rate-limited actions after which the client is closed."""
 
@@ -125,6 +127,14 @@ Send = Callable[[str], Awaitable[None]]
 Close = Callable[[int, str], Awaitable[None]]
 
 
+class DirectWrite(Protocol):
+    """The server's non-blocking frame writer (see server.serve)."""
+
+    def write(self, frame: bytes, limit: int) -> int: ...
+
+    def abort(self) -> None: ...
+
+
 class Connection:
     """The server side of one AHP client connection."""
 
@@ -135,6 +145,7 @@ class Connection:
         *,
         send: Send,
         close: Close,
+        direct: DirectWrite | None = None,
         limits: Limits = Limits(),
         metrics: Metrics | None = None,
         server_info: Implementation | None = None,
@@ -143,12 +154,14 @@ class Connection:
         self.grant = grant
         self._send = send
         self._close = close
+        self._direct = direct
         self.limits = limits
         self.metrics = metrics or Metrics()
         self.server_info = server_info
         self.client_id: str | None = None
         self.subscriptions: set[str] = set()
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue(limits.send_queue)
+        self.queue: asyncio.Queue[OutFrame | None] = asyncio.Queue()
+        self.queued_bytes = 0
         self.closing: tuple[int, str] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._sending = False
@@ -169,53 +182,70 @@ class Connection:
 
     # ─── Output ──────────────────────────────────────────────────────────
 
-    def send_frame(self, frame: str) -> None:
-        """Queue a frame; a full queue closes the connection."""
+    def send_frame(self, frame: OutFrame, session: str | None = None) -> None:
+        """Send a frame without blocking. With the server's direct writer the
+        frame goes straight to the socket's buffer; otherwise it is queued
+        for the writer task. A client with more than ``send_buffer`` bytes
+        unread is cut off (1013). ``session`` scopes a sessions-list notice:
+        a token that does not reach that session never sees it."""
         if self.closing is not None:
             return
-        try:
-            self.queue.put_nowait(frame)
-        except asyncio.QueueFull:
-            self.metrics.queue_overflow()
-            self.shut(CLOSE_TRY_AGAIN, "send queue full: reconnect to resume")
+        if session is not None and not self.grant.may_touch(session):
+            return
+        if self._direct is not None:
+            if self._direct.write(frame.wire, self.limits.send_buffer) == OVERLOADED:
+                self._overflow()
+            return
+        self.queued_bytes += len(frame)
+        if self.queued_bytes > self.limits.send_buffer:
+            self._overflow()
+            return
+        self.queue.put_nowait(frame)
+
+    def _overflow(self) -> None:
+        self.metrics.queue_overflow()
+        self.shut(CLOSE_TRY_AGAIN, "send buffer full: reconnect to resume")
 
     def resync(self, channel: str) -> None:
         self.subscriptions.discard(channel)
         self.shut(CLOSE_RESYNC, f"{channel} lost its log: reconnect for a snapshot")
 
     def shut(self, code: int, reason: str) -> None:
-        """Close after the frames already queued (none after a full queue)."""
+        """Close after the frames already sent. A client cut off for not
+        reading is dropped at once: it would not read a close frame either."""
         if self.closing is not None:
             return
         self.closing = (code, reason)
-        if code == CLOSE_TRY_AGAIN or self.queue.full():
+        if code == CLOSE_TRY_AGAIN:
             while not self.queue.empty():
                 self.queue.get_nowait()
+            if self._direct is not None:
+                self._direct.abort()
+            elif self._sending and self._writer is not None:
+                # The writer is stuck in a send: give up on the socket now
+                # instead of holding the connection for as long as the peer
+                # likes.
+                self._abandoned = True
+                self._writer.cancel()
         self.queue.put_nowait(None)
-        if code == CLOSE_TRY_AGAIN and self._sending and self._writer is not None:
-            # The writer is stuck in a send: the peer stopped reading, so a
-            # close frame could not reach it either. Give up on the socket
-            # now instead of holding the connection open for as long as the
-            # peer likes.
-            self._abandoned = True
-            self._writer.cancel()
 
     def start_writer(self) -> asyncio.Task[None]:
         """Start :meth:`writer` as a task; it ends when the connection is
-        closed (or given up after its send queue overflowed)."""
+        closed (or given up after its send buffer overflowed)."""
         self._writer = asyncio.create_task(self.writer())
         return self._writer
 
     async def writer(self) -> None:
-        """Drain the queue to the socket until the connection closes."""
+        """Send queued frames (only without a direct writer), then close."""
         try:
             while True:
                 frame = await self.queue.get()
                 if frame is None:
                     break
+                self.queued_bytes -= len(frame)
                 self._sending = True
                 try:
-                    await self._send(frame)
+                    await self._send(frame.text)
                 finally:
                     self._sending = False
         except asyncio.CancelledError:
@@ -229,13 +259,13 @@ class Connection:
         await self._close(code, reason)
 
     def _respond(self, request_id: RequestId, result: Any) -> None:
-        self.send_frame(encode(Response(id=request_id, result=result)).decode())
+        self.send_frame(OutFrame(encode(Response(id=request_id, result=result))))
 
     def _error(
         self, request_id: RequestId | None, code: int, message: str, data: Any = None
     ) -> None:
         error = RpcError(code=code, message=message, data=data)
-        self.send_frame(encode(ErrorResponse(id=request_id, error=error)).decode())
+        self.send_frame(OutFrame(encode(ErrorResponse(id=request_id, error=error))))
 
     # ─── Input ───────────────────────────────────────────────────────────
 
@@ -506,8 +536,7 @@ class Connection:
         envelope = ActionEnvelope(
             channel=uri, action=action, server_seq=seq, origin=origin, rejection_reason=reason
         )
-        body = encode(envelope)
-        self.send_frame('{"jsonrpc":"2.0","method":"action","params":' + body.decode() + "}")
+        self.send_frame(OutFrame(action_frame(encode(envelope))))
 
     # ─── Teardown ────────────────────────────────────────────────────────
 

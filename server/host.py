@@ -97,6 +97,7 @@ from server.errors import (
     SeqConflict,
     StoreError,
 )
+from server.frames import OutFrame
 from server.store.base import ChannelStore, Listener
 
 log = logging.getLogger("huddle.host")
@@ -109,11 +110,17 @@ CLIENT_RECORDS = "client"
 HUDDLE_META = "huddle"
 
 
+def action_frame(envelope: bytes) -> bytes:
+    """The ``action`` notification carrying an encoded envelope."""
+    return ACTION_FRAME_HEAD + envelope + b"}"
+
+
 class Subscriber(Protocol):
     """A connection that receives frames; ``send_frame`` never blocks (a
-    subscriber that cannot keep up disconnects itself)."""
+    subscriber that cannot keep up disconnects itself). ``session`` names
+    the session a sessions-list notice is about."""
 
-    def send_frame(self, frame: str) -> None: ...
+    def send_frame(self, frame: OutFrame, session: str | None = None) -> None: ...
 
     def resync(self, channel: str) -> None:
         """The channel's log was lost: the subscriber must start over."""
@@ -361,6 +368,10 @@ class Host(Listener):
         ch = await self.channel(uri)
         if isinstance(action, ChatInputCompleted):
             await self._load_form(uri, action.request_id)
+        if isinstance(action, ChatToolCallConfirmed) and action.edited_tool_input is not None:
+            session = await self.session_of(uri)
+            if session is not None:
+                await self.channel(session)  # its tools are what the check reads
         async with ch.lock:
             envelope, before = await self._write(ch, action, origin, validate)
             if isinstance(before, ChatState):
@@ -382,7 +393,7 @@ class Host(Listener):
                     ch.state,
                     action,
                     form_check=self._form_check(ch.uri),
-                    tool_input_check=None,
+                    tool_input_check=self._tool_input_check(ch.state),
                 )
                 if reason is not None:
                     raise ActionRejected(reason)
@@ -409,7 +420,7 @@ class Host(Listener):
     ) -> None:
         """Make ``envelope`` current: state, seq, subscribers, waiters."""
         ch.state, ch.seq = after, envelope.server_seq
-        frame = (ACTION_FRAME_HEAD + data + b"}").decode()
+        frame = OutFrame(action_frame(data))
         for subscriber in list(ch.subscribers):
             subscriber.send_frame(frame)
         ch.since_snapshot += 1
@@ -515,9 +526,10 @@ class Host(Listener):
 
     def notice(self, topic: str, payload: bytes) -> None:
         if topic == ROOT_URI:
-            frame = payload.decode()
+            frame = OutFrame(payload)
+            session = _notice_session(payload)
             for subscriber in list(self.root_subscribers):
-                subscriber.send_frame(frame)
+                subscriber.send_frame(frame, session)
 
     # ─── Derived actions ─────────────────────────────────────────────────
 
@@ -814,6 +826,36 @@ class Host(Listener):
 
         return check
 
+    def _tool_input_check(
+        self, state: ChannelState
+    ) -> Callable[[ToolCallPendingConfirmation, Any], str | None]:
+        """Check edited tool input against the input schema of the tool of
+        that name among the session's server tools and its clients' tools."""
+
+        def check(call: ToolCallPendingConfirmation, edited: Any) -> str | None:
+            if not isinstance(state, ChatState):
+                return None
+            session_uri = _chat_session(state)
+            session = self.channels.get(session_uri) if session_uri else None
+            if session is None or not isinstance(session.state, SessionState):
+                return None
+            tools = list(session.state.server_tools or [])
+            for client in session.state.active_clients:
+                tools.extend(client.tools)
+            tool = next((t for t in tools if t.name == call.tool_name), None)
+            if tool is None or tool.input_schema is None:
+                return None
+            try:
+                jsonschema.validate(edited, tool.input_schema)
+            except jsonschema.ValidationError as error:
+                where = "/".join(str(p) for p in error.absolute_path) or "the input"
+                return f"{where} fails the schema's `{error.validator}` rule"
+            except jsonschema.SchemaError:
+                return None
+            return None
+
+        return check
+
     async def _load_form(self, chat: str, request_id: str) -> _Form | None:
         key = (chat, request_id)
         if key not in self._forms:
@@ -985,6 +1027,16 @@ def _latest_input_part(state: ChatState, request_id: str) -> InputRequestPart | 
             if type(part) is InputRequestPart and part.request.id == request_id:
                 return part
     return None
+
+
+def _notice_session(payload: bytes) -> str | None:
+    """The session a sessions-list notice is about."""
+    params = msgspec.json.decode(payload).get("params") or {}
+    summary = params.get("summary")
+    if isinstance(summary, dict) and isinstance(summary.get("resource"), str):
+        return str(summary["resource"])
+    session = params.get("session")
+    return session if isinstance(session, str) else None
 
 
 def _notification(method: str, params: Any) -> bytes:

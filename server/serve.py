@@ -12,9 +12,7 @@ from starlette.applications import Starlette
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from server.config import Settings
-
-WRITE_EXTENSION = "huddle.write"
-WRITTEN, CLOSED, OVERLOADED = 1, 0, -1
+from server.frames import CLOSED, OVERLOADED, WRITE_EXTENSION, WRITTEN
 
 
 class HuddleWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -26,14 +24,22 @@ class HuddleWebSocketProtocol(WebSocketsSansIOProtocol):
 
     ``write(frame, limit)`` returns WRITTEN, CLOSED (the connection is
     closing: dropped) or OVERLOADED (the peer has not taken ``limit`` bytes
-    already written: it cannot keep up).
+    already written: it cannot keep up). ``abort()`` drops the connection.
     """
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:
-            scope["extensions"][WRITE_EXTENSION] = {"write": self._write_prebuilt}
+            scope["extensions"][WRITE_EXTENSION] = {
+                "write": self._write_prebuilt,
+                "abort": self._abort,
+            }
+
+    def _abort(self) -> None:
+        """Drop the connection now, without a closing handshake: for a peer
+        that stopped reading, which would never read a close frame either."""
+        self.transport.abort()
 
     def _write_prebuilt(self, frame: bytes, limit: int) -> int:
         transport = self.transport

@@ -312,12 +312,6 @@ async def test_scoped_agent_cannot_dispose_another_session(huddle: RunningServer
     assert SESSION_B in {s["resource"] for s in await agent.list_sessions()}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="host.py Host.notice sends every root notification (root/sessionAdded, "
-    "root/sessionSummaryChanged, root/sessionRemoved) to every root subscriber, "
-    "whatever the sessions its token is scoped to",
-)
 async def test_scoped_participant_hears_nothing_of_other_sessions_on_the_root_channel(
     huddle: RunningServer,
 ) -> None:
@@ -333,3 +327,9 @@ async def test_scoped_participant_hears_nothing_of_other_sessions_on_the_root_ch
 
     assert heard[-1]["params"]["summary"]["resource"] == SESSION_A
     assert SESSION_B not in str(heard)
+
+
+async def test_a_link_with_a_bad_token_sets_no_cookie(huddle: RunningServer) -> None:
+    reply = await http("GET", f"{huddle.http}/?token=hud1.forged.token")
+    assert reply.status == 401
+    assert reply.headers["Set-Cookie"] is None

@@ -357,8 +357,8 @@ buffer) before the server must have let go of a client that reads nothing."""
 
 @pytest.fixture
 async def small_queues() -> AsyncIterator[RunningServer]:
-    """A server whose send queues hold 8 frames, and no rate limit."""
-    limits = Limits(send_queue=8, actions_per_second=1e9, action_burst=10**9)
+    """A server that lets a client leave 64 KiB unread, and no rate limit."""
+    limits = Limits(send_buffer=64 << 10, actions_per_second=1e9, action_burst=10**9)
     running = await start_server(Settings(port=0, limits=limits))
     try:
         yield running

@@ -36,6 +36,7 @@ from protocol.status import ACTIVITY_MASK, SessionStatus
 from protocol.uris import ROOT_URI
 from server.app import default_agents
 from server.errors import ActionRejected, CommandError, InputAbandoned
+from server.frames import OutFrame
 from server.host import Host, Identity
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, user_message
@@ -60,8 +61,8 @@ class Recorder:
         self.resynced: list[str] = []
         self.arrived = asyncio.Event()
 
-    def send_frame(self, frame: str) -> None:
-        self.frames.append(json.loads(frame))
+    def send_frame(self, frame: OutFrame, session: str | None = None) -> None:
+        self.frames.append(json.loads(frame.payload))
         self.arrived.set()
 
     def resync(self, channel: str) -> None:

@@ -1042,3 +1042,8 @@ def test_inbound_action_cannot_carry_an_unknown_part() -> None:
     frame = b'{"type":"chat/responsePart","turnId":"t","part":{"kind":"huddle/unknown","raw":{}}}'
     with pytest.raises(MalformedFrame):
         decode_action(frame)
+
+
+def test_decode_state_refuses_json_that_does_not_parse() -> None:
+    error = malformed(decode_state, "ahp-chat:/c", b"{not json")
+    assert error.code == ErrorCode.PARSE_ERROR

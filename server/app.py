@@ -51,6 +51,9 @@ from server.errors import (
 from server.frames import WRITE_EXTENSION
 from server.host import Host
 from server.metrics import ServerMetrics
+from server.runner.agent import Agent
+from server.runner.service import AgentService, agent_info
+from server.runner.store import MemoryTurnStore, TurnStore
 from server.store.base import ChannelStore
 
 log = logging.getLogger("huddle.app")
@@ -418,16 +421,28 @@ def create_app(
     store: ChannelStore,
     authority: TokenAuthority,
     *,
-    agents: list[AgentInfo] | None = None,
+    agent: Agent | None = None,
+    turn_store: TurnStore | None = None,
+    workers: int = 1,
     clock: Callable[[], float] = time.time,
     on_start: Callable[[Server], Awaitable[None]] | None = None,
 ) -> Starlette:
-    """The app for ``settings``; the store is closed when the app stops."""
+    """The app for ``settings``; the stores are closed when the app stops.
+
+    With an ``agent``, a participant's ``chat/turnStarted`` starts it and
+    ``workers`` tasks in this process run its turns (0: only other
+    processes' ``huddle worker`` do).
+    """
     host = Host(
         store,
-        agents=agents or default_agents(),
+        agents=[agent_info(agent)] if agent else default_agents(),
         clock=clock,
         snapshot_every=settings.snapshot_every,
+    )
+    service = (
+        AgentService(host, agent, turn_store or MemoryTurnStore(), workers=workers, clock=clock)
+        if agent
+        else None
     )
     server = Server(
         settings=settings,
@@ -443,6 +458,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await host.start()
+        if service is not None:
+            await service.start()
         if on_start is not None:
             await on_start(server)
         try:
@@ -450,6 +467,8 @@ def create_app(
         finally:
             for connection in list(server.connections):
                 connection.shut(CLOSE_GOING_AWAY, "the server is shutting down")
+            if service is not None:
+                await service.stop()
             await host.stop()
             await store.close()
 
@@ -469,4 +488,5 @@ def create_app(
         routes.append(Mount("/web", StaticFiles(directory=WEB_ROOT), name="web"))
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.server = server
+    app.state.agents = service
     return app

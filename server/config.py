@@ -23,8 +23,10 @@ class Settings:
     """The agent token; generated and printed when not given."""
     origins: tuple[str, ...] = ()
     """Browser origins allowed besides the server's own."""
-    agent: str = "none"
-    """``none``, or ``module:attribute`` naming the built-in agent."""
+    agent: str = "server.runner.demo:agent"
+    """``module:attribute`` naming the agent (the demo by default), or ``none``."""
+    workers: int = 1
+    """Worker tasks running the agent's turns in this process."""
     max_frame_bytes: int = 1 << 20
     limits: Limits = field(default_factory=Limits)
     replay_window: int = 1000
@@ -89,6 +91,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         token=None if token is None else str(token),
         origins=src.items("origins"),
         agent=src.text("agent", base.agent),
+        workers=src.integer("workers", base.workers),
         max_frame_bytes=src.integer("max_frame_bytes", base.max_frame_bytes),
         limits=Limits(
             actions_per_second=src.number("actions_per_second", limits.actions_per_second),

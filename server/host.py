@@ -275,6 +275,10 @@ class Host(Listener):
         self._remove_listener: Callable[[], None] | None = None
         self.on_applied: Callable[[str, float], None] | None = None
         """Metrics hook: (action type, seconds from accept to broadcast)."""
+        self.accepted: list[Callable[[str, ActionEnvelope], Awaitable[None]]] = []
+        """Awaited after each action this process accepted (never for
+        another process's): how side effects such as starting or resuming
+        an agent's turn happen exactly once."""
 
     # ─── Lifecycle ───────────────────────────────────────────────────────
 
@@ -380,6 +384,11 @@ class Host(Listener):
                 await self._announce_summary(ch)
         if self.on_applied is not None:
             self.on_applied(_type_of(action), time.perf_counter() - started)
+        for hook in list(self.accepted):
+            try:
+                await hook(uri, envelope)
+            except Exception:
+                log.exception("side effect of %s on %s failed", _type_of(action), uri)
         return envelope
 
     async def _write(
@@ -885,22 +894,37 @@ class Host(Listener):
         Raises InputAbandoned when the turn ends first, ActionRejected when
         there is no active turn.
         """
+        ch = await self.channel(chat)
+        if not isinstance(ch.state, ChatState) or ch.state.active_turn is None:
+            raise ActionRejected(f"no-active-turn: {chat} has no active turn to ask in")
+        waiter = self._input_waiter(ch, request.id, ch.state.active_turn.id)
+        try:
+            await self.ask(chat, request, schema=schema)
+        except BaseException:
+            self._drop_waiter(ch, waiter)
+            raise
+        return await self._finish_input(ch, waiter)
+
+    async def ask(
+        self, chat: str, request: InputRequest, *, schema: dict[str, Any] | None = None
+    ) -> ActionEnvelope:
+        """Open ``request`` in ``chat`` without waiting (see
+        :meth:`request_input`); the form, when given, is frozen with it."""
         if schema is not None:
             spec = parse_form(schema)
             if request.questions is None:
                 request = replace(request, questions=spec.questions)
             self._forms[(chat, request.id)] = _Form(schema=schema, spec=spec)
             await self.store.put_record(FORM_RECORDS, f"{chat} {request.id}", encode(schema))
-        ch = await self.channel(chat)
-        if not isinstance(ch.state, ChatState) or ch.state.active_turn is None:
-            raise ActionRejected(f"no-active-turn: {chat} has no active turn to ask in")
-        waiter = self._input_waiter(ch, request.id, ch.state.active_turn.id)
-        try:
-            await self.dispatch(chat, ChatInputRequested(request=request))
-        except BaseException:
-            self._drop_waiter(ch, waiter)
-            raise
-        return await self._finish_input(ch, waiter)
+        return await self.dispatch(chat, ChatInputRequested(request=request))
+
+    async def form_data(
+        self, chat: str, request_id: str, answers: dict[str, InputAnswer]
+    ) -> dict[str, Any] | None:
+        """The data ``answers`` give for the request's frozen form (with the
+        schema's types), or None when the request had no form."""
+        form = await self._load_form(chat, request_id)
+        return None if form is None else form_data_from_answers(form.spec, answers)
 
     async def wait_input(self, chat: str, request_id: str) -> InputOutcome:
         """Wait for the open request ``request_id`` of ``chat`` to be

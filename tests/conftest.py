@@ -21,6 +21,8 @@ from server.auth import Role, TokenAuthority
 from server.client import HuddleClient
 from server.config import Settings
 from server.connection import Limits
+from server.runner.agent import Agent
+from server.runner.store import TurnStore
 from server.serve import UvicornServer, uvicorn_config
 from server.store.base import ChannelStore
 from server.store.memory import MemoryStore
@@ -80,11 +82,24 @@ class RunningServer:
 
 
 async def start_server(
-    settings: Settings | None = None, store: ChannelStore | None = None
+    settings: Settings | None = None,
+    store: ChannelStore | None = None,
+    *,
+    agent: Agent | None = None,
+    turn_store: TurnStore | None = None,
+    workers: int = 1,
 ) -> RunningServer:
+    """A server on a free port; with ``agent``, people's turns start it."""
     settings = settings or Settings(port=0)
     authority = TokenAuthority(AGENT_TOKEN)
-    app = create_app(settings, store or MemoryStore(retention=settings.replay_window), authority)
+    app = create_app(
+        settings,
+        store or MemoryStore(retention=settings.replay_window),
+        authority,
+        agent=agent,
+        turn_store=turn_store,
+        workers=workers,
+    )
     server = UvicornServer(uvicorn_config(app, settings, port=0, log_level="warning"))
     task = asyncio.create_task(server.serve())
     async with asyncio.timeout(10 * UNIT):

@@ -1,0 +1,507 @@
+"""A runner's turns as AHP turns in chats, both ways.
+
+Outward (:class:`ChatBridge` is the runner's port): model text streams as a
+markdown part per model reply (``<turn>:md:<n>``) and ``chat/delta``; a tool
+call shows its whole lifecycle (``toolCallStart``, ``toolCallReady``,
+``toolCallComplete``); REQUIRE_APPROVAL shows as a ``pending-confirmation``
+call with approve and deny options; a policy DENY as a call denied before it
+ran; a form as an input request ``<turnId>:input:<callId>`` whose questions
+come from the frozen schema (which the host then checks accepts against);
+progress as the running call's content; the end of the turn as
+``chat/turnComplete``, ``chat/error`` or ``chat/turnCancelled``.
+
+Inward (:meth:`ChatBridge.accepted`, a host hook, so only the process that
+accepted an action acts on it): a participant's ``chat/turnStarted`` starts
+the session's agent; ``chat/inputCompleted`` of a request the runner opened
+becomes ``user_input``; ``chat/toolCallConfirmed`` becomes ``approve_tool``
+or ``reject_tool``; ``chat/turnCancelled`` cancels. Each resume carries who
+did it (name, role, client id) for the turn's audit.
+
+:meth:`ChatBridge.reconcile` covers a crash between the chat action and the
+runner's resume: a turn still waiting on a request its chat has already
+resolved is resumed from the chat, which is durable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from datetime import datetime
+from typing import Any
+
+from protocol.actions import (
+    ChatDelta,
+    ChatError,
+    ChatInputCompleted,
+    ChatResponsePart,
+    ChatToolCallComplete,
+    ChatToolCallConfirmed,
+    ChatToolCallContentChanged,
+    ChatToolCallReady,
+    ChatToolCallStart,
+    ChatTurnCancelled,
+    ChatTurnComplete,
+    ChatTurnStarted,
+    SessionServerToolsChanged,
+)
+from protocol.chat import (
+    ChatState,
+    ConfirmationOption,
+    InputRequest,
+    InputRequestPart,
+    MarkdownPart,
+    Message,
+    MessageOrigin,
+    TextContent,
+    TextQuestion,
+    TextValue,
+    ToolCallCancelled,
+    ToolCallPendingConfirmation,
+    ToolCallResult,
+)
+from protocol.messages import ActionEnvelope, ActionOrigin
+from protocol.session import SessionState, ToolDefinition
+from protocol.uris import chat_uri
+from protocol.wire import ErrorInfo, Markdown
+from reducers.chat import select_tool_call
+from reducers.clock import iso_time
+from server.errors import ActionRejected, ChannelGone, HuddleError
+from server.host import Host
+from server.runner.agent import Agent, ApprovalDecision, Tool
+from server.runner.runner import ResumeRejected, Runner
+from server.runner.turn import (
+    ResumeCommand,
+    Suspension,
+    SuspensionType,
+    ToolCall,
+    Turn,
+    TurnStatus,
+)
+
+log = logging.getLogger("huddle.runner.bridge")
+
+APPROVE = ConfirmationOption(id="approve", label="Approve", kind="approve")
+DENY = ConfirmationOption(id="deny", label="Deny", kind="deny")
+REPLY = "reply"
+"""The question id of a plain-text suspension's one question."""
+
+
+def request_id(turn: Turn, call_id: str | None) -> str:
+    """The input request id of a turn's form (or plain-text question)."""
+    return f"{turn.chat_turn}:input:{call_id or 'text'}"
+
+
+def runner_turn_id(chat: str, chat_turn: str) -> str:
+    """The runner's turn id for an AHP turn (AHP turn ids are per chat)."""
+    return f"{chat.split('/', 1)[-1]}.{chat_turn}"
+
+
+class ChatBridge:
+    """Shows a runner's turns in chats and feeds people's actions back."""
+
+    def __init__(self, host: Host, agent: Agent) -> None:
+        self.host = host
+        self.agent = agent
+        self.runner: Runner | None = None
+        self.started_at: dict[str, float] = {}
+
+    def attach(self, runner: Runner) -> None:
+        self.runner = runner
+        runner.port = self
+        self.host.accepted.append(self.accepted)
+
+    # ─── Outward ─────────────────────────────────────────────────────────
+
+    async def _chat(self, turn: Turn) -> ChatState | None:
+        """The turn's chat, if its AHP turn is the active one."""
+        if turn.chat is None:
+            return None
+        try:
+            state = (await self.host.channel(turn.chat)).state
+        except ChannelGone:
+            return None
+        if not isinstance(state, ChatState) or state.active_turn is None:
+            return None
+        return state if state.active_turn.id == turn.chat_turn else None
+
+    async def _send(self, turn: Turn, action: Any) -> None:
+        assert turn.chat is not None
+        try:
+            await self.host.dispatch(turn.chat, action)
+        except (ActionRejected, ChannelGone) as error:
+            log.warning("turn %s: could not show %s: %s", turn.id, type(action).__name__, error)
+
+    async def turn_started(self, turn: Turn) -> None:
+        if turn.chat is None or turn.chat_turn is None:
+            return
+        await self._publish_tools(turn)
+        state = (await self.host.channel(turn.chat)).state
+        if (
+            isinstance(state, ChatState)
+            and state.active_turn is None
+            and not any(t.id == turn.chat_turn for t in state.turns)
+        ):
+            # A turn the runner began itself (a child's): open it in its chat.
+            origin = MessageOrigin(kind="agent")
+            text = next((m.content for m in turn.messages if m.role == "user"), "") or ""
+            message = Message(text=text, origin=origin)
+            started = ChatTurnStarted(
+                turn_id=turn.chat_turn, started_at=iso_time(self.host.now_ms()), message=message
+            )
+            await self._send(turn, started)
+
+    async def _publish_tools(self, turn: Turn) -> None:
+        """List the agent's tools as the session's server tools, so that
+        edited tool input is checked against their schemas."""
+        assert turn.chat is not None
+        session = await self.host.session_of(turn.chat)
+        if session is None:
+            return
+        state = (await self.host.channel(session)).state
+        tools = [
+            ToolDefinition(name=t.name, description=t.description, input_schema=t.input_schema)
+            for t in self.agent.tools
+        ]
+        if isinstance(state, SessionState) and state.server_tools != tools:
+            try:
+                await self.host.dispatch(session, SessionServerToolsChanged(tools=tools))
+            except ActionRejected as error:
+                log.warning("could not publish tools: %s", error)
+
+    async def text(self, turn: Turn, delta: str) -> None:
+        state = await self._chat(turn)
+        if state is None or state.active_turn is None or not delta:
+            return
+        part_id = f"{turn.chat_turn}:md:{turn.iterations}"
+        exists = any(
+            isinstance(p, MarkdownPart) and p.id == part_id
+            for p in state.active_turn.response_parts
+        )
+        if exists:
+            await self._send(
+                turn, ChatDelta(turn_id=state.active_turn.id, part_id=part_id, content=delta)
+            )
+        else:
+            part = MarkdownPart(id=part_id, content=delta)
+            await self._send(turn, ChatResponsePart(turn_id=state.active_turn.id, part=part))
+
+    async def _start_call(self, turn: Turn, state: ChatState, call: ToolCall, tool: Tool) -> bool:
+        """Show the call (once); False when it is shown already."""
+        if select_tool_call(state, call.id) is not None:
+            return False
+        assert state.active_turn is not None
+        await self._send(
+            turn,
+            ChatToolCallStart(
+                turn_id=state.active_turn.id,
+                tool_call_id=call.id,
+                tool_name=tool.name,
+                display_name=tool.title,
+            ),
+        )
+        return True
+
+    async def tool_started(self, turn: Turn, call: ToolCall, tool: Tool) -> None:
+        state = await self._chat(turn)
+        if state is None or state.active_turn is None:
+            return
+        if not await self._start_call(turn, state, call, tool):
+            return  # approved in the chat: it shows as running already
+        await self._send(
+            turn,
+            ChatToolCallReady(
+                turn_id=state.active_turn.id,
+                tool_call_id=call.id,
+                invocation_message=_invocation(tool, call),
+                tool_input=json.dumps(call.arguments),
+                confirmed="not-needed",
+            ),
+        )
+
+    async def approval_requested(
+        self, turn: Turn, call: ToolCall, tool: Tool, decision: ApprovalDecision
+    ) -> None:
+        state = await self._chat(turn)
+        if state is None or state.active_turn is None:
+            return
+        await self._start_call(turn, state, call, tool)
+        await self._send(
+            turn,
+            ChatToolCallReady(
+                turn_id=state.active_turn.id,
+                tool_call_id=call.id,
+                invocation_message=_invocation(tool, call),
+                tool_input=json.dumps(call.arguments),
+                confirmation_title=decision.message or f"Allow {tool.title}?",
+                editable=bool(tool.input_schema.get("properties")),
+                options=[APPROVE, DENY],
+            ),
+        )
+
+    async def tool_denied(
+        self, turn: Turn, call: ToolCall, tool: Tool, decision: ApprovalDecision
+    ) -> None:
+        state = await self._chat(turn)
+        if state is None or state.active_turn is None:
+            return
+        await self._start_call(turn, state, call, tool)
+        turn_id = state.active_turn.id
+        await self._send(
+            turn,
+            ChatToolCallReady(
+                turn_id=turn_id,
+                tool_call_id=call.id,
+                invocation_message=_invocation(tool, call),
+                tool_input=json.dumps(call.arguments),
+            ),
+        )
+        await self._send(
+            turn,
+            ChatToolCallConfirmed(
+                turn_id=turn_id,
+                tool_call_id=call.id,
+                approved=False,
+                reason="denied",
+                reason_message=decision.message or "Denied by policy",
+            ),
+        )
+
+    async def tool_progress(
+        self, turn: Turn, call: ToolCall, message: str, data: dict[str, Any]
+    ) -> None:
+        state = await self._chat(turn)
+        if state is None or state.active_turn is None:
+            return
+        await self._send(
+            turn,
+            ChatToolCallContentChanged(
+                turn_id=state.active_turn.id,
+                tool_call_id=call.id,
+                content=[TextContent(text=message)],
+            ),
+        )
+
+    async def tool_finished(self, turn: Turn, call: ToolCall, result: str, success: bool) -> None:
+        state = await self._chat(turn)
+        if state is None or state.active_turn is None:
+            return
+        tool = self.agent.tool(call.name)
+        title = tool.title if tool else call.name
+        outcome = ToolCallResult(
+            success=success,
+            past_tense_message=f"{title}: done" if success else f"{title}: failed",
+            content=[TextContent(text=result)],
+        )
+        await self._send(
+            turn,
+            ChatToolCallComplete(
+                turn_id=state.active_turn.id, tool_call_id=call.id, result=outcome
+            ),
+        )
+
+    async def input_requested(self, turn: Turn, suspension: Suspension) -> None:
+        state = await self._chat(turn)
+        if state is None or turn.chat is None:
+            log.warning("turn %s waits for input but its chat turn is not active", turn.id)
+            return
+        form = suspension.form
+        rid = request_id(turn, suspension.correlation_id)
+        if form is None:
+            request = InputRequest(
+                id=rid,
+                message=suspension.message,
+                questions=[TextQuestion(id=REPLY, message=suspension.message, required=True)],
+            )
+            schema = None
+        else:
+            request = InputRequest(id=rid, message=suspension.message)
+            schema = form.schema
+        try:
+            await self.host.ask(turn.chat, request, schema=schema)
+        except (ActionRejected, ChannelGone) as error:
+            log.warning("turn %s: could not ask for input: %s", turn.id, error)
+
+    async def child_chat(self, turn: Turn, call: ToolCall, child: str) -> str | None:
+        if turn.chat is None:
+            return None
+        session = await self.host.session_of(turn.chat)
+        if session is None:
+            return None
+        uri = chat_uri(secrets.token_hex(8))
+        tool = self.agent.tool(call.name)
+        await self.host.create_chat(session, uri, title=tool.title if tool else call.name)
+        return uri
+
+    async def turn_finished(self, turn: Turn) -> None:
+        state = await self._chat(turn)
+        if state is None or state.active_turn is None:
+            return
+        active = state.active_turn
+        duration = max(0, self.host.now_ms() - _started_ms(active.started_at, self.host.now_ms()))
+        if turn.status == TurnStatus.COMPLETED:
+            await self._send(turn, ChatTurnComplete(turn_id=active.id, duration=duration))
+        elif turn.status == TurnStatus.CANCELLED:
+            await self._send(turn, ChatTurnCancelled(turn_id=active.id, duration=duration))
+        else:
+            error = ErrorInfo(
+                error_type=turn.status.value.lower(), message=turn.error or turn.status.value
+            )
+            await self._send(turn, ChatError(turn_id=active.id, duration=duration, error=error))
+
+    # ─── Inward ──────────────────────────────────────────────────────────
+
+    async def accepted(self, uri: str, envelope: ActionEnvelope) -> None:
+        """React to an action this process accepted from a client."""
+        origin = envelope.origin
+        if origin is None or self.runner is None:
+            return  # the server's own actions (ours among them)
+        action = envelope.action
+        by = await self.host.identity(origin)
+        audit = {
+            "by": by.name if by else None,
+            "role": by.role if by else None,
+            "clientId": origin.client_id,
+            "via": "chat",
+        }
+        try:
+            if isinstance(action, ChatTurnStarted):
+                await self.runner.start(
+                    self.agent,
+                    action.message.text,
+                    turn_id=runner_turn_id(uri, action.turn_id),
+                    chat=uri,
+                    chat_turn=action.turn_id,
+                )
+            elif isinstance(action, ChatInputCompleted):
+                await self._input_completed(uri, action, audit)
+            elif isinstance(action, ChatToolCallConfirmed):
+                command = _decision(action)
+                await self.runner.submit_resume(
+                    runner_turn_id(uri, action.turn_id), command.with_metadata(**audit)
+                )
+            elif isinstance(action, ChatTurnCancelled):
+                await self.runner.cancel(runner_turn_id(uri, action.turn_id))
+        except ResumeRejected as error:
+            log.info("%s", error)
+        except HuddleError as error:
+            log.warning("could not act on %s: %s", type(action).__name__, error)
+
+    async def _input_completed(
+        self, uri: str, action: ChatInputCompleted, audit: dict[str, Any]
+    ) -> None:
+        assert self.runner is not None
+        chat_turn, marker, call = action.request_id.partition(":input:")
+        if not marker:
+            return  # not a request the runner opened
+        turn_id = runner_turn_id(uri, chat_turn)
+        state = (await self.host.channel(uri)).state
+        assert isinstance(state, ChatState)
+        part = _input_part(state, action.request_id)
+        answers = dict(part.request.answers or {}) if part else dict(action.answers or {})
+        if call == "text":
+            answer = answers.get(REPLY)
+            text = answer.value.value if answer and isinstance(answer.value, TextValue) else ""
+            command = ResumeCommand.user_input(text if action.response == "accept" else "")
+        else:
+            data = await self.host.form_data(uri, action.request_id, answers)
+            if action.response == "accept":
+                command = ResumeCommand.user_input(call, data or {})
+            else:
+                command = ResumeCommand.user_input(call, None, response=action.response)
+        await self.runner.submit_resume(turn_id, command.with_metadata(**audit))
+
+    async def reconcile(self) -> int:
+        """Resume turns whose chat already answered them (a crash lost the
+        resume); returns how many."""
+        if self.runner is None:
+            return 0
+        store, resumed = self.runner.store, 0
+        for status in (TurnStatus.WAITING_FOR_USER, TurnStatus.WAITING_FOR_APPROVAL):
+            for turn_id in await store.by_status(status):
+                turn = await store.load(turn_id)
+                if turn.chat is None or turn.suspension is None:
+                    continue
+                try:
+                    state = (await self.host.channel(turn.chat)).state
+                except ChannelGone:
+                    continue
+                assert isinstance(state, ChatState)
+                envelope = _answered(state, turn)
+                if envelope is not None:
+                    await self.accepted(turn.chat, envelope)
+                    resumed += 1
+        return resumed
+
+
+def _answered(state: ChatState, turn: Turn) -> ActionEnvelope | None:
+    """The chat's answer to the turn's suspension, as the action that gave
+    it (None while it is unanswered)."""
+    suspension = turn.suspension
+    assert suspension is not None
+    assert turn.chat is not None
+    origin = ActionOrigin(client_id="reconcile", client_seq=0)
+    if suspension.type == SuspensionType.USER_INPUT:
+        part = _input_part(state, request_id(turn, suspension.correlation_id))
+        if part is None or part.response is None:
+            return None
+        action: Any = ChatInputCompleted(request_id=part.request.id, response=part.response)
+    else:
+        found = None
+        for t in [state.active_turn, *reversed(state.turns)]:
+            if t is None or t.id != turn.chat_turn:
+                continue
+            for p in t.response_parts:
+                call = getattr(p, "tool_call", None)
+                if call is not None and call.tool_call_id == suspension.correlation_id:
+                    found = call
+        if found is None or isinstance(found, ToolCallPendingConfirmation):
+            return None
+        approved = not isinstance(found, ToolCallCancelled)
+        action = ChatToolCallConfirmed(
+            turn_id=turn.chat_turn or "",
+            tool_call_id=found.tool_call_id,
+            approved=approved,
+            confirmed="user-action" if approved else None,
+            reason=None if approved else "denied",
+            edited_tool_input=getattr(found, "tool_input", None) if approved else None,
+        )
+    return ActionEnvelope(channel=turn.chat, action=action, server_seq=0, origin=origin)
+
+
+def _decision(action: ChatToolCallConfirmed) -> ResumeCommand:
+    if action.approved:
+        edited = None
+        if action.edited_tool_input is not None:
+            try:
+                parsed = json.loads(action.edited_tool_input)
+            except ValueError:
+                parsed = None
+            edited = parsed if isinstance(parsed, dict) else None
+        return ResumeCommand.approve_tool(action.tool_call_id, edited_arguments=edited)
+    reason = action.reason_message
+    text = reason.markdown if isinstance(reason, Markdown) else reason
+    return ResumeCommand.reject_tool(action.tool_call_id, text or action.reason)
+
+
+def _input_part(state: ChatState, rid: str) -> InputRequestPart | None:
+    turns = [state.active_turn, *reversed(state.turns)]
+    for turn in turns:
+        if turn is None:
+            continue
+        for part in reversed(turn.response_parts):
+            if isinstance(part, InputRequestPart) and part.request.id == rid:
+                return part
+    return None
+
+
+def _invocation(tool: Tool, call: ToolCall) -> str:
+    return f"{tool.title} ({', '.join(f'{k}={v!r}' for k, v in call.arguments.items())})"
+
+
+def _started_ms(started_at: str, fallback: int) -> int:
+    try:
+        moment = datetime.fromisoformat(started_at.replace("Z", "+00:00"))
+    except ValueError:
+        return fallback
+    return int(moment.timestamp() * 1000)

@@ -1,0 +1,47 @@
+"""Runner events: what happened, for listeners that observe and never
+decide (a listener that raises is logged and ignored)."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("huddle.runner.events")
+
+
+class EventType(enum.StrEnum):
+    TURN_STARTED = "TURN_STARTED"
+    MODEL_REPLIED = "MODEL_REPLIED"
+    TOOL_APPROVAL_REQUESTED = "TOOL_APPROVAL_REQUESTED"
+    TOOL_INPUT_REQUESTED = "TOOL_INPUT_REQUESTED"
+    TURN_SUSPENDED = "TURN_SUSPENDED"
+    TURN_RESUMED = "TURN_RESUMED"
+    TOOL_STARTED = "TOOL_STARTED"
+    TOOL_PROGRESS = "TOOL_PROGRESS"
+    TOOL_COMPLETED = "TOOL_COMPLETED"
+    TOOL_DENIED = "TOOL_DENIED"
+    RETRY_SCHEDULED = "RETRY_SCHEDULED"
+    TURN_COMPLETED = "TURN_COMPLETED"
+    TURN_FAILED = "TURN_FAILED"
+    TURN_CANCELLED = "TURN_CANCELLED"
+
+
+@dataclass(frozen=True)
+class RunnerEvent:
+    type: EventType
+    turn_id: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+Listener = Callable[[RunnerEvent], None]
+
+
+def notify(listeners: list[Listener], event: RunnerEvent) -> None:
+    for listener in list(listeners):
+        try:
+            listener(event)
+        except Exception:
+            log.exception("runner listener failed on %s", event.type)

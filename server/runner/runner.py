@@ -1,0 +1,711 @@
+"""The durable runner: turns that wait for people and resume anywhere.
+
+A turn advances in steps, and every step that matters is saved before the
+next begins (compare-and-set on the turn's version; fenced by the lease of
+whoever executes it):
+
+- MODEL: the model is asked; its reply is saved with every tool call it
+  makes as pending, before any of them runs;
+- TOOLS: each pending call runs in order and its result is saved on its own,
+  so a crash never runs a finished tool again. ``request_user_input`` is a
+  control tool: it suspends the turn for a form (USER_INPUT) instead of
+  running. The approval policy may suspend a call (TOOL_APPROVAL) or deny
+  it. A tool may raise FormRequired (USER_INPUT, then it runs again from the
+  start with the data) or TransientError (RETRY, with backoff). A tool with
+  a child agent starts a child turn and the parent waits (CHILD_AGENT).
+
+``run`` and ``resume`` continue in the caller until the turn is blocked or
+terminal; ``submit_resume`` validates, saves the turn as runnable and
+returns, and a Worker claims it. Every resume is checked against the
+suspension's type and correlation id before anything changes; a late,
+duplicate or mismatched one raises ResumeRejected and reopens nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, NoReturn
+
+import jsonschema
+import msgspec
+
+from server.errors import HuddleError
+from server.runner.agent import (
+    Agent,
+    ApprovalDecision,
+    FormRequired,
+    Outcome,
+    Tool,
+    TransientError,
+)
+from server.runner.context import ToolContext, enter, leave
+from server.runner.events import EventType, Listener, RunnerEvent, notify
+from server.runner.model import ToolSpec
+from server.runner.port import ChatPort, NullPort
+from server.runner.store import Fenced, Lease, TurnStore, VersionConflict
+from server.runner.turn import (
+    WAITING_STATUS,
+    Audit,
+    FrozenForm,
+    ModelMessage,
+    ParentLink,
+    PendingCall,
+    Phase,
+    ResumeCommand,
+    Suspension,
+    SuspensionType,
+    ToolCall,
+    Turn,
+    TurnStatus,
+)
+
+log = logging.getLogger("huddle.runner")
+
+REQUEST_USER_INPUT = "request_user_input"
+
+
+class ResumeRejected(HuddleError):
+    """A resume that does not fit the turn: late, duplicate, mismatched, not
+    due yet, or with data that fails the frozen form. Nothing changed."""
+
+    def __init__(self, turn_id: str, reason: str, errors: list[str] | None = None) -> None:
+        super().__init__(turn_id, reason)
+        self.turn_id, self.reason, self.errors = turn_id, reason, errors or []
+
+    def __str__(self) -> str:
+        extra = f" ({'; '.join(self.errors)})" if self.errors else ""
+        return f"turn {self.turn_id}: {self.reason}{extra}"
+
+
+class TurnBusy(HuddleError):
+    """Another worker holds the turn's lease."""
+
+    def __init__(self, turn_id: str) -> None:
+        super().__init__(turn_id)
+        self.turn_id = turn_id
+
+    def __str__(self) -> str:
+        return f"turn {self.turn_id} is being executed elsewhere"
+
+
+class _Stop(Exception):
+    """Internal: the turn is blocked or terminal; stop advancing."""
+
+
+def _dumps(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+class Runner:
+    """Runs the turns of ``agents`` against ``store``; see the module
+    docstring. ``owner`` names this runner in leases."""
+
+    def __init__(
+        self,
+        store: TurnStore,
+        agents: Iterable[Agent],
+        *,
+        port: ChatPort | None = None,
+        clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+        lease_seconds: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.agents = {agent.name: agent for agent in agents}
+        self.port: ChatPort = port or NullPort()
+        self.clock = clock
+        self.owner = owner or f"runner-{secrets.token_hex(4)}"
+        self.lease_seconds = lease_seconds
+        self.listeners: list[Listener] = []
+        self._background: set[asyncio.Task[None]] = set()
+
+    def agent(self, name: str) -> Agent:
+        found = self.agents.get(name)
+        if found is None:
+            raise HuddleError(f"no agent named {name!r} in this runner")
+        return found
+
+    def _emit(self, type_: EventType, turn: Turn, **data: Any) -> None:
+        notify(self.listeners, RunnerEvent(type_, turn.id, data))
+
+    # ─── Starting ────────────────────────────────────────────────────────
+
+    def new_turn(
+        self,
+        agent: Agent | str,
+        message: str,
+        *,
+        turn_id: str | None = None,
+        chat: str | None = None,
+        chat_turn: str | None = None,
+        parent: ParentLink | None = None,
+    ) -> Turn:
+        agent = agent if isinstance(agent, Agent) else self.agent(agent)
+        now = self.clock()
+        return Turn(
+            id=turn_id or secrets.token_hex(8),
+            agent=agent.name,
+            agent_version=agent.version,
+            chat=chat,
+            chat_turn=chat_turn,
+            messages=[
+                ModelMessage(role="system", content=agent.instructions),
+                ModelMessage(role="user", content=message),
+            ],
+            parent=parent,
+            created_at=now,
+            updated_at=now,
+        )
+
+    async def start(
+        self,
+        agent: Agent | str,
+        message: str,
+        *,
+        turn_id: str | None = None,
+        chat: str | None = None,
+        chat_turn: str | None = None,
+    ) -> Turn:
+        """Create a turn and queue it for a worker; returns at once."""
+        new = self.new_turn(agent, message, turn_id=turn_id, chat=chat, chat_turn=chat_turn)
+        turn = await self.store.create(new)
+        await self.store.make_runnable(turn.id, self.clock())
+        return turn
+
+    async def run(
+        self,
+        agent: Agent | str,
+        message: str,
+        *,
+        turn_id: str | None = None,
+        chat: str | None = None,
+        chat_turn: str | None = None,
+    ) -> Turn:
+        """Create a turn and advance it in the caller until it is blocked or
+        terminal."""
+        new = self.new_turn(agent, message, turn_id=turn_id, chat=chat, chat_turn=chat_turn)
+        turn = await self.store.create(new)
+        return await self.execute(turn.id)
+
+    # ─── Resuming ────────────────────────────────────────────────────────
+
+    async def resume(self, turn_id: str, command: ResumeCommand) -> Turn:
+        """Apply ``command`` and continue in the caller until blocked or
+        terminal. Raises ResumeRejected."""
+        await self._apply_resume(turn_id, command)
+        return await self.execute(turn_id)
+
+    async def submit_resume(self, turn_id: str, command: ResumeCommand) -> Turn:
+        """Validate and apply ``command``, save the turn as runnable and
+        return; a worker continues it. Raises ResumeRejected."""
+        turn = await self._apply_resume(turn_id, command)
+        await self.store.make_runnable(turn_id, self.clock())
+        return turn
+
+    async def _apply_resume(self, turn_id: str, command: ResumeCommand) -> Turn:
+        while True:
+            turn = await self.store.load(turn_id)
+            self._check_resume(turn, command)
+            self._resume_changes(turn, command)
+            try:
+                saved = await self.store.save(turn)
+            except VersionConflict:
+                continue  # someone else changed it: decide again on what is there now
+            self._emit(EventType.TURN_RESUMED, saved, command=command.type.value)
+            return saved
+
+    def _check_resume(self, turn: Turn, command: ResumeCommand) -> None:
+        def refuse(reason: str, errors: list[str] | None = None) -> None:
+            raise ResumeRejected(turn.id, reason, errors)
+
+        if turn.is_terminal:
+            refuse(f"the turn is {turn.status.value}: a late resume reopens nothing")
+        suspension = turn.suspension
+        if not turn.is_blocked or suspension is None:
+            refuse(f"the turn is {turn.status.value}, not waiting: a duplicate resume?")
+            return
+        if command.type != suspension.type:
+            refuse(f"the turn waits for {suspension.type.value}, not {command.type.value}")
+        if command.correlation_id != suspension.correlation_id:
+            refuse(
+                f"the turn waits on {suspension.correlation_id!r}, not {command.correlation_id!r}"
+            )
+        if command.type == SuspensionType.RETRY:
+            due = suspension.due_at or 0.0
+            if due > self.clock():
+                refuse(f"the retry is not due for {due - self.clock():.1f} s")
+        form = suspension.form
+        if command.type == SuspensionType.USER_INPUT and form and command.response == "accept":
+            errors = _form_errors(form.schema, command.data or {})
+            if errors:
+                refuse("the submitted data does not fit the form", errors)
+
+    def _resume_changes(self, turn: Turn, command: ResumeCommand) -> None:
+        suspension = turn.suspension
+        assert suspension is not None
+        turn.audit.append(
+            Audit(
+                command=command.type.value,
+                correlation_id=command.correlation_id,
+                metadata=command.metadata,
+                at=self.clock(),
+            )
+        )
+        call_id = command.correlation_id
+        if command.type == SuspensionType.USER_INPUT and call_id is None:
+            turn.messages.append(ModelMessage(role="user", content=command.content or ""))
+        elif command.type == SuspensionType.USER_INPUT:
+            form = suspension.form
+            assert form is not None
+            self._resume_form(turn, _require_call(turn, call_id), form, command)
+        elif command.type == SuspensionType.TOOL_APPROVAL:
+            pending = _require_call(turn, call_id)
+            if command.approved:
+                call = pending.call
+                if command.edited_arguments is not None:
+                    call = msgspec.structs.replace(call, arguments=command.edited_arguments)
+                _set_call(turn, msgspec.structs.replace(pending, call=call, approved=True))
+            else:
+                rejected = {"status": "rejected", "reason": command.reason or "denied by a person"}
+                _set_call(turn, msgspec.structs.replace(pending, result=_dumps(rejected)))
+        elif command.type == SuspensionType.CHILD_AGENT:
+            pending = next(p for p in turn.pending if p.result is None)
+            finished = {"status": command.child_status, "output": command.child_output}
+            _set_call(turn, msgspec.structs.replace(pending, result=_dumps(finished)))
+        turn.phase = suspension.resume_phase
+        turn.suspension = None
+        turn.status = TurnStatus.READY
+        turn.updated_at = self.clock()
+
+    def _resume_form(
+        self, turn: Turn, pending: PendingCall, form: FrozenForm, command: ResumeCommand
+    ) -> None:
+        if command.response != "accept":
+            status = "declined" if command.response == "decline" else "cancelled"
+            result: dict[str, Any] = {"status": status, "formKey": form.key}
+            _set_call(turn, msgspec.structs.replace(pending, result=_dumps(result)))
+        elif pending.call.name == REQUEST_USER_INPUT:
+            result = {"status": "submitted", "formKey": form.key, "data": command.data or {}}
+            _set_call(turn, msgspec.structs.replace(pending, result=_dumps(result)))
+        else:
+            _set_call(turn, msgspec.structs.replace(pending, form_data=command.data or {}))
+
+    async def cancel(self, turn_id: str) -> Turn:
+        """Ask to cancel: a flag no save clears. A blocked turn is ended by
+        a worker at once; a running one at its next step (and its tools see
+        ``cancellation_requested``)."""
+        await self.store.request_cancel(turn_id)
+        turn = await self.store.load(turn_id)
+        if turn.is_blocked or turn.status == TurnStatus.READY:
+            await self.store.make_runnable(turn_id, self.clock())
+        return turn
+
+    async def suspend(self, turn: Turn, suspension: Suspension) -> Turn:
+        """Block ``turn`` on ``suspension`` (custom control flow; the
+        plain-text ``Suspension.user_input(...)`` path). Returns it saved."""
+        turn.suspension = suspension
+        turn.status = WAITING_STATUS[suspension.type]
+        turn.updated_at = self.clock()
+        saved = await self.store.save(turn)
+        self._emit(EventType.TURN_SUSPENDED, saved, type=suspension.type.value)
+        await self.port.input_requested(saved, suspension)
+        return saved
+
+    # ─── Executing ───────────────────────────────────────────────────────
+
+    async def execute(self, turn_id: str | None = None) -> Turn:
+        """Claim ``turn_id`` (or the next due turn) and advance it until it
+        is blocked or terminal. Raises TurnBusy (held elsewhere), Fenced
+        (taken over meanwhile)."""
+        lease = await self.store.claim(self.owner, self.clock(), self.lease_seconds, turn_id)
+        if lease is None:
+            raise TurnBusy(turn_id or "(any)")
+        return await self.execute_claimed(lease)
+
+    async def execute_claimed(self, lease: Lease) -> Turn:
+        cancelled = asyncio.Event()
+        keeper = asyncio.create_task(self._keep_lease(lease, cancelled))
+        try:
+            turn = await self.store.load(lease.turn_id)
+            if turn.cancel_requested:
+                cancelled.set()
+            return await self._advance(turn, lease, cancelled)
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+            await self.store.release(lease)
+
+    async def _keep_lease(self, lease: Lease, cancelled: asyncio.Event) -> None:
+        """Renew the lease while the turn runs; watch the cancel flag."""
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            renewed = await self.store.renew(lease, self.clock(), self.lease_seconds)
+            if renewed is None:
+                return  # fenced: the next save fails
+            if (await self.store.load(lease.turn_id)).cancel_requested:
+                cancelled.set()
+
+    async def _advance(self, turn: Turn, lease: Lease, cancelled: asyncio.Event) -> Turn:
+        agent = self.agent(turn.agent)
+        if turn.is_terminal:
+            return turn
+        if turn.status == TurnStatus.RETRY_SCHEDULED:
+            turn.suspension = None
+        elif turn.is_blocked and not turn.cancel_requested:
+            return turn
+        try:
+            turn.status = TurnStatus.RUNNING
+            turn = await self._save(turn, lease)
+            self._emit(EventType.TURN_STARTED, turn)
+            await self.port.turn_started(turn)
+            while True:
+                if cancelled.is_set() or turn.cancel_requested:
+                    await self._finish(turn, lease, TurnStatus.CANCELLED)
+                if turn.phase == Phase.MODEL:
+                    turn = await self._model_step(agent, turn, lease)
+                else:
+                    turn = await self._tools_step(agent, turn, lease, cancelled)
+        except _Stop:
+            return await self.store.load(turn.id)
+
+    async def _save(self, turn: Turn, lease: Lease) -> Turn:
+        turn.updated_at = self.clock()
+        return await self.store.save(turn, lease=lease)
+
+    async def _finish(
+        self, turn: Turn, lease: Lease, status: TurnStatus, error: str | None = None
+    ) -> NoReturn:
+        turn.status, turn.phase, turn.error = status, Phase.FINISHED, error
+        turn.suspension = None
+        turn = await self._save(turn, lease)
+        kind = {
+            TurnStatus.COMPLETED: EventType.TURN_COMPLETED,
+            TurnStatus.CANCELLED: EventType.TURN_CANCELLED,
+        }.get(status, EventType.TURN_FAILED)
+        self._emit(kind, turn, status=status.value)
+        await self.port.turn_finished(turn)
+        if turn.parent is not None:
+            await self._wake_parent(turn)
+        raise _Stop
+
+    async def _wake_parent(self, child: Turn) -> None:
+        assert child.parent is not None
+        command = ResumeCommand.child_completed(child.id, child.status.value, child.output)
+        with contextlib.suppress(ResumeRejected):
+            await self.submit_resume(child.parent.turn_id, command)
+
+    async def _block(self, turn: Turn, lease: Lease, suspension: Suspension) -> NoReturn:
+        turn.suspension = suspension
+        turn.status = WAITING_STATUS[suspension.type]
+        turn = await self._save(turn, lease)
+        self._emit(EventType.TURN_SUSPENDED, turn, type=suspension.type.value)
+        if suspension.type == SuspensionType.RETRY and suspension.due_at is not None:
+            await self.store.make_runnable(turn.id, suspension.due_at)
+        raise _Stop
+
+    async def _retry_later(self, agent: Agent, turn: Turn, lease: Lease, error: str) -> NoReturn:
+        if turn.retry_attempts >= agent.max_retries:
+            await self._finish(turn, lease, TurnStatus.FAILED, f"gave up: {error}")
+        delay = agent.retry_backoff * (2**turn.retry_attempts)
+        turn.retry_attempts += 1
+        self._emit(EventType.RETRY_SCHEDULED, turn, delay=delay, error=error)
+        suspension = Suspension(
+            type=SuspensionType.RETRY,
+            message=error,
+            resume_phase=turn.phase,
+            due_at=self.clock() + delay,
+            metadata={"attempt": turn.retry_attempts},
+        )
+        await self._block(turn, lease, suspension)
+
+    # ─── The model ───────────────────────────────────────────────────────
+
+    async def _model_step(self, agent: Agent, turn: Turn, lease: Lease) -> Turn:
+        if turn.iterations >= agent.max_iterations:
+            await self._finish(turn, lease, TurnStatus.MAX_ITERATIONS_REACHED)
+
+        async def on_text(delta: str) -> None:
+            await self.port.text(turn, delta)
+
+        try:
+            reply = await agent.model.complete(turn.messages, _tool_specs(agent), on_text)
+        except TransientError as error:
+            await self._retry_later(agent, turn, lease, f"model: {error}")
+        except Exception as error:
+            log.exception("model failed in turn %s", turn.id)
+            await self._finish(turn, lease, TurnStatus.FAILED, f"model failed: {error}")
+        turn.iterations += 1
+        turn.retry_attempts = 0
+        turn.messages.append(
+            ModelMessage(role="assistant", content=reply.text, tool_calls=reply.tool_calls or None)
+        )
+        self._emit(EventType.MODEL_REPLIED, turn, tool_calls=len(reply.tool_calls))
+        if reply.tool_calls:
+            turn.pending = [PendingCall(call=call) for call in reply.tool_calls]
+            turn.phase = Phase.TOOLS
+            return await self._save(turn, lease)  # every call saved before any runs
+        turn.output = reply.text
+        await self._finish(turn, lease, TurnStatus.COMPLETED)
+
+    # ─── Tools ───────────────────────────────────────────────────────────
+
+    async def _tools_step(
+        self, agent: Agent, turn: Turn, lease: Lease, cancelled: asyncio.Event
+    ) -> Turn:
+        for index, pending in enumerate(turn.pending):
+            if pending.result is not None:
+                continue
+            if cancelled.is_set():
+                return turn  # the loop ends it
+            result = await self._call(agent, turn, lease, pending, cancelled)
+            turn.pending[index] = msgspec.structs.replace(turn.pending[index], result=result)
+            turn = await self._save(turn, lease)  # each result on its own
+        for pending in turn.pending:
+            turn.messages.append(
+                ModelMessage(role="tool", content=pending.result, tool_call_id=pending.call.id)
+            )
+        turn.pending = []
+        turn.phase = Phase.MODEL
+        return await self._save(turn, lease)
+
+    async def _call(
+        self,
+        agent: Agent,
+        turn: Turn,
+        lease: Lease,
+        pending: PendingCall,
+        cancelled: asyncio.Event,
+    ) -> str:
+        """Run one pending call and return its result; suspends (raises
+        _Stop) when it must wait."""
+        call = pending.call
+        if call.name == REQUEST_USER_INPUT:
+            return await self._ask_form(agent, turn, lease, call)
+        tool = agent.tool(call.name)
+        if tool is None:
+            return _dumps({"status": "error", "message": f"there is no tool {call.name!r}"})
+        if not pending.approved and pending.form_data is None:
+            decision = agent.approval_policy(turn, call, tool)
+            if decision.outcome == Outcome.REQUIRE_APPROVAL:
+                await self._ask_approval(turn, lease, call, tool, decision)
+            if decision.outcome == Outcome.DENY:
+                self._emit(EventType.TOOL_DENIED, turn, call_id=call.id, code=decision.code)
+                await self.port.tool_denied(turn, call, tool, decision)
+                return _dumps(
+                    {"status": "denied", "code": decision.code, "message": decision.message}
+                )
+        if tool.child is not None:
+            await self._spawn_child(turn, lease, call, tool.child)
+        if turn.tool_calls_made >= agent.max_tool_calls:
+            await self._finish(turn, lease, TurnStatus.BUDGET_EXCEEDED)
+        await self.port.tool_started(turn, call, tool)
+        self._emit(EventType.TOOL_STARTED, turn, call_id=call.id, tool=tool.name)
+        return await self._run_tool(agent, turn, lease, pending, tool, cancelled)
+
+    async def _run_tool(
+        self,
+        agent: Agent,
+        turn: Turn,
+        lease: Lease,
+        pending: PendingCall,
+        tool: Tool,
+        cancelled: asyncio.Event,
+    ) -> str:
+        call = pending.call
+        port, loop = self.port, asyncio.get_running_loop()
+
+        def progress(message: str, data: dict[str, Any]) -> None:
+            self._emit(EventType.TOOL_PROGRESS, turn, call_id=call.id, message=message)
+            task = loop.create_task(port.tool_progress(turn, call, message, data))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+        context = ToolContext(
+            turn_id=turn.id,
+            root_turn_id=turn.root_turn_id,
+            parent_turn_id=turn.parent.turn_id if turn.parent else None,
+            agent_id=agent.name,
+            agent_version=turn.agent_version,
+            tool=tool,
+            tool_call=call,
+            submitted_form_data=dict(pending.form_data or {}),
+            _progress=progress,
+            _cancelled=cancelled.is_set,
+        )
+        token = enter(context)
+        try:
+            assert tool.function is not None, f"tool {tool.name} has no function"
+            value = tool.function(dict(call.arguments))
+            if inspect.isawaitable(value):
+                value = await value
+        except FormRequired as needed:
+            if pending.form_asked:
+                await self._finish(
+                    turn,
+                    lease,
+                    TurnStatus.FAILED,
+                    f"tool {tool.name} asked for form {needed.form.key!r} again after it "
+                    "was submitted (a protocol error)",
+                )
+            _set_call(turn, msgspec.structs.replace(pending, form_asked=True, form_data=None))
+            await self._suspend_for_form(turn, lease, call, needed.form, needed.message)
+        except TransientError as error:
+            await self._retry_later(agent, turn, lease, f"tool {tool.name}: {error}")
+        except (_Stop, Fenced, VersionConflict):
+            raise
+        except Exception as error:
+            self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=False)
+            result = _dumps({"status": "error", "message": str(error)})
+            turn.tool_calls_made += 1
+            await self.port.tool_finished(turn, call, result, False)
+            return result
+        finally:
+            leave(token)
+        turn.tool_calls_made += 1
+        result = _dumps(value)
+        self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=True)
+        await self.port.tool_finished(turn, call, result, True)
+        return result
+
+    async def _ask_form(self, agent: Agent, turn: Turn, lease: Lease, call: ToolCall) -> str:
+        key = call.arguments.get("formKey")
+        form = agent.form(key) if isinstance(key, str) else None
+        if form is None:
+            known = ", ".join(f.key for f in agent.forms) or "none"
+            return _dumps(
+                {"status": "error", "message": f"unknown form {key!r}; known forms: {known}"}
+            )
+        message = call.arguments.get("message")
+        await self._suspend_for_form(
+            turn, lease, call, form, message if isinstance(message, str) else form.description
+        )
+
+    async def _suspend_for_form(
+        self, turn: Turn, lease: Lease, call: ToolCall, form: Any, message: str
+    ) -> NoReturn:
+        frozen = FrozenForm(key=form.key, description=form.description, schema=form.schema)
+        suspension = Suspension(
+            type=SuspensionType.USER_INPUT,
+            correlation_id=call.id,
+            message=message,
+            resume_phase=Phase.TOOLS,
+            form=frozen,
+        )
+        self._emit(EventType.TOOL_INPUT_REQUESTED, turn, call_id=call.id, form=form.key)
+        try:
+            await self._block(turn, lease, suspension)
+        finally:
+            saved = await self.store.load(turn.id)
+            if saved.suspension == suspension:
+                await self.port.input_requested(saved, suspension)
+
+    async def _ask_approval(
+        self, turn: Turn, lease: Lease, call: ToolCall, tool: Tool, decision: ApprovalDecision
+    ) -> NoReturn:
+        suspension = Suspension(
+            type=SuspensionType.TOOL_APPROVAL,
+            correlation_id=call.id,
+            message=decision.message or f"Allow {tool.title}?",
+            resume_phase=Phase.TOOLS,
+            metadata={"code": decision.code, "reason": decision.reason, **decision.metadata},
+        )
+        self._emit(EventType.TOOL_APPROVAL_REQUESTED, turn, call_id=call.id, code=decision.code)
+        await self.port.approval_requested(turn, call, tool, decision)
+        await self._block(turn, lease, suspension)
+
+    async def _spawn_child(
+        self, turn: Turn, lease: Lease, call: ToolCall, child: Agent
+    ) -> NoReturn:
+        child_id = f"{turn.id}.{call.id}"
+        task = call.arguments.get("task")
+        message = task if isinstance(task, str) else json.dumps(call.arguments)
+        chat = await self.port.child_chat(turn, call, child_id)
+        link = ParentLink(turn_id=turn.id, call_id=call.id, root_turn_id=turn.root_turn_id)
+        child_turn = self.new_turn(
+            child, message, turn_id=child_id, chat=chat, chat_turn=child_id, parent=link
+        )
+        with contextlib.suppress(HuddleError):
+            await self.store.create(child_turn)
+        turn.children.append(child_id)
+        suspension = Suspension(
+            type=SuspensionType.CHILD_AGENT,
+            correlation_id=child_id,
+            message=f"waiting for {child.name}",
+            resume_phase=Phase.TOOLS,
+        )
+        try:
+            await self._block(turn, lease, suspension)
+        finally:
+            await self.store.make_runnable(child_id, self.clock())
+
+    # ─── Recovery ────────────────────────────────────────────────────────
+
+    async def recover(self) -> int:
+        """Wake what a crash may have left asleep: parents whose child has
+        finished, and READY turns nobody queued. Returns how many."""
+        woken = 0
+        for parent_id in await self.store.by_status(TurnStatus.WAITING_FOR_CHILD):
+            parent = await self.store.load(parent_id)
+            suspension = parent.suspension
+            if suspension is None or suspension.correlation_id is None:
+                continue
+            child = await self.store.load(suspension.correlation_id)
+            if child.is_terminal:
+                with contextlib.suppress(ResumeRejected):
+                    await self._wake_parent(child)
+                    woken += 1
+        for turn_id in await self.store.by_status(TurnStatus.READY):
+            await self.store.make_runnable(turn_id, self.clock())
+            woken += 1
+        return woken
+
+
+def _tool_specs(agent: Agent) -> list[ToolSpec]:
+    specs = [ToolSpec(t.name, t.description, t.input_schema) for t in agent.tools]
+    if agent.forms:
+        listing = "; ".join(f"{f.key}: {f.description}" for f in agent.forms)
+        specs.append(
+            ToolSpec(
+                REQUEST_USER_INPUT,
+                "Ask the people in the chat to fill in a form when information is "
+                f"missing; do not guess. Forms: {listing}",
+                {
+                    "type": "object",
+                    "properties": {
+                        "formKey": {"type": "string", "enum": [f.key for f in agent.forms]},
+                        "message": {"type": "string", "description": "Why you ask"},
+                    },
+                    "required": ["formKey"],
+                },
+            )
+        )
+    return specs
+
+
+def _form_errors(schema: dict[str, Any], data: dict[str, Any]) -> list[str]:
+    """Field errors of ``data`` against the frozen form (no values quoted)."""
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = []
+    for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
+        where = "/".join(str(p) for p in error.absolute_path) or "(form)"
+        errors.append(f"{where}: fails `{error.validator}`")
+    return errors
+
+
+def _require_call(turn: Turn, call_id: str | None) -> PendingCall:
+    pending = turn.call(call_id or "")
+    if pending is None:
+        raise ResumeRejected(turn.id, f"the turn has no pending tool call {call_id!r}")
+    return pending
+
+
+def _set_call(turn: Turn, updated: PendingCall) -> None:
+    turn.pending = [updated if p.call.id == updated.call.id else p for p in turn.pending]

@@ -1,0 +1,81 @@
+"""An agent served by a Huddle process: its runner, its chat bridge and its
+workers, started and stopped together (by ``huddle serve`` and by
+``huddle worker``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import time
+from collections.abc import Callable
+
+from protocol.session import AgentInfo
+from server.host import Host
+from server.runner.agent import Agent
+from server.runner.bridge import ChatBridge
+from server.runner.runner import Runner
+from server.runner.store import TurnStore
+from server.runner.worker import Worker
+
+
+def load_agent(spec: str) -> Agent | None:
+    """The agent ``module:attribute`` names (None for ``none``)."""
+    if spec in ("", "none"):
+        return None
+    module_name, _, attribute = spec.partition(":")
+    if not attribute:
+        raise ValueError(f"--agent wants module:attribute or none, not {spec!r}")
+    found = getattr(importlib.import_module(module_name), attribute)
+    if callable(found) and not isinstance(found, Agent):
+        found = found()
+    if not isinstance(found, Agent):
+        raise ValueError(f"{spec} is not an Agent")
+    return found
+
+
+def agent_info(agent: Agent) -> AgentInfo:
+    """The agent as the root channel lists it (its name is the provider)."""
+    return AgentInfo(
+        provider=agent.name,
+        display_name=agent.name.replace("-", " ").title(),
+        description=agent.instructions.split(".")[0][:200],
+        models=[],
+    )
+
+
+class AgentService:
+    """Runs ``agent``'s turns for ``host``: people's chat actions start and
+    resume turns (in this process), and ``workers`` tasks execute them."""
+
+    def __init__(
+        self,
+        host: Host,
+        agent: Agent,
+        store: TurnStore,
+        *,
+        workers: int = 1,
+        clock: Callable[[], float] = time.time,
+        idle_wait: float = 1.0,
+    ) -> None:
+        self.host = host
+        self.store = store
+        self.runner = Runner(store, [agent], clock=clock)
+        self.bridge = ChatBridge(host, agent)
+        self.bridge.attach(self.runner)
+        self.workers = [
+            Worker(self.runner, reconcile=self.bridge.reconcile, idle_wait=idle_wait)
+            for _ in range(workers)
+        ]
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(worker.run()) for worker in self.workers]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.store.close()

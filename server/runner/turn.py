@@ -1,0 +1,294 @@
+"""A durable turn: what the runner saves, with its status, phase and why it
+waits. Everything here is a msgspec Struct so that a turn is one JSON
+document in any turn store; nothing here holds a callback.
+
+Status, and what moves it::
+
+    READY ------------> RUNNING ---------------> COMPLETED
+      ^                   |  |  \\                FAILED, CANCELLED,
+      |  submit_resume    |  |   `-------------> MAX_ITERATIONS_REACHED,
+      |  (or retry due)   |  |                   BUDGET_EXCEEDED
+      +-------------------+  +-> WAITING_FOR_USER      (USER_INPUT)
+                             +-> WAITING_FOR_APPROVAL  (TOOL_APPROVAL)
+                             +-> WAITING_FOR_CHILD     (CHILD_AGENT)
+                             +-> RETRY_SCHEDULED       (RETRY)
+
+A blocked turn holds a :class:`Suspension`; a :class:`ResumeCommand` of the
+matching type (and correlation id) is the only way out.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+import msgspec
+
+
+class TurnStatus(enum.StrEnum):
+    READY = "READY"
+    RUNNING = "RUNNING"
+    WAITING_FOR_USER = "WAITING_FOR_USER"
+    WAITING_FOR_APPROVAL = "WAITING_FOR_APPROVAL"
+    WAITING_FOR_CHILD = "WAITING_FOR_CHILD"
+    RETRY_SCHEDULED = "RETRY_SCHEDULED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    MAX_ITERATIONS_REACHED = "MAX_ITERATIONS_REACHED"
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+
+
+BLOCKED = frozenset(
+    {
+        TurnStatus.WAITING_FOR_USER,
+        TurnStatus.WAITING_FOR_APPROVAL,
+        TurnStatus.WAITING_FOR_CHILD,
+        TurnStatus.RETRY_SCHEDULED,
+    }
+)
+TERMINAL = frozenset(
+    {
+        TurnStatus.COMPLETED,
+        TurnStatus.FAILED,
+        TurnStatus.CANCELLED,
+        TurnStatus.MAX_ITERATIONS_REACHED,
+        TurnStatus.BUDGET_EXCEEDED,
+    }
+)
+
+
+class Phase(enum.StrEnum):
+    MODEL = "MODEL"
+    TOOLS = "TOOLS"
+    FINISHED = "FINISHED"
+
+
+class SuspensionType(enum.StrEnum):
+    USER_INPUT = "USER_INPUT"
+    TOOL_APPROVAL = "TOOL_APPROVAL"
+    CHILD_AGENT = "CHILD_AGENT"
+    RETRY = "RETRY"
+
+
+WAITING_STATUS = {
+    SuspensionType.USER_INPUT: TurnStatus.WAITING_FOR_USER,
+    SuspensionType.TOOL_APPROVAL: TurnStatus.WAITING_FOR_APPROVAL,
+    SuspensionType.CHILD_AGENT: TurnStatus.WAITING_FOR_CHILD,
+    SuspensionType.RETRY: TurnStatus.RETRY_SCHEDULED,
+}
+
+
+class Record(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Base of the runner's saved shapes (all frozen but the turn itself)."""
+
+
+# ─── What the model sees ─────────────────────────────────────────────────────
+
+
+class ToolCall(Record, frozen=True):
+    """A call the model asked for; ``id`` is stable for the whole turn."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ModelMessage(Record, frozen=True):
+    """One message of the conversation the model is given."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+# ─── Waiting ─────────────────────────────────────────────────────────────────
+
+
+class FrozenForm(Record, frozen=True):
+    """A form as it was when the turn asked for it: later changes to the
+    agent's form affect only new turns."""
+
+    key: str
+    description: str
+    schema: dict[str, Any]
+
+
+class Suspension(Record, frozen=True):
+    """Why a turn waits, and what may resume it.
+
+    ``correlation_id`` is the tool call id for USER_INPUT from a form and
+    for TOOL_APPROVAL, the child turn id for CHILD_AGENT, and absent for a
+    plain-text USER_INPUT (:meth:`user_input`) and for RETRY.
+    """
+
+    type: SuspensionType
+    correlation_id: str | None = None
+    message: str = ""
+    resume_phase: Phase = Phase.MODEL
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    form: FrozenForm | None = None
+    due_at: float | None = None
+
+    @classmethod
+    def user_input(cls, message: str, **metadata: Any) -> Suspension:
+        """A plain-text question with no correlation id; resumed by
+        ``ResumeCommand.user_input(content)``, whose content becomes a user
+        message."""
+        return cls(
+            type=SuspensionType.USER_INPUT,
+            message=message,
+            resume_phase=Phase.MODEL,
+            metadata=metadata,
+        )
+
+
+class ResumeCommand(Record, frozen=True):
+    """What ends a suspension. Build it with the class methods."""
+
+    type: SuspensionType
+    correlation_id: str | None = None
+    content: str | None = None
+    data: dict[str, Any] | None = None
+    response: Literal["accept", "decline", "cancel"] = "accept"
+    approved: bool | None = None
+    reason: str | None = None
+    edited_arguments: dict[str, Any] | None = None
+    child_output: str | None = None
+    child_status: str | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    @classmethod
+    def user_input(
+        cls,
+        content_or_call_id: str,
+        data: dict[str, Any] | None = None,
+        *,
+        response: Literal["accept", "decline", "cancel"] = "accept",
+    ) -> ResumeCommand:
+        """``user_input(content)`` answers a plain-text suspension;
+        ``user_input(call_id, data)`` submits a form (``response`` decline or
+        cancel with no data when the people said no)."""
+        if data is None and response == "accept":
+            return cls(type=SuspensionType.USER_INPUT, content=content_or_call_id)
+        return cls(
+            type=SuspensionType.USER_INPUT,
+            correlation_id=content_or_call_id,
+            data=data,
+            response=response,
+        )
+
+    @classmethod
+    def approve_tool(
+        cls, call_id: str, *, edited_arguments: dict[str, Any] | None = None
+    ) -> ResumeCommand:
+        return cls(
+            type=SuspensionType.TOOL_APPROVAL,
+            correlation_id=call_id,
+            approved=True,
+            edited_arguments=edited_arguments,
+        )
+
+    @classmethod
+    def reject_tool(cls, call_id: str, reason: str | None = None) -> ResumeCommand:
+        return cls(
+            type=SuspensionType.TOOL_APPROVAL, correlation_id=call_id, approved=False, reason=reason
+        )
+
+    @classmethod
+    def child_completed(cls, child_turn_id: str, status: str, output: str | None) -> ResumeCommand:
+        return cls(
+            type=SuspensionType.CHILD_AGENT,
+            correlation_id=child_turn_id,
+            child_status=status,
+            child_output=output,
+        )
+
+    @classmethod
+    def retry(cls) -> ResumeCommand:
+        return cls(type=SuspensionType.RETRY)
+
+    def with_metadata(self, **metadata: Any) -> ResumeCommand:
+        """The same command with more audit metadata (who, from where)."""
+        return msgspec.structs.replace(self, metadata={**self.metadata, **metadata})
+
+
+# ─── The turn ────────────────────────────────────────────────────────────────
+
+
+class PendingCall(Record, frozen=True):
+    """A tool call of the current TOOLS batch: saved before any of them
+    runs; ``result`` is saved as soon as that one tool finishes."""
+
+    call: ToolCall
+    result: str | None = None
+    approved: bool = False
+    form_data: dict[str, Any] | None = None
+    form_asked: bool = False
+    """The tool raised FormRequired once: a second time is a protocol error."""
+
+
+class Audit(Record, frozen=True):
+    """One resume, for the record: what, for which call, and who."""
+
+    command: str
+    correlation_id: str | None
+    metadata: dict[str, Any]
+    at: float
+
+
+class ParentLink(Record, frozen=True):
+    turn_id: str
+    call_id: str
+    root_turn_id: str
+
+
+class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A turn as saved. ``version`` is the store's compare-and-set counter;
+    ``cancel_requested`` is a flag the store keeps apart from saves, so that
+    no save can clear it."""
+
+    id: str
+    agent: str
+    agent_version: str = "1"
+    chat: str | None = None
+    chat_turn: str | None = None
+    """The AHP turn id in ``chat`` this turn answers (unique per chat only)."""
+    status: TurnStatus = TurnStatus.READY
+    phase: Phase = Phase.MODEL
+    messages: list[ModelMessage] = msgspec.field(default_factory=list)
+    pending: list[PendingCall] = msgspec.field(default_factory=list)
+    iterations: int = 0
+    tool_calls_made: int = 0
+    retry_attempts: int = 0
+    suspension: Suspension | None = None
+    parent: ParentLink | None = None
+    children: list[str] = msgspec.field(default_factory=list)
+    output: str | None = None
+    error: str | None = None
+    audit: list[Audit] = msgspec.field(default_factory=list)
+    version: int = 0
+    cancel_requested: bool = False
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    @property
+    def is_blocked(self) -> bool:
+        return self.status in BLOCKED
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    @property
+    def root_turn_id(self) -> str:
+        return self.parent.root_turn_id if self.parent else self.id
+
+    def call(self, call_id: str) -> PendingCall | None:
+        return next((p for p in self.pending if p.call.id == call_id), None)
+
+
+def copy_turn(turn: Turn) -> Turn:
+    """A deep copy (turns are mutable while the runner works on them)."""
+    return msgspec.json.decode(msgspec.json.encode(turn), type=Turn)

@@ -1,0 +1,117 @@
+"""The demo story end to end over WebSocket, with the agent in the server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed, ChatTurnStarted
+from protocol.chat import (
+    ChatState,
+    InputAnswer,
+    InputRequestPart,
+    MarkdownPart,
+    SelectedValue,
+    TextValue,
+    ToolCallPart,
+    ToolCallPendingConfirmation,
+)
+from protocol.session import SessionState
+from server.client import Mirror
+from server.runner.demo import agent
+from tests.conftest import UNIT, RunningServer, start_server, user_message
+
+
+@pytest.fixture
+async def with_demo() -> AsyncIterator[RunningServer]:
+    running = await start_server(agent=agent)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+def open_request(state: object) -> InputRequestPart | None:
+    assert isinstance(state, ChatState)
+    if state.active_turn is None:
+        return None
+    for part in state.active_turn.response_parts:
+        if isinstance(part, InputRequestPart) and part.response is None:
+            return part
+    return None
+
+
+def pending_call(state: object) -> ToolCallPendingConfirmation | None:
+    assert isinstance(state, ChatState)
+    if state.active_turn is None:
+        return None
+    for part in state.active_turn.response_parts:
+        if isinstance(part, ToolCallPart) and isinstance(
+            part.tool_call, ToolCallPendingConfirmation
+        ):
+            return part.tool_call
+    return None
+
+
+def final_text(state: ChatState) -> str:
+    turn = state.turns[-1]
+    return "".join(p.content for p in turn.response_parts if isinstance(p, MarkdownPart))
+
+
+async def wait(mirror: Mirror, predicate: object) -> ChatState:
+    async with asyncio.timeout(10 * UNIT):
+        state = await mirror.wait_for(predicate)  # type: ignore[arg-type]
+    assert isinstance(state, ChatState)
+    return state
+
+
+async def test_the_demo_agent_asks_waits_for_approval_and_reports_the_ticket(
+    with_demo: RunningServer,
+) -> None:
+    alice = await with_demo.client(name="alice")
+    await alice.create_session("ahp-session:/demo", title="Login outage")
+    session = await alice.subscribe("ahp-session:/demo")
+    assert isinstance(session.state, SessionState)
+    chat = session.state.default_chat
+    assert chat is not None
+    mirror = await alice.subscribe(chat)
+    await alice.dispatch_and_wait(
+        chat,
+        ChatTurnStarted(
+            turn_id="t1",
+            started_at="2026-11-30T10:00:00.000Z",
+            message=user_message("Open a high-priority ticket: nobody can log in"),
+        ),
+    )
+    state = await wait(mirror, lambda s: open_request(s) is not None)
+    request = open_request(state)
+    assert request is not None
+    assert {q.id for q in request.request.questions or []} >= {"affected_system", "impact_scope"}
+    await alice.dispatch_and_wait(
+        chat,
+        ChatInputCompleted(
+            request_id=request.request.id,
+            response="accept",
+            answers={
+                "affected_system": InputAnswer(state="submitted", value=TextValue(value="SSO")),
+                "impact_scope": InputAnswer(
+                    state="submitted", value=SelectedValue(value="all_users")
+                ),
+            },
+        ),
+    )
+    state = await wait(mirror, lambda s: pending_call(s) is not None)
+    call = pending_call(state)
+    assert call is not None
+    assert call.tool_name == "create_support_ticket"
+    await alice.dispatch_and_wait(
+        chat,
+        ChatToolCallConfirmed(
+            turn_id="t1", tool_call_id=call.tool_call_id, approved=True, confirmed="user-action"
+        ),
+    )
+    state = await wait(mirror, lambda s: isinstance(s, ChatState) and bool(s.turns))
+    assert state.turns[-1].state == "complete"
+    assert "HUD-" in final_text(state)

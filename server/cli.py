@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 import time
 import webbrowser
@@ -21,6 +22,9 @@ from typing import Any
 from server.app import create_app
 from server.auth import TokenAuthority
 from server.config import Settings, settings_from
+from server.host import Host
+from server.runner.service import AgentService, agent_info, load_agent
+from server.runner.store import MemoryTurnStore, TurnStore
 from server.serve import UvicornServer, uvicorn_config
 from server.store.base import ChannelStore
 from server.store.memory import MemoryStore
@@ -53,8 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--agent",
-        help="the built-in agent: 'none' (outside agents connect with the agent "
-        "token) or module:attribute",
+        help="the agent people's turns start: module:attribute (default: the demo, "
+        "server.runner.demo:agent), or 'none' (outside agents connect with the agent token)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="worker tasks running turns in this process (1; 0 when `huddle worker` "
+        "processes run them)",
     )
     serve.add_argument("--max-frame-bytes", type=int, help="largest frame accepted (1 MiB)")
     serve.add_argument(
@@ -81,7 +91,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--open-browser", action="store_true", default=None, help="open the web client"
     )
+    worker = commands.add_parser(
+        "worker",
+        help="run an agent's turns as a process of its own (Redis store)",
+        description="Run workers that claim the agent's runnable turns from the shared "
+        "store and show them in their chats. Needs the Redis store the servers use.",
+    )
+    worker.add_argument("--store", help="redis://host:port/db (also HUDDLE_STORE)")
+    worker.add_argument("--agent", help="module:attribute (default: the demo agent)")
+    worker.add_argument("--workers", type=int, help="concurrent workers (1)")
     return parser
+
+
+def make_turn_store(settings: Settings) -> TurnStore:
+    """The turn store that goes with ``--store``."""
+    if settings.store == "memory":
+        return MemoryTurnStore()
+    from server.runner.redis_store import RedisTurnStore
+
+    return RedisTurnStore(settings.store)
 
 
 def make_store(settings: Settings) -> ChannelStore:
@@ -97,7 +125,15 @@ async def serve(settings: Settings) -> None:
     generated = settings.token is None
     token = settings.token or TokenAuthority.generate_agent_token()
     authority = TokenAuthority(token)
-    app = create_app(settings, make_store(settings), authority)
+    agent = load_agent(settings.agent)
+    app = create_app(
+        settings,
+        make_store(settings),
+        authority,
+        agent=agent,
+        turn_store=make_turn_store(settings) if agent else None,
+        workers=settings.workers,
+    )
 
     def announce(port: int) -> None:
         host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
@@ -116,6 +152,32 @@ async def serve(settings: Settings) -> None:
     await server.serve()
 
 
+async def work(settings: Settings) -> None:
+    """``huddle worker``: a host on the shared store, without a network edge,
+    running the agent's turns until SIGTERM or SIGINT."""
+    if settings.store == "memory":
+        raise ValueError("huddle worker needs the shared store: --store redis://...")
+    agent = load_agent(settings.agent)
+    if agent is None:
+        raise ValueError("huddle worker needs an agent: --agent module:attribute")
+    store = make_store(settings)
+    host = Host(store, agents=[agent_info(agent)])
+    service = AgentService(host, agent, make_turn_store(settings), workers=settings.workers)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await host.start()
+    await service.start()
+    print(f"huddle worker: {settings.workers} worker(s) for {agent.name}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await service.stop()
+        await host.stop()
+        await store.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -126,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from(flags, os.environ)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings) if args.command == "serve" else work(settings))
     except ValueError as error:
         print(f"huddle: {error}", file=sys.stderr)
         return 2

@@ -170,3 +170,19 @@ agent = Agent(
     ),
 )
 """The default agent of ``huddle serve``."""
+
+
+def openai_agent() -> Agent:
+    """The same agent with a real model: ``huddle serve --agent
+    server.runner.demo:openai_agent`` with ``HUDDLE_MODEL_BASE_URL``,
+    ``HUDDLE_MODEL_API_KEY`` and ``HUDDLE_MODEL_NAME`` set."""
+    from server.runner.openai import OpenAIChatModel
+
+    return Agent(
+        name=agent.name,
+        instructions=agent.instructions,
+        model=OpenAIChatModel.from_env(),
+        tools=agent.tools,
+        forms=agent.forms,
+        approval_policy=agent.approval_policy,
+    )

@@ -1,0 +1,376 @@
+"""Every turn store honours the TurnStore contract: memory and Redis alike.
+
+Times are the callers' own (``now`` is a plain number here): a store keeps
+no clock, so a lease "expires" when a claim says it is later than its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+from server.errors import StoreError, StoreUnavailable
+from server.runner.redis_store import RedisTurnStore
+from server.runner.store import (
+    Fenced,
+    MemoryTurnStore,
+    TurnNotFound,
+    TurnStore,
+    VersionConflict,
+)
+from server.runner.turn import ModelMessage, Turn, TurnStatus
+from tests.conftest import UNIT
+from tests.redis_server import RedisServer, running_redis
+
+LEASE = 10.0
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[TurnStore]:
+    async with contextlib.AsyncExitStack() as stack:
+        made: TurnStore
+        if request.param == "memory":
+            made = MemoryTurnStore()
+        else:
+            server = await stack.enter_async_context(running_redis(10 * UNIT))
+            made = RedisTurnStore(server.url)
+        try:
+            yield made
+        finally:
+            await made.close()
+
+
+async def create(store: TurnStore, turn_id: str = "t1") -> Turn:
+    return await store.create(Turn(id=turn_id, agent="echo"))
+
+
+def said(turn: Turn, text: str) -> Turn:
+    turn.messages.append(ModelMessage(role="user", content=text))
+    return turn
+
+
+# ─── Create, load, save ──────────────────────────────────────────────────────
+
+
+async def test_a_created_turn_loads_back_at_version_one(store: TurnStore) -> None:
+    created = await store.create(said(Turn(id="t1", agent="echo", chat="ahp-chat:/c"), "hi"))
+    assert created.version == 1
+    loaded = await store.load("t1")
+    assert loaded == created
+    assert loaded is not created
+
+
+async def test_creating_an_existing_turn_fails(store: TurnStore) -> None:
+    await create(store)
+    with pytest.raises(StoreError):
+        await store.create(Turn(id="t1", agent="other"))
+    assert (await store.load("t1")).agent == "echo"
+
+
+UNKNOWN_TURN_CALLS: list[tuple[str, Callable[[TurnStore], Awaitable[object]]]] = [
+    ("load", lambda store: store.load("nope")),
+    ("save", lambda store: store.save(Turn(id="nope", agent="echo", version=1))),
+    ("request_cancel", lambda store: store.request_cancel("nope")),
+    ("make_runnable", lambda store: store.make_runnable("nope", 0.0)),
+]
+
+
+@pytest.mark.parametrize(
+    "call", [call for _, call in UNKNOWN_TURN_CALLS], ids=[name for name, _ in UNKNOWN_TURN_CALLS]
+)
+async def test_an_unknown_turn_raises_turn_not_found(
+    store: TurnStore, call: Callable[[TurnStore], Awaitable[object]]
+) -> None:
+    with pytest.raises(TurnNotFound):
+        await call(store)
+
+
+async def test_a_save_returns_the_turn_at_the_next_version(store: TurnStore) -> None:
+    turn = await create(store)
+    saved = await store.save(said(turn, "one"))
+    assert saved.version == 2
+    assert await store.load("t1") == saved
+    assert [m.content for m in saved.messages] == ["one"]
+
+
+async def test_saving_a_stale_version_raises_version_conflict(store: TurnStore) -> None:
+    stale = await create(store)
+    await store.save(said(await store.load("t1"), "first"))
+    with pytest.raises(VersionConflict) as conflict:
+        await store.save(said(stale, "late"))
+    assert (conflict.value.expected, conflict.value.current) == (1, 2)
+    assert [m.content for m in (await store.load("t1")).messages] == ["first"]
+
+
+async def test_two_concurrent_saves_of_one_version_let_exactly_one_win(store: TurnStore) -> None:
+    await create(store)
+    one, two = await store.load("t1"), await store.load("t1")
+    results = await asyncio.gather(
+        store.save(said(one, "one")), store.save(said(two, "two")), return_exceptions=True
+    )
+    saved = [r for r in results if isinstance(r, Turn)]
+    conflicts = [r for r in results if isinstance(r, VersionConflict)]
+    assert (len(saved), len(conflicts)) == (1, 1)
+    assert await store.load("t1") == saved[0]
+
+
+async def test_a_cancel_request_survives_a_later_save(store: TurnStore) -> None:
+    loaded_before = await create(store)
+    await store.request_cancel("t1")
+    assert not loaded_before.cancel_requested
+    saved = await store.save(said(loaded_before, "still working"))
+    assert saved.cancel_requested
+    assert (await store.load("t1")).cancel_requested
+
+
+async def test_by_status_follows_saves(store: TurnStore) -> None:
+    await create(store, "a")
+    await create(store, "b")
+    assert sorted(await store.by_status(TurnStatus.READY)) == ["a", "b"]
+    turn = await store.load("a")
+    turn.status = TurnStatus.RUNNING
+    await store.save(turn)
+    assert await store.by_status(TurnStatus.READY) == ["b"]
+    assert await store.by_status(TurnStatus.RUNNING) == ["a"]
+    assert await store.by_status(TurnStatus.COMPLETED) == []
+
+
+# ─── Claims and leases ───────────────────────────────────────────────────────
+
+
+async def test_a_claim_takes_the_earliest_due_turn_and_skips_those_not_yet_due(
+    store: TurnStore,
+) -> None:
+    for turn_id, due_at in [("later", 5.0), ("sooner", 3.0), ("future", 50.0)]:
+        await create(store, turn_id)
+        await store.make_runnable(turn_id, due_at)
+    taken = [await store.claim("w", 10.0, LEASE) for _ in range(3)]
+    assert [lease.turn_id if lease else None for lease in taken] == ["sooner", "later", None]
+    future = await store.claim("w", 50.0, LEASE)
+    assert future is not None
+    assert future.turn_id == "future"
+
+
+async def test_a_claim_returns_a_lease_on_the_turn(store: TurnStore) -> None:
+    await create(store)
+    await store.make_runnable("t1", 0.0)
+    lease = await store.claim("worker-a", 1.0, LEASE)
+    assert lease is not None
+    assert (lease.turn_id, lease.owner, lease.until) == ("t1", "worker-a", 1.0 + LEASE)
+    assert await store.claim("worker-a", 1.0, LEASE) is None
+
+
+async def test_a_given_turn_is_claimed_even_when_not_due_and_leaves_the_queue(
+    store: TurnStore,
+) -> None:
+    await create(store)
+    await store.make_runnable("t1", 100.0)
+    lease = await store.claim("w", 0.0, LEASE, turn_id="t1")
+    assert lease is not None
+    await store.release(lease)
+    assert await store.claim("w", 200.0, LEASE) is None
+
+
+async def test_claiming_an_unknown_turn_gets_nothing(store: TurnStore) -> None:
+    assert await store.claim("w", 0.0, LEASE, turn_id="nope") is None
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["next-due", "by-id"])
+async def test_a_leased_turn_is_not_claimable_until_its_lease_expires(
+    store: TurnStore, given: bool
+) -> None:
+    await create(store)
+    await store.make_runnable("t1", 0.0)
+    first = await store.claim("worker-a", 0.0, LEASE)
+    assert first is not None
+    await store.make_runnable("t1", 0.0)
+    turn_id = "t1" if given else None
+    assert await store.claim("worker-b", LEASE / 2, LEASE, turn_id) is None
+    second = await store.claim("worker-b", LEASE + 1, LEASE, turn_id)
+    assert second is not None
+    assert second.turn_id == "t1"
+    assert second.token != first.token
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["next-due", "by-id"])
+async def test_two_concurrent_claims_of_one_turn_let_exactly_one_have_it(
+    store: TurnStore, given: bool
+) -> None:
+    await create(store)
+    await store.make_runnable("t1", 0.0)
+    turn_id = "t1" if given else None
+    leases = await asyncio.gather(
+        store.claim("worker-a", 1.0, LEASE, turn_id), store.claim("worker-b", 1.0, LEASE, turn_id)
+    )
+    assert len([lease for lease in leases if lease is not None]) == 1
+
+
+@pytest.mark.parametrize(
+    "owner_b", ["worker-b", "worker-a"], ids=["another-worker", "same-worker-id-reused"]
+)
+async def test_a_worker_whose_lease_was_taken_over_is_fenced(
+    store: TurnStore, owner_b: str
+) -> None:
+    await create(store)
+    await store.make_runnable("t1", 0.0)
+    lease_a = await store.claim("worker-a", 0.0, LEASE)
+    assert lease_a is not None
+    turn_a = await store.load("t1")
+    # A stalls past its lease; B finds the expired lease and takes the turn.
+    lease_b = await store.claim(owner_b, lease_a.until + 1, LEASE)
+    assert lease_b is not None
+    assert lease_b.turn_id == "t1"
+    with pytest.raises(Fenced) as fenced:
+        await store.save(said(turn_a, "from A"), lease=lease_a)
+    assert fenced.value.token == lease_a.token
+    saved = await store.save(said(await store.load("t1"), "from B"), lease=lease_b)
+    assert [m.content for m in saved.messages] == ["from B"]
+
+
+async def test_a_fenced_save_says_fenced_even_when_its_version_is_stale_too(
+    store: TurnStore,
+) -> None:
+    await create(store)
+    lease_a = await store.claim("worker-a", 0.0, LEASE, turn_id="t1")
+    assert lease_a is not None
+    turn_a = await store.load("t1")
+    lease_b = await store.claim("worker-a", lease_a.until + 1, LEASE, turn_id="t1")
+    assert lease_b is not None
+    await store.save(said(await store.load("t1"), "from B"), lease=lease_b)
+    with pytest.raises(Fenced):
+        await store.save(said(turn_a, "from A"), lease=lease_a)
+
+
+async def test_renew_extends_only_the_current_lease(store: TurnStore) -> None:
+    await create(store)
+    lease_a = await store.claim("worker-a", 0.0, LEASE, turn_id="t1")
+    assert lease_a is not None
+    renewed = await store.renew(lease_a, 5.0, LEASE)
+    assert renewed is not None
+    assert (renewed.token, renewed.until) == (lease_a.token, 5.0 + LEASE)
+    assert await store.claim("worker-b", lease_a.until + 1, LEASE, turn_id="t1") is None
+    lease_b = await store.claim("worker-b", renewed.until + 1, LEASE, turn_id="t1")
+    assert lease_b is not None
+    assert await store.renew(renewed, renewed.until + 2, LEASE) is None
+    assert await store.renew(lease_b, renewed.until + 2, LEASE) is not None
+
+
+async def test_release_with_a_stale_token_leaves_the_new_lease_alone(store: TurnStore) -> None:
+    await create(store)
+    lease_a = await store.claim("worker-a", 0.0, LEASE, turn_id="t1")
+    assert lease_a is not None
+    lease_b = await store.claim("worker-a", lease_a.until + 1, LEASE, turn_id="t1")
+    assert lease_b is not None
+    await store.release(lease_a)
+    assert await store.claim("worker-c", lease_b.until - 1, LEASE, turn_id="t1") is None
+    await store.release(lease_b)
+    lease_c = await store.claim("worker-c", lease_b.until - 1, LEASE, turn_id="t1")
+    assert lease_c is not None
+    assert len({lease_a.token, lease_b.token, lease_c.token}) == 3
+
+
+# ─── Waiting for work ────────────────────────────────────────────────────────
+
+
+async def test_wait_for_work_returns_when_a_turn_becomes_runnable(store: TurnStore) -> None:
+    await create(store)
+    waiter = asyncio.create_task(store.wait_for_work(60 * UNIT))
+    await asyncio.sleep(0)  # a yield, not a wait: let the waiter start waiting
+    await store.make_runnable("t1", 0.0)
+    async with asyncio.timeout(3 * UNIT):
+        await waiter
+
+
+async def test_wait_for_work_returns_after_at_most_when_nothing_happens(
+    store: TurnStore,
+) -> None:
+    loop = asyncio.get_running_loop()
+    at_most = 0.2 * UNIT
+    started = loop.time()
+    async with asyncio.timeout(3 * UNIT):
+        await store.wait_for_work(at_most)
+    # Timers may fire up to a clock tick early; Redis counts in milliseconds.
+    assert loop.time() - started >= at_most * 0.9
+
+
+# ─── Redis only ──────────────────────────────────────────────────────────────
+
+
+@pytest.fixture
+async def redis_turns(redis_server: RedisServer) -> AsyncIterator[RedisTurnStore]:
+    store = RedisTurnStore(redis_server.url)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.mark.redis
+async def test_redis_keeps_every_runner_key_under_one_hash_tag(
+    redis_server: RedisServer, redis_turns: RedisTurnStore
+) -> None:
+    await create(redis_turns)
+    await redis_turns.make_runnable("t1", 0.0)
+    lease = await redis_turns.claim("w", 0.0, LEASE, turn_id="t1")
+    assert lease is not None
+    await redis_turns.request_cancel("t1")
+    await redis_turns.make_runnable("t1", 0.0)
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        keys = set(await raw.keys("*"))
+        fields = set(await raw.hkeys("{huddle:turn}:turn:t1"))
+    finally:
+        await raw.aclose()
+    assert keys == {
+        b"{huddle:turn}:turn:t1",
+        b"{huddle:turn}:status:READY",
+        b"{huddle:turn}:runnable",
+        b"{huddle:turn}:leases",
+        b"{huddle:turn}:wake",
+        b"{huddle:turn}:tokens",
+    }
+    assert fields == {
+        b"version",
+        b"status",
+        b"phase",
+        b"lease_owner",
+        b"lease_token",
+        b"lease_until",
+        b"cancel",
+        b"payload",
+    }
+
+
+@pytest.mark.redis
+async def test_redis_down_fails_fast_and_a_waiting_worker_waits_out_at_most(
+    redis_server: RedisServer, redis_turns: RedisTurnStore
+) -> None:
+    await create(redis_turns)
+    await redis_server.kill()
+    async with asyncio.timeout(2 * UNIT):
+        with pytest.raises(StoreUnavailable):
+            await redis_turns.load("t1")
+        with pytest.raises(StoreUnavailable):
+            await redis_turns.claim("w", 0.0, LEASE)
+    loop = asyncio.get_running_loop()
+    at_most = 0.2 * UNIT
+    started = loop.time()
+    async with asyncio.timeout(3 * UNIT):
+        await redis_turns.wait_for_work(at_most)
+    assert loop.time() - started >= at_most * 0.9
+
+
+@pytest.mark.redis
+async def test_redis_reloads_its_scripts_after_a_restart(
+    redis_server: RedisServer, redis_turns: RedisTurnStore
+) -> None:
+    turn = await redis_turns.save(said(await create(redis_turns), "before"))
+    await redis_server.stop()
+    async with asyncio.timeout(10 * UNIT):
+        await redis_server.start()
+    saved = await redis_turns.save(said(turn, "after the restart"))
+    assert saved.version == 3

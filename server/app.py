@@ -37,6 +37,7 @@ from protocol.codec import MalformedFrame, convert, encode
 from protocol.messages import ErrorCode, Implementation
 from protocol.session import AgentInfo
 from protocol.uris import BadChannelUri, channel_kind, session_uri
+from reducers.validation import client_action_problem
 from server.auth import ROLES, Grant, TokenAuthority
 from server.config import Settings
 from server.connection import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_UNSUPPORTED, Connection
@@ -301,6 +302,10 @@ async def dispatch_action(request: Request, server: Server, grant: Grant) -> Res
         raise CommandError(
             ErrorCode.PERMISSION_DENIED, f"{action_type(action)} is dispatched only by the server"
         )
+    if grant.role != "agent":
+        problem = client_action_problem((await server.host.channel(uri)).state, action, None)
+        if problem is not None:
+            raise CommandError(ErrorCode.PERMISSION_DENIED, problem)
     try:
         envelope = await server.host.dispatch(uri, action)
     except ActionRejected as rejected:

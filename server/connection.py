@@ -60,6 +60,7 @@ from protocol.messages import (
     SubscribeResult,
 )
 from protocol.uris import ROOT_URI, BadChannelUri, channel_kind
+from reducers.validation import client_action_problem
 from server.auth import Grant
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
 from server.frames import OVERLOADED, OutFrame
@@ -524,6 +525,9 @@ class Connection:
             return f"forbidden: this token does not reach {uri}"
         if self.grant.role != "agent" and not is_client_dispatchable(action):
             return f"forbidden: {action_type(action)} is dispatched only by the server"
+        if self.grant.role != "agent":
+            state = (await self.host.channel(uri)).state
+            return client_action_problem(state, action, self.client_id)
         return None
 
     async def _echo_rejection(

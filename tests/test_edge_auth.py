@@ -19,15 +19,25 @@ from protocol.actions import (
     ChatDelta,
     ChatDraftChanged,
     ChatInputRequested,
+    ChatToolCallComplete,
+    ChatToolCallReady,
+    ChatToolCallStart,
     ChatTurnStarted,
     SessionTitleChanged,
     StateAction,
 )
-from protocol.chat import InputRequest
+from protocol.chat import (
+    ChatState,
+    InputRequest,
+    ToolCallPart,
+    ToolCallPendingConfirmation,
+    ToolCallResult,
+)
 from protocol.session import SessionState
 from protocol.uris import ROOT_URI
 from server.auth import Grant, TokenAuthority
 from server.client import HuddleClient
+from server.errors import ActionRejected
 from tests.conftest import AGENT_TOKEN, RunningServer, user_message
 from tests.edge import Frame, Peer, http, initialize_params
 
@@ -333,3 +343,42 @@ async def test_a_link_with_a_bad_token_sets_no_cookie(huddle: RunningServer) -> 
     reply = await http("GET", f"{huddle.http}/?token=hud1.forged.token")
     assert reply.status == 401
     assert reply.headers["Set-Cookie"] is None
+
+
+async def test_a_participant_cannot_complete_a_tool_call_it_does_not_execute(
+    huddle: RunningServer,
+) -> None:
+    agent = await huddle.client("agent")
+    await agent.create_session("ahp-session:/approvals")
+    session = await agent.subscribe("ahp-session:/approvals")
+    assert isinstance(session.state, SessionState)
+    chat = session.state.default_chat
+    assert chat is not None
+    await agent.dispatch_and_wait(
+        chat,
+        ChatTurnStarted(
+            turn_id="t1", started_at="2026-11-30T10:00:00.000Z", message=user_message("refund it")
+        ),
+    )
+    await agent.dispatch_and_wait(
+        chat,
+        ChatToolCallStart(
+            turn_id="t1", tool_call_id="c1", tool_name="refund", display_name="Refund"
+        ),
+    )
+    await agent.dispatch_and_wait(
+        chat, ChatToolCallReady(turn_id="t1", tool_call_id="c1", invocation_message="Refund?")
+    )
+    mallory = await huddle.client(name="mallory")
+    mirror = await mallory.subscribe(chat)
+    done = ToolCallResult(success=True, past_tense_message="Refunded")
+    with pytest.raises(ActionRejected) as rejected:
+        await mallory.dispatch_and_wait(
+            chat, ChatToolCallComplete(turn_id="t1", tool_call_id="c1", result=done)
+        )
+    assert rejected.value.reason.startswith("forbidden:")
+    assert isinstance(mirror.state, ChatState)
+    assert mirror.state.active_turn is not None
+    part = mirror.state.active_turn.response_parts[0]
+    assert isinstance(part, ToolCallPart)
+    assert isinstance(part.tool_call, ToolCallPendingConfirmation)

@@ -12,11 +12,14 @@ import pytest
 
 from protocol.actions import (
     ChatDelta,
+    ChatDraftChanged,
     ChatInputAnswerChanged,
     ChatInputCompleted,
     ChatInputRequested,
     ChatPendingMessageRemoved,
+    ChatToolCallComplete,
     ChatToolCallConfirmed,
+    ChatToolCallContentChanged,
     ChatToolCallResultConfirmed,
     ChatTurnCancelled,
     ChatTurnStarted,
@@ -31,6 +34,7 @@ from protocol.chat import (
     BooleanValue,
     ChatState,
     ChatSummary,
+    ClientContributor,
     ConfirmationOption,
     InputAnswer,
     InputAnswerValue,
@@ -56,6 +60,7 @@ from protocol.chat import (
     ToolCallPart,
     ToolCallPendingConfirmation,
     ToolCallPendingResultConfirmation,
+    ToolCallResult,
     ToolCallRunning,
     ToolCallState,
 )
@@ -63,7 +68,13 @@ from protocol.messages import ChannelState
 from protocol.session import SessionState
 from reducers.chat import reduce_chat
 from reducers.fixtures import AHP_FIXTURE_NOW_MS, run_fixture
-from reducers.validation import FormCheck, ToolInputCheck, answer_problem, reject_reason
+from reducers.validation import (
+    FormCheck,
+    ToolInputCheck,
+    answer_problem,
+    client_action_problem,
+    reject_reason,
+)
 
 # ─── Builders ────────────────────────────────────────────────────────────────
 
@@ -1068,3 +1079,44 @@ def test_an_upsert_may_not_silently_drop_an_answered_question() -> None:
     explicit = InputRequest(id="r", questions=narrower.questions, answers={})
     assert reject_reason(state, ChatInputRequested(request=explicit)) is None
     assert reject_reason(state, ChatInputRequested(request=asked)) is None
+
+
+# ─── Which tool calls a client may complete ──────────────────────────────────
+
+
+def _chat_with_call(contributor: ClientContributor | None) -> ChatState:
+    call = ToolCallRunning(
+        tool_call_id="call-1",
+        tool_name="open_browser",
+        display_name="Open browser",
+        invocation_message="Open it",
+        confirmed="not-needed",
+        contributor=contributor,
+    )
+    return chat(ToolCallPart(tool_call=call))
+
+
+@pytest.mark.parametrize(
+    ("contributor", "client_id", "allowed"),
+    [
+        pytest.param(ClientContributor(client_id="laptop"), "laptop", True, id="its-own-call"),
+        pytest.param(ClientContributor(client_id="laptop"), "phone", False, id="another-clients"),
+        pytest.param(None, "laptop", False, id="the-agents-call"),
+    ],
+)
+def test_a_client_completes_only_the_tool_calls_it_executes(
+    contributor: ClientContributor | None, client_id: str, allowed: bool
+) -> None:
+    result = ToolCallResult(success=True, past_tense_message="Opened")
+    actions: list[StateAction] = [
+        ChatToolCallComplete(turn_id="turn-1", tool_call_id="call-1", result=result),
+        ChatToolCallContentChanged(turn_id="turn-1", tool_call_id="call-1", content=[]),
+    ]
+    for action in actions:
+        problem = client_action_problem(_chat_with_call(contributor), action, client_id)
+        assert (problem is None) is allowed
+        assert problem is None or problem.startswith("forbidden:")
+
+
+def test_other_actions_need_no_tool_call_ownership() -> None:
+    assert client_action_problem(chat(), ChatDraftChanged(), "laptop") is None

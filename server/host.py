@@ -149,6 +149,8 @@ class Channel:
     seq: int
     epoch: str
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    sync_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Serialises bringing the session's aggregates up to date with the chat."""
     subscribers: set[Subscriber] = field(default_factory=set)
     waiters: list[_Waiter] = field(default_factory=list)
     since_snapshot: int = 0
@@ -184,10 +186,18 @@ def read_entry(raw: bytes) -> tuple[int, ActionEnvelope, bytes]:
 
 @dataclass(frozen=True)
 class _Form:
-    """A request's frozen form: the schema as given and its parsed spec."""
+    """A request's frozen form: the schema as given, its parsed spec and a
+    validator built once (checking the schema itself costs more than the
+    data)."""
 
     schema: dict[str, Any]
     spec: FormSpec
+    validator: jsonschema.protocols.Validator
+
+    @classmethod
+    def of(cls, schema: dict[str, Any], spec: FormSpec | None = None) -> _Form:
+        validator_class = jsonschema.validators.validator_for(schema)
+        return cls(schema, spec or parse_form(schema), validator_class(schema))
 
 
 @dataclass(frozen=True)
@@ -378,17 +388,22 @@ class Host(Listener):
                 await self.channel(session)  # its tools are what the check reads
         async with ch.lock:
             envelope, before = await self._write(ch, action, origin, validate)
-            if isinstance(before, ChatState):
-                await self._after_chat_action(ch, before)
-            elif isinstance(before, SessionState):
+            if isinstance(before, SessionState):
                 await self._announce_summary(ch)
         if self.on_applied is not None:
             self.on_applied(_type_of(action), time.perf_counter() - started)
+        # Side effects that people wait for (a turn resuming) come first; the
+        # session's aggregates follow. They are brought up to date by diffing
+        # what the session last heard against the chat's latest state, one
+        # sync per chat at a time, so their order cannot go wrong.
         for hook in list(self.accepted):
             try:
                 await hook(uri, envelope)
             except Exception:
                 log.exception("side effect of %s on %s failed", _type_of(action), uri)
+        if isinstance(before, ChatState):
+            async with ch.sync_lock:
+                await self._after_chat_action(ch, before)
         return envelope
 
     async def _write(
@@ -543,7 +558,7 @@ class Host(Listener):
     # ─── Derived actions ─────────────────────────────────────────────────
 
     async def _after_chat_action(self, ch: Channel, before: ChatState) -> None:
-        """Keep the session aggregate in step with the chat (lock held)."""
+        """Keep the session aggregate in step with the chat (sync lock held)."""
         assert isinstance(ch.state, ChatState)
         session = _chat_session(ch.state)
         if session is None:
@@ -583,7 +598,7 @@ class Host(Listener):
         ch = self.channels.get(chat)
         if ch is None:
             return
-        async with ch.lock:
+        async with ch.sync_lock:
             self._last_modified_push[chat] = 0.0
             assert isinstance(ch.state, ChatState)
             await self._after_chat_action(ch, ch.state)
@@ -823,7 +838,7 @@ class Host(Listener):
                 return None
             try:
                 data = form_data_from_answers(form.spec, answers)
-                jsonschema.validate(data, form.schema)
+                form.validator.validate(data)
             except jsonschema.ValidationError as error:
                 # Name the field and the rule, never the value (form data
                 # can be sensitive; jsonschema's messages quote it).
@@ -873,7 +888,7 @@ class Host(Listener):
                 self._forms[key] = None
             else:
                 schema = json.loads(raw)
-                self._forms[key] = _Form(schema=schema, spec=parse_form(schema))
+                self._forms[key] = _Form.of(schema)
         return self._forms[key]
 
     # ─── Waiting for people ──────────────────────────────────────────────
@@ -914,7 +929,7 @@ class Host(Listener):
             spec = parse_form(schema)
             if request.questions is None:
                 request = replace(request, questions=spec.questions)
-            self._forms[(chat, request.id)] = _Form(schema=schema, spec=spec)
+            self._forms[(chat, request.id)] = _Form.of(schema, spec)
             await self.store.put_record(FORM_RECORDS, f"{chat} {request.id}", encode(schema))
         return await self.dispatch(chat, ChatInputRequested(request=request))
 

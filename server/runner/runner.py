@@ -118,13 +118,15 @@ class Runner:
         lease_seconds: float = 30.0,
     ) -> None:
         self.store = store
-        self.agents = {agent.name: agent for agent in agents}
+        self.agents = {agent.name: agent for agent in _with_children(agents)}
         self.port: ChatPort = port or NullPort()
         self.clock = clock
         self.owner = owner or f"runner-{secrets.token_hex(4)}"
         self.lease_seconds = lease_seconds
         self.listeners: list[Listener] = []
         self._background: set[asyncio.Task[None]] = set()
+        self._cancelled: dict[str, asyncio.Event] = {}
+        """The cancel signal of each turn this runner executes now."""
 
     def agent(self, name: str) -> Agent:
         found = self.agents.get(name)
@@ -302,6 +304,9 @@ class Runner:
         a worker at once; a running one at its next step (and its tools see
         ``cancellation_requested``)."""
         await self.store.request_cancel(turn_id)
+        executing = self._cancelled.get(turn_id)
+        if executing is not None:
+            executing.set()  # its tools see it now, not at the lease keeper's next poll
         turn = await self.store.load(turn_id)
         if turn.is_blocked or turn.status == TurnStatus.READY:
             await self.store.make_runnable(turn_id, self.clock())
@@ -330,18 +335,29 @@ class Runner:
         return await self.execute_claimed(lease)
 
     async def execute_claimed(self, lease: Lease) -> Turn:
+        """Advance the turn ``lease`` holds (from ``store.claim``) until it is
+        blocked or terminal, then give the lease up. On an error the lease is
+        kept to expire, so that a worker takes the turn over as after a crash
+        (given up, a RUNNING turn would be claimed by nobody)."""
         cancelled = asyncio.Event()
+        self._cancelled[lease.turn_id] = cancelled
         keeper = asyncio.create_task(self._keep_lease(lease, cancelled))
         try:
             turn = await self.store.load(lease.turn_id)
             if turn.cancel_requested:
                 cancelled.set()
-            return await self._advance(turn, lease, cancelled)
+            advanced = await self._advance(turn, lease, cancelled)
         finally:
+            if self._cancelled.get(lease.turn_id) is cancelled:
+                del self._cancelled[lease.turn_id]
             keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-            await self.store.release(lease)
+            # asyncio.wait, not suppressing CancelledError: a cancel of the
+            # caller (a worker stopping) arriving now must not be swallowed.
+            await asyncio.wait({keeper})
+            if not keeper.cancelled() and keeper.exception() is not None:
+                log.warning("lease keeper of turn %s failed: %s", lease.turn_id, keeper.exception())
+        await self.store.release(lease)
+        return advanced
 
     async def _keep_lease(self, lease: Lease, cancelled: asyncio.Event) -> None:
         """Renew the lease while the turn runs; watch the cancel flag."""
@@ -358,6 +374,12 @@ class Runner:
         if turn.is_terminal:
             return turn
         if turn.status == TurnStatus.RETRY_SCHEDULED:
+            due = turn.suspension.due_at if turn.suspension else None
+            if due is not None and due > self.clock() and not turn.cancel_requested:
+                # Claimed early (by id, or as an expired lease), which took it
+                # off the queue: put it back for its time and keep the backoff.
+                await self.store.make_runnable(turn.id, due)
+                return turn
             turn.suspension = None
         elif turn.is_blocked and not turn.cancel_requested:
             return turn
@@ -537,6 +559,8 @@ class Runner:
             tool=tool,
             tool_call=call,
             submitted_form_data=dict(pending.form_data or {}),
+            chat=turn.chat,
+            port=self.port,
             _progress=progress,
             _cancelled=cancelled.is_set,
         )
@@ -618,8 +642,14 @@ class Runner:
             metadata={"code": decision.code, "reason": decision.reason, **decision.metadata},
         )
         self._emit(EventType.TOOL_APPROVAL_REQUESTED, turn, call_id=call.id, code=decision.code)
-        await self.port.approval_requested(turn, call, tool, decision)
-        await self._block(turn, lease, suspension)
+        # Saved as waiting before people see the question: an answer that
+        # comes at once must find the turn waiting for it.
+        try:
+            await self._block(turn, lease, suspension)
+        finally:
+            saved = await self.store.load(turn.id)
+            if saved.suspension == suspension:
+                await self.port.approval_requested(saved, call, tool, decision)
 
     async def _spawn_child(
         self, turn: Turn, lease: Lease, call: ToolCall, child: Agent
@@ -693,11 +723,30 @@ def _tool_specs(agent: Agent) -> list[ToolSpec]:
 def _form_errors(schema: dict[str, Any], data: dict[str, Any]) -> list[str]:
     """Field errors of ``data`` against the frozen form (no values quoted)."""
     validator = jsonschema.Draft202012Validator(schema)
-    errors = []
+    errors: dict[str, None] = {}
     for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
-        where = "/".join(str(p) for p in error.absolute_path) or "(form)"
-        errors.append(f"{where}: fails `{error.validator}`")
-    return errors
+        path = [str(p) for p in error.absolute_path]
+        if error.validator == "required" and isinstance(error.instance, dict):
+            # A missing field fails on the object that lacks it: name the field.
+            for name in error.validator_value:
+                if name not in error.instance:
+                    errors["/".join([*path, str(name)]) + ": fails `required`"] = None
+            continue
+        errors[f"{'/'.join(path) or '(form)'}: fails `{error.validator}`"] = None
+    return list(errors)
+
+
+def _with_children(agents: Iterable[Agent]) -> list[Agent]:
+    """``agents`` and, transitively, the agents their tools delegate to: a
+    worker finds a child turn's agent by name. A name given first wins."""
+    found: dict[str, Agent] = {}
+    waiting = list(agents)
+    while waiting:
+        agent = waiting.pop(0)
+        if agent.name not in found:
+            found[agent.name] = agent
+            waiting.extend(tool.child for tool in agent.tools if tool.child is not None)
+    return list(found.values())
 
 
 def _require_call(turn: Turn, call_id: str | None) -> PendingCall:

@@ -4,10 +4,10 @@ The contract, as every store keeps it:
 
 - ``save`` is a compare-and-set on ``turn.version``: it fails with
   VersionConflict when someone saved since the turn was loaded, so a newer
-  snapshot is never overwritten; with a ``lease`` it also fails with Fenced
+  snapshot is never overwritten; with a ``lease`` it first fails with Fenced
   unless that lease's fencing token is still the turn's current one (a
   worker whose lease was taken over can never save again, even under the
-  same worker id).
+  same worker id, and is told to stop rather than to reload).
 - ``request_cancel`` sets a flag that no save clears.
 - ``make_runnable`` queues a turn to be claimed at ``due_at``; ``claim``
   takes the earliest due turn (or a given one) whose lease is free or
@@ -158,10 +158,12 @@ class MemoryTurnStore(TurnStore):
 
     async def save(self, turn: Turn, *, lease: Lease | None = None) -> Turn:
         held = self._held(turn.id)
-        if held.version != turn.version:
-            raise VersionConflict(turn.id, turn.version, held.version)
+        # Fencing first: a worker whose lease was taken over must stop, not
+        # reload and decide again as a VersionConflict would tell it to.
         if lease is not None and lease.token != held.lease_token:
             raise Fenced(turn.id, lease.token)
+        if held.version != turn.version:
+            raise VersionConflict(turn.id, turn.version, held.version)
         saved = copy_turn(turn)
         saved.version = held.version + 1
         held.data, held.version, held.status = (

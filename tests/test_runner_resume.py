@@ -1,0 +1,174 @@
+"""Resuming a waiting turn: only the command the suspension waits for, only
+once, and never a terminal turn. A refused resume changes nothing saved."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from server.runner.agent import require_approval_for
+from server.runner.runner import ResumeRejected, Runner
+from server.runner.store import MemoryTurnStore
+from server.runner.turn import (
+    Audit,
+    ModelMessage,
+    ResumeCommand,
+    Suspension,
+    SuspensionType,
+    Turn,
+    TurnStatus,
+)
+from server.runner.worker import Worker
+from tests.runner_kit import (
+    GOOD_DETAILS,
+    Clock,
+    RendezvousStore,
+    Runs,
+    agent,
+    call,
+    say,
+    scripted,
+    use,
+)
+
+
+async def waiting_for_approval(
+    store: MemoryTurnStore | None = None, clock: Clock | None = None
+) -> tuple[Runner, Runs]:
+    """Turn ``t1`` waits for a person to approve call ``c1`` of ``deploy``."""
+    runs = Runs()
+    model = scripted(use(call("c1", "deploy", env="prod")), say("Deployed."))
+    helper = agent(model, runs.tool("deploy"), approval_policy=require_approval_for("deploy"))
+    runner = Runner(store or MemoryTurnStore(), [helper], clock=clock or Clock())
+    turn = await runner.run(helper, "Deploy it", turn_id="t1")
+    assert turn.status == TurnStatus.WAITING_FOR_APPROVAL
+    return runner, runs
+
+
+MISMATCHED = [
+    pytest.param(ResumeCommand.user_input("c1", GOOD_DETAILS), id="wrong-type"),
+    pytest.param(ResumeCommand.approve_tool("c2"), id="wrong-correlation-id"),
+    pytest.param(ResumeCommand.reject_tool("c2"), id="rejection-of-another-call"),
+    pytest.param(ResumeCommand.retry(), id="retry-while-a-person-decides"),
+    pytest.param(ResumeCommand.child_completed("t1.c1", "COMPLETED", "x"), id="child-completion"),
+    pytest.param(ResumeCommand.user_input("yes, go"), id="plain-text-answer"),
+]
+
+
+@pytest.mark.parametrize("how", ["resume", "submit_resume"])
+@pytest.mark.parametrize("command", MISMATCHED)
+async def test_a_mismatched_resume_is_refused_and_changes_nothing(
+    command: ResumeCommand, how: str
+) -> None:
+    runner, runs = await waiting_for_approval()
+    before = await runner.store.load("t1")
+    with pytest.raises(ResumeRejected) as refused:
+        await getattr(runner, how)("t1", command)
+    assert refused.value.turn_id == "t1"
+    assert await runner.store.load("t1") == before
+    assert not await Worker(runner).step()  # nothing was queued either
+    assert runs.count("deploy") == 0
+
+
+async def test_a_duplicate_resume_after_the_first_succeeded_is_refused_and_changes_nothing() -> (
+    None
+):
+    runner, _ = await waiting_for_approval()
+    await runner.submit_resume("t1", ResumeCommand.approve_tool("c1"))
+    before = await runner.store.load("t1")
+    with pytest.raises(ResumeRejected, match="duplicate"):
+        await runner.submit_resume("t1", ResumeCommand.approve_tool("c1"))
+    assert await runner.store.load("t1") == before
+
+
+@pytest.mark.parametrize(
+    "late",
+    [
+        pytest.param(ResumeCommand.approve_tool("c1"), id="approval-again"),
+        pytest.param(ResumeCommand.reject_tool("c1"), id="rejection-after-approval"),
+        pytest.param(ResumeCommand.user_input("one more thing"), id="plain-text-answer"),
+    ],
+)
+async def test_a_late_resume_of_a_terminal_turn_reopens_nothing(late: ResumeCommand) -> None:
+    runner, runs = await waiting_for_approval()
+    done = await runner.resume("t1", ResumeCommand.approve_tool("c1"))
+    assert done.status == TurnStatus.COMPLETED
+    with pytest.raises(ResumeRejected, match="late"):
+        await runner.resume("t1", late)
+    assert await runner.store.load("t1") == done
+    assert runs.count("deploy") == 1
+
+
+async def test_of_two_concurrent_submit_resumes_for_one_suspension_exactly_one_succeeds() -> None:
+    store = RendezvousStore()
+    runner, runs = await waiting_for_approval(store)
+    store.arm(2)  # both load the waiting turn before either saves
+    results = await asyncio.gather(
+        runner.submit_resume("t1", ResumeCommand.approve_tool("c1").with_metadata(by="ana")),
+        runner.submit_resume("t1", ResumeCommand.approve_tool("c1").with_metadata(by="ben")),
+        return_exceptions=True,
+    )
+    winners = [r for r in results if isinstance(r, Turn)]
+    losers = [r for r in results if isinstance(r, ResumeRejected)]
+    assert (len(winners), len(losers)) == (1, 1)
+    assert "duplicate" in losers[0].reason  # the loser saw the winner's save and re-checked
+    assert (await runner.store.load("t1")).audit == winners[0].audit
+    assert await Worker(runner).step()
+    assert runs.count("deploy") == 1
+
+
+async def test_submit_resume_saves_the_turn_as_runnable_and_a_worker_continues_it() -> None:
+    runner, runs = await waiting_for_approval()
+    submitted = await runner.submit_resume("t1", ResumeCommand.approve_tool("c1"))
+    assert (submitted.status, runs.count("deploy")) == (TurnStatus.READY, 0)
+    assert await Worker(runner).step()
+    assert (await runner.store.load("t1")).status == TurnStatus.COMPLETED
+    assert runs.count("deploy") == 1
+
+
+async def test_resume_metadata_is_kept_on_the_turns_audit() -> None:
+    clock = Clock()
+    runner, _ = await waiting_for_approval(clock=clock)
+    command = ResumeCommand.approve_tool("c1").with_metadata(submittedBy="ana", source="web")
+    done = await runner.resume("t1", command)
+    assert done.audit == [
+        Audit(
+            command="TOOL_APPROVAL",
+            correlation_id="c1",
+            metadata={"submittedBy": "ana", "source": "web"},
+            at=clock.now,
+        )
+    ]
+
+
+# ─── The plain-text path ─────────────────────────────────────────────────────
+
+
+async def plain_text_waiting() -> tuple[Runner, list[list[ModelMessage]]]:
+    """Turn ``t1`` suspended by hand on a plain-text question."""
+    model = scripted(say("Order O-1001 ships today."))
+    helper = agent(model)
+    runner = Runner(MemoryTurnStore(), [helper], clock=Clock())
+    turn = await runner.store.create(runner.new_turn(helper, "Where is my order?", turn_id="t1"))
+    waiting = await runner.suspend(turn, Suspension.user_input("Which order number?"))
+    assert waiting.status == TurnStatus.WAITING_FOR_USER
+    assert waiting.suspension == Suspension(
+        type=SuspensionType.USER_INPUT, message="Which order number?"
+    )
+    return runner, model.conversations
+
+
+async def test_a_plain_text_suspension_resumed_by_content_adds_a_user_message() -> None:
+    runner, conversations = await plain_text_waiting()
+    done = await runner.resume("t1", ResumeCommand.user_input("O-1001"))
+    assert done.status == TurnStatus.COMPLETED
+    assert conversations[-1][-1] == ModelMessage(role="user", content="O-1001")
+
+
+async def test_a_plain_text_suspension_refuses_a_form_submission() -> None:
+    runner, _ = await plain_text_waiting()
+    before = await runner.store.load("t1")
+    with pytest.raises(ResumeRejected):
+        await runner.resume("t1", ResumeCommand.user_input("c1", GOOD_DETAILS))
+    assert await runner.store.load("t1") == before

@@ -183,10 +183,12 @@ class MemoryTurnStore(TurnStore):
         self._work.set()
 
     async def wait_for_work(self, at_most: float) -> None:
-        self._work.clear()
+        # Cleared after waking, not before: a turn made runnable between a
+        # worker's empty claim and this wait must still wake it.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(at_most):
                 await self._work.wait()
+        self._work.clear()
 
     async def claim(
         self, owner: str, now: float, lease_seconds: float, turn_id: str | None = None
@@ -213,7 +215,7 @@ class MemoryTurnStore(TurnStore):
 
     async def renew(self, lease: Lease, now: float, lease_seconds: float) -> Lease | None:
         held = self._turns.get(lease.turn_id)
-        if held is None or held.lease_token != lease.token:
+        if held is None or held.lease_token != lease.token or held.lease_owner is None:
             return None
         held.lease_until = now + lease_seconds
         return Lease(lease.turn_id, lease.owner, lease.token, held.lease_until)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import hypothesis
 import pytest
 
 from protocol.chat import Message, MessageOrigin
@@ -29,6 +30,14 @@ from server.store.memory import MemoryStore
 from tests.redis_server import RedisServer, running_redis
 
 UNIT = float(os.environ.get("HUDDLE_TEST_UNIT", "1"))
+
+# Property tests draw the same examples on every run, so that CI is
+# deterministic; HUDDLE_HYPOTHESIS=explore draws new ones (and keeps failures).
+hypothesis.settings.register_profile("repeatable", derandomize=True, database=None)
+hypothesis.settings.register_profile("explore")
+hypothesis.settings.load_profile(
+    "explore" if os.environ.get("HUDDLE_HYPOTHESIS") == "explore" else "repeatable"
+)
 AGENT_TOKEN = "test-agent-token-0123456789abcdef"
 
 

@@ -1,0 +1,408 @@
+// The browser's AHP client: JSON-RPC 2.0 over one WebSocket at /ahp.
+//
+// It keeps a Replica per subscribed channel (confirmed state + pending
+// actions, see replica.js), dispatches actions with an increasing clientSeq,
+// and survives drops: while the socket is down, dispatches queue up as
+// pending (the UI keeps rendering them); once a new socket is open it
+// initializes with the same clientId, sends `reconnect` with one cursor per
+// channel, applies each channel's replay or snapshot, and then sends the
+// pending actions the server has not seen.
+//
+// Events (an EventTarget): `status` {status, attempt}, `change` {uri},
+// `rejected` {uri, action, reason}, `notice` {method, params} for root
+// notifications, `missing` {uri}, `resumed` after every reconnect.
+
+import { reduce } from './reducers.js';
+import { Replica } from './replica.js';
+import { rejectReason } from './validation.js';
+
+const PROTOCOL_VERSION = '0.7.0';
+const ROOT = 'ahp-root://';
+const PING_EVERY_MS = 20000;
+const PING_TIMEOUT_MS = 10000;
+const BACKOFF_MS = [250, 500, 1000, 2000, 3000, 5000];
+
+/** The channel kind of a URI: 'root', 'session' or 'chat'. */
+export function channelKind(uri) {
+  if (uri === ROOT) return 'root';
+  if (uri.startsWith('ahp-session:/')) return 'session';
+  if (uri.startsWith('ahp-chat:/')) return 'chat';
+  throw new Error(`not a channel URI: ${uri}`);
+}
+
+/** A random hex id (`bytes` bytes). */
+export function randomId(bytes = 8) {
+  const data = crypto.getRandomValues(new Uint8Array(bytes));
+  return Array.from(data, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+export class RpcError extends Error {
+  constructor(error) {
+    super(error.message);
+    this.code = error.code;
+    this.data = error.data;
+  }
+}
+
+export class AhpClient extends EventTarget {
+  /**
+   * @param {{url: string, clientId?: string, now?: () => number}} options
+   */
+  constructor({ url, clientId = `web-${randomId()}`, now = Date.now }) {
+    super();
+    this.url = url;
+    this.clientId = clientId;
+    this.now = now;
+    this.status = 'connecting';
+    this.attempt = 0;
+    this.everOpen = false;
+    this.socket = null;
+    this.nextId = 1;
+    this.nextClientSeq = 1;
+    /** @type {Map<number, {resolve: Function, reject: Function}>} */
+    this.calls = new Map();
+    /** @type {Map<string, Replica>} */
+    this.replicas = new Map();
+    this.pingTimer = null;
+    this.retryTimer = null;
+    this.stopped = false;
+    globalThis.addEventListener?.('online', () => this.retryNow());
+  }
+
+  // ─── Connection ────────────────────────────────────────────────────────
+
+  connect() {
+    this.stopped = false;
+    this.open();
+  }
+
+  close() {
+    this.stopped = true;
+    clearTimeout(this.retryTimer);
+    this.socket?.close(1000);
+  }
+
+  get connected() {
+    return this.status === 'open';
+  }
+
+  setStatus(status) {
+    this.status = status;
+    this.emit('status', { status, attempt: this.attempt });
+  }
+
+  open() {
+    clearTimeout(this.retryTimer);
+    const socket = new WebSocket(this.url, ['ahp']);
+    this.socket = socket;
+    socket.onopen = () => this.handshake(socket);
+    socket.onmessage = (event) => this.receive(socket, event.data);
+    socket.onclose = () => this.lost(socket);
+    socket.onerror = () => {}; // a close event follows; that is where we act
+  }
+
+  async handshake(socket) {
+    const resuming = this.everOpen;
+    try {
+      const initial = resuming ? [] : [...this.replicas.keys()];
+      const result = await this.call(
+        'initialize',
+        {
+          channel: ROOT,
+          protocolVersions: [PROTOCOL_VERSION],
+          clientId: this.clientId,
+          clientInfo: { name: 'huddle-web', version: '0.1.0' },
+          initialSubscriptions: initial,
+        },
+        socket,
+      );
+      if (resuming) {
+        await this.resume(socket);
+      } else {
+        for (const snapshot of result.snapshots ?? []) {
+          const replica = this.replicas.get(snapshot.resource);
+          if (replica) this.reset(replica, snapshot);
+        }
+        for (const replica of this.replicas.values()) this.emit('change', { uri: replica.uri });
+      }
+    } catch (error) {
+      if (socket === this.socket) socket.close(4000, 'handshake failed');
+      return;
+    }
+    if (socket !== this.socket) return;
+    this.everOpen = true;
+    this.attempt = 0;
+    this.setStatus('open');
+    this.flushPending();
+    this.schedulePing(socket);
+    if (resuming) this.emit('resumed', {});
+  }
+
+  /** Catch every channel up after a drop, with one cursor per channel. */
+  async resume(socket) {
+    const cursors = [...this.replicas.values()]
+      .filter((replica) => replica.ready)
+      .map((replica) => ({ channel: replica.uri, lastSeenServerSeq: replica.serverSeq }));
+    const fresh = [...this.replicas.values()].filter((replica) => !replica.ready);
+    if (cursors.length) {
+      const result = await this.call('reconnect', { channel: ROOT, clientId: this.clientId, cursors }, socket);
+      for (const resume of result.channels) this.applyResume(resume);
+    }
+    for (const replica of fresh) {
+      const result = await this.call('subscribe', { channel: replica.uri }, socket);
+      if (result.snapshot) this.reset(replica, result.snapshot);
+      this.emit('change', { uri: replica.uri });
+    }
+  }
+
+  applyResume(resume) {
+    const replica = this.replicas.get(resume.channel);
+    if (!replica) return;
+    if (resume.type === 'replay') {
+      for (const envelope of resume.actions) this.applyEnvelope(replica, envelope);
+    } else if (resume.type === 'snapshot') {
+      this.reset(replica, resume.snapshot);
+      this.dropSettled(replica);
+    } else if (resume.type === 'missing') {
+      this.replicas.delete(resume.channel);
+      this.emit('missing', { uri: resume.channel });
+      return;
+    }
+    this.emit('change', { uri: replica.uri });
+  }
+
+  lost(socket) {
+    if (socket !== this.socket) return;
+    clearTimeout(this.pingTimer);
+    this.socket = null;
+    const error = new Error('the connection was lost');
+    for (const call of this.calls.values()) call.reject(error);
+    this.calls.clear();
+    for (const replica of this.replicas.values()) {
+      for (const entry of replica.pending) entry.sentOn = 0;
+    }
+    if (this.stopped) return;
+    this.attempt += 1;
+    this.setStatus(this.everOpen ? 'reconnecting' : 'connecting');
+    const base = BACKOFF_MS[Math.min(this.attempt - 1, BACKOFF_MS.length - 1)];
+    this.retryTimer = setTimeout(() => this.open(), base + Math.random() * base * 0.3);
+  }
+
+  retryNow() {
+    if (this.stopped || this.socket) return;
+    this.open();
+  }
+
+  schedulePing(socket) {
+    clearTimeout(this.pingTimer);
+    this.pingTimer = setTimeout(async () => {
+      if (socket !== this.socket) return;
+      const timeout = setTimeout(() => socket.close(4001, 'ping timeout'), PING_TIMEOUT_MS);
+      try {
+        await this.call('ping', { channel: ROOT }, socket);
+      } catch {
+        return;
+      } finally {
+        clearTimeout(timeout);
+      }
+      this.schedulePing(socket);
+    }, PING_EVERY_MS);
+  }
+
+  // ─── Frames ────────────────────────────────────────────────────────────
+
+  send(socket, message) {
+    socket.send(JSON.stringify({ jsonrpc: '2.0', ...message }));
+  }
+
+  /** A JSON-RPC request; rejects with RpcError, or an Error when the socket drops. */
+  call(method, params, socket = this.socket) {
+    if (!socket || socket.readyState !== WebSocket.OPEN) {
+      return Promise.reject(new Error('not connected'));
+    }
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      this.calls.set(id, { resolve, reject });
+      this.send(socket, { id, method, params });
+    });
+  }
+
+  /** A command once the connection is open (waits through reconnects). */
+  async request(method, params) {
+    for (;;) {
+      if (this.connected) {
+        try {
+          return await this.call(method, params);
+        } catch (error) {
+          if (error instanceof RpcError) throw error;
+        }
+      }
+      await this.until('status', () => this.connected);
+    }
+  }
+
+  until(type, predicate) {
+    return new Promise((resolve) => {
+      const listener = () => {
+        if (predicate()) {
+          this.removeEventListener(type, listener);
+          resolve();
+        }
+      };
+      this.addEventListener(type, listener);
+    });
+  }
+
+  receive(socket, text) {
+    if (socket !== this.socket) return;
+    let message;
+    try {
+      message = JSON.parse(text);
+    } catch {
+      return;
+    }
+    if (message.id !== undefined && message.id !== null && !message.method) {
+      const call = this.calls.get(message.id);
+      if (!call) return;
+      this.calls.delete(message.id);
+      if (message.error) call.reject(new RpcError(message.error));
+      else call.resolve(message.result);
+      return;
+    }
+    if (message.method === 'action') {
+      const envelope = message.params;
+      const replica = this.replicas.get(envelope.channel);
+      if (!replica) return;
+      if (!replica.ready) {
+        // Sent between our subscribe and its answer: apply after the snapshot.
+        replica.early.push(envelope);
+        return;
+      }
+      this.applyEnvelope(replica, envelope);
+      this.emit('change', { uri: replica.uri });
+    } else if (message.method) {
+      this.emit('notice', { method: message.method, params: message.params });
+    }
+  }
+
+  /**
+   * After a snapshot resume we cannot tell which of our pending actions the
+   * server applied before the drop. Drop those it would refuse now (a
+   * request already completed, a call no longer pending, a turn already
+   * there): sending them again would only be refused or, for a turn that
+   * has ended since, start it twice. Drafts stay; sending one again is harmless.
+   */
+  dropSettled(replica) {
+    let state = replica.confirmed;
+    for (const entry of [...replica.pending]) {
+      const action = entry.action;
+      const known =
+        action.type === 'chat/turnStarted' &&
+        (state.activeTurn?.id === action.turnId || state.turns?.some((turn) => turn.id === action.turnId));
+      if (known || rejectReason(state, action) !== null) replica.dropPending(entry.clientSeq);
+      else state = replica.reduce(state, action, entry.nowMs);
+    }
+  }
+
+  /** Start a replica over from a snapshot, then apply what arrived early. */
+  reset(replica, snapshot) {
+    replica.reset(snapshot);
+    const early = replica.early.splice(0);
+    for (const envelope of early) this.applyEnvelope(replica, envelope);
+  }
+
+  applyEnvelope(replica, envelope) {
+    const outcome = replica.applyEnvelope(envelope, this.clientId, this.now());
+    if (outcome.kind === 'rejected') {
+      this.emit('rejected', { uri: replica.uri, action: outcome.action, reason: outcome.reason });
+    } else if (outcome.kind === 'gap') {
+      this.resync(replica);
+    }
+  }
+
+  /** Envelopes were missed on one channel: catch it up from its cursor. */
+  async resync(replica) {
+    if (replica.resyncing) return;
+    replica.resyncing = true;
+    try {
+      const cursors = [{ channel: replica.uri, lastSeenServerSeq: replica.serverSeq }];
+      const result = await this.call('reconnect', { channel: ROOT, clientId: this.clientId, cursors });
+      for (const resume of result.channels) this.applyResume(resume);
+    } catch {
+      // The socket dropped: the reconnect after it covers this channel too.
+    } finally {
+      replica.resyncing = false;
+    }
+  }
+
+  // ─── Channels and actions ──────────────────────────────────────────────
+
+  /**
+   * Subscribe (once per channel); resolves with the Replica when it has
+   * state. `view.turns` asks for a chat's latest turns only.
+   */
+  async subscribe(uri, view = undefined) {
+    let replica = this.replicas.get(uri);
+    if (!replica) {
+      const kind = channelKind(uri);
+      replica = new Replica(uri, (state, action, nowMs) => reduce(kind, state, action, nowMs));
+      this.replicas.set(uri, replica);
+    }
+    while (!replica.ready) {
+      const result = await this.request('subscribe', view ? { channel: uri, view } : { channel: uri });
+      if (this.replicas.get(uri) !== replica) return replica;
+      if (!replica.ready && result.snapshot) this.reset(replica, result.snapshot);
+      this.emit('change', { uri });
+    }
+    return replica;
+  }
+
+  unsubscribe(uri) {
+    if (!this.replicas.delete(uri)) return;
+    if (this.connected) this.send(this.socket, { method: 'unsubscribe', params: { channel: uri } });
+  }
+
+  /** Dispatch `action` on `uri`: applied at once (optimistically), sent when connected. */
+  dispatch(uri, action) {
+    const replica = this.replicas.get(uri);
+    if (!replica) throw new Error(`not subscribed to ${uri}`);
+    const clientSeq = this.nextClientSeq++;
+    replica.addPending(clientSeq, action, this.now());
+    this.emit('change', { uri });
+    if (this.connected) this.sendPending(replica, replica.pending[replica.pending.length - 1]);
+    return clientSeq;
+  }
+
+  sendPending(replica, entry) {
+    entry.sentOn = 1;
+    this.send(this.socket, {
+      method: 'dispatchAction',
+      params: { channel: replica.uri, clientSeq: entry.clientSeq, action: entry.action },
+    });
+  }
+
+  /** Send every pending action not sent on this connection, in clientSeq order. */
+  flushPending() {
+    const unsent = [];
+    for (const replica of this.replicas.values()) {
+      for (const entry of replica.pending) if (!entry.sentOn) unsent.push([replica, entry]);
+    }
+    unsent.sort((a, b) => a[1].clientSeq - b[1].clientSeq);
+    for (const [replica, entry] of unsent) this.sendPending(replica, entry);
+  }
+
+  /** How many actions wait for the server, over every channel. */
+  pendingCount() {
+    let count = 0;
+    for (const replica of this.replicas.values()) count += replica.pending.length;
+    return count;
+  }
+
+  state(uri) {
+    return this.replicas.get(uri)?.state ?? null;
+  }
+
+  emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+}

@@ -1,0 +1,387 @@
+// The Huddle web client: wires the AHP client to the sessions list and the
+// chat view, routes by URL hash (#/s/<session>[/c/<chat>]), shows the
+// connection state, and reports what the server refused.
+
+import { AhpClient, randomId, RpcError } from './ahp-client.js';
+import { ChatView } from './chat-view.js';
+import { h } from './dom.js';
+import { isRead, reasonSentence } from './format.js';
+import { isoTime } from './reducers.js';
+import { SessionsView } from './sessions-view.js';
+import { rejectReason } from './validation.js';
+
+const ROOT = 'ahp-root://';
+const SESSION = 'ahp-session:/';
+const CHAT = 'ahp-chat:/';
+const TURN_WINDOW = 50;
+const SUGGESTIONS = ['Open a high-priority ticket: users cannot log in'];
+const SEEN_KEY = 'huddle.seen';
+
+const client = new AhpClient({
+  url: `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/ahp`,
+});
+
+const app = {
+  sessions: new Map(),
+  loaded: false,
+  sessionUri: null,
+  chatUri: null,
+  errors: new Map(),
+  markedRead: new Set(),
+  missing: new Set(),
+  seen: loadSeen(),
+  backOnlineUntil: 0,
+};
+
+function loadSeen() {
+  try {
+    return JSON.parse(localStorage.getItem(SEEN_KEY) ?? '{}') ?? {};
+  } catch {
+    return {};
+  }
+}
+
+function saveSeen() {
+  try {
+    localStorage.setItem(SEEN_KEY, JSON.stringify(app.seen));
+  } catch {
+    // storage may be off; unread markers then last as long as the page
+  }
+}
+
+// ─── Routing ────────────────────────────────────────────────────────────
+
+const sessionHref = (uri) => `#/s/${encodeURIComponent(uri.slice(SESSION.length))}`;
+const chatHref = (sessionUri, chatUri) => `${sessionHref(sessionUri)}/c/${encodeURIComponent(chatUri.slice(CHAT.length))}`;
+
+function parseRoute() {
+  const match = /^#\/s\/([^/]+)(?:\/c\/([^/]+))?/.exec(location.hash);
+  if (!match) return { session: null, chat: null };
+  return {
+    session: SESSION + decodeURIComponent(match[1]),
+    chat: match[2] ? CHAT + decodeURIComponent(match[2]) : null,
+  };
+}
+
+function navigate({ focus = false } = {}) {
+  const route = parseRoute();
+  if (route.session !== app.sessionUri) {
+    if (app.chatUri) client.unsubscribe(app.chatUri);
+    if (app.sessionUri) client.unsubscribe(app.sessionUri);
+    app.sessionUri = route.session;
+    app.chatUri = null;
+    if (route.session) {
+      client.subscribe(route.session).catch((error) => fail(route.session, error));
+    }
+  }
+  openChat(route.chat);
+  document.body.classList.toggle('in-session', Boolean(app.sessionUri));
+  render();
+  if (focus && app.sessionUri) chatView.transcript.focus({ preventScroll: true });
+}
+
+/** Open `wanted`, or the session's default chat once the session's state is known. */
+function openChat(wanted) {
+  const session = app.sessionUri ? client.state(app.sessionUri) : null;
+  const chat = wanted ?? session?.defaultChat ?? session?.chats?.[0]?.resource ?? null;
+  if (chat === app.chatUri) return;
+  if (app.chatUri) client.unsubscribe(app.chatUri);
+  app.chatUri = chat;
+  if (chat) client.subscribe(chat, { turns: TURN_WINDOW }).catch((error) => fail(chat, error));
+}
+
+function fail(uri, error) {
+  if (error instanceof RpcError) {
+    app.missing.add(uri);
+    toast(`Cannot open this ${uri.startsWith(CHAT) ? 'chat' : 'session'}: ${error.message}`, 'error');
+    render();
+  }
+}
+
+// ─── Rendering ──────────────────────────────────────────────────────────
+
+let frame = 0;
+function scheduleRender() {
+  if (!frame) frame = requestAnimationFrame(render);
+}
+
+function render() {
+  cancelAnimationFrame(frame);
+  frame = 0;
+  renderSessions();
+  renderMain();
+  renderConnection();
+}
+
+function renderSessions() {
+  const entries = [...app.sessions.values()]
+    .sort((a, b) => (a.modifiedAt < b.modifiedAt ? 1 : a.modifiedAt > b.modifiedAt ? -1 : 0))
+    .map((summary) => {
+      const uri = summary.resource;
+      const current = uri === app.sessionUri;
+      if (current && summary.modifiedAt && app.seen[uri] !== summary.modifiedAt) {
+        app.seen[uri] = summary.modifiedAt;
+        saveSeen();
+      }
+      const seen = app.seen[uri];
+      const unread = !current && (!isRead(summary.status) || (seen !== undefined && summary.modifiedAt > seen));
+      return { summary, current, unread, href: sessionHref(uri) };
+    });
+  sessionsView.update(entries, { loaded: app.loaded });
+}
+
+function renderMain() {
+  const main = document.getElementById('main');
+  if (!app.sessionUri) {
+    if (main.firstChild !== welcome) main.replaceChildren(welcome);
+    document.title = 'Huddle';
+    return;
+  }
+  if (main.firstChild !== chatView.el) main.replaceChildren(chatView.el);
+  const session = client.state(app.sessionUri);
+  if (session && !app.chatUri) openChat(null);
+  markRead(session);
+  chatView.update({
+    uri: app.chatUri,
+    session,
+    chat: app.chatUri ? client.state(app.chatUri) : null,
+    missing: app.missing.has(app.sessionUri) || app.missing.has(app.chatUri),
+    chatHref: (uri) => chatHref(app.sessionUri, uri),
+  });
+}
+
+/** AHP's shared read flag: opening a session marks it read for everyone. */
+function markRead(session) {
+  const uri = app.sessionUri;
+  if (!session || isRead(session.status) || app.markedRead.has(uri)) return;
+  app.markedRead.add(uri);
+  client.dispatch(uri, { type: 'session/isReadChanged', isRead: true });
+}
+
+// ─── Connection state ───────────────────────────────────────────────────
+
+const banner = document.getElementById('connection');
+
+function renderConnection() {
+  const { status, attempt } = client;
+  const pending = client.pendingCount();
+  let text = '';
+  let tone = 'info';
+  if (status === 'connecting') {
+    text = attempt >= 3
+      ? 'Cannot reach Huddle. Retrying… If this page was opened without its link, open the link that huddle serve printed.'
+      : 'Connecting…';
+    tone = attempt >= 3 ? 'error' : 'info';
+  } else if (status === 'reconnecting') {
+    text = 'Connection lost. Reconnecting…';
+    if (pending) text += ` ${pending} change${pending === 1 ? '' : 's'} will be sent when it is back.`;
+    else text += ' You can keep typing; nothing is lost.';
+    tone = 'warning';
+  } else if (Date.now() < app.backOnlineUntil) {
+    text = 'Back online: up to date.';
+    tone = 'ok';
+  }
+  banner.hidden = !text;
+  banner.dataset.tone = tone;
+  banner.dataset.status = status;
+  if (banner.textContent !== text) banner.textContent = text;
+  document.body.dataset.connection = status;
+}
+
+// ─── Toasts and announcements ───────────────────────────────────────────
+
+function toast(text, tone = 'info') {
+  const box = document.getElementById('toasts');
+  const item = h(
+    'div',
+    { class: `toast ${tone}`, role: tone === 'error' ? 'alert' : 'status' },
+    h('span', null, text),
+    h('button', { type: 'button', class: 'ghost small', 'aria-label': 'Dismiss', onclick: () => item.remove() }, '×'),
+  );
+  box.append(item);
+  setTimeout(() => item.remove(), 8000);
+}
+
+function announce(text) {
+  const region = document.getElementById('announcer');
+  region.textContent = '';
+  setTimeout(() => {
+    region.textContent = text;
+  }, 50);
+}
+
+// ─── What the chat view may do ──────────────────────────────────────────
+
+function pendingFor(id) {
+  const replica = app.chatUri ? client.replicas.get(app.chatUri) : null;
+  return Boolean(
+    replica?.hasPending(
+      (action) =>
+        (action.type === 'chat/inputCompleted' && action.requestId === id) ||
+        ((action.type === 'chat/toolCallConfirmed' || action.type === 'chat/toolCallResultConfirmed') && action.toolCallId === id),
+    ),
+  );
+}
+
+const chatCtx = {
+  dispatch(action) {
+    if (app.chatUri) client.dispatch(app.chatUri, action);
+  },
+  check(action) {
+    const state = app.chatUri ? client.state(app.chatUri) : null;
+    return state ? rejectReason(state, action) : 'not-ready: the chat is still loading';
+  },
+  isSending: pendingFor,
+  takeError(id) {
+    if (!app.errors.has(id)) return undefined;
+    const reason = app.errors.get(id);
+    app.errors.delete(id);
+    return reason;
+  },
+  startTurn(text) {
+    const action = {
+      type: 'chat/turnStarted',
+      turnId: randomId(),
+      startedAt: isoTime(Date.now()),
+      message: { text, origin: { kind: 'user' } },
+    };
+    const problem = chatCtx.check(action);
+    if (problem) {
+      chatView.restore(text);
+      toast(reasonSentence(problem), 'error');
+      return;
+    }
+    chatCtx.dispatch(action);
+  },
+  cancelTurn() {
+    const chat = app.chatUri ? client.state(app.chatUri) : null;
+    const turn = chat?.activeTurn;
+    if (!turn) return;
+    const started = Date.parse(turn.startedAt);
+    const duration = Number.isNaN(started) ? 0 : Math.max(0, Date.now() - started);
+    chatCtx.dispatch({ type: 'chat/turnCancelled', turnId: turn.id, duration });
+  },
+  async loadOlder() {
+    const uri = app.chatUri;
+    const chat = uri ? client.state(uri) : null;
+    if (!chat?.turnsNextCursor) return;
+    try {
+      const page = await client.request('fetchTurns', { channel: uri, cursor: chat.turnsNextCursor, limit: TURN_WINDOW });
+      const action = { type: 'chat/turnsLoaded', turns: page.turns };
+      if (page.turnsNextCursor) action.turnsNextCursor = page.turnsNextCursor;
+      client.replicas.get(uri)?.applyLocal(action, Date.now());
+      scheduleRender();
+    } catch (error) {
+      toast(`Could not load earlier turns: ${error.message}`, 'error');
+    }
+  },
+  announce,
+};
+
+// ─── Views ──────────────────────────────────────────────────────────────
+
+const chatView = new ChatView(chatCtx, { suggestions: SUGGESTIONS });
+
+const sessionsView = new SessionsView({
+  async create(title) {
+    const uri = SESSION + randomId();
+    await client.request('createSession', { channel: uri, title });
+    location.hash = sessionHref(uri);
+  },
+});
+document.getElementById('sidebar').append(sessionsView.el);
+
+const welcome = h(
+  'section',
+  { class: 'welcome', 'aria-labelledby': 'welcome-title' },
+  h('h2', { id: 'welcome-title' }, 'Work with your agents, together'),
+  h(
+    'p',
+    null,
+    'When an agent needs a person — answers to a few questions, a page to visit, or approval before it runs a tool — it asks here. Everyone in the chat sees the request at once, answers appear live as people type, and the agent continues as soon as someone submits.',
+  ),
+  h('p', null, 'Open a session from the list, or create a new one.'),
+  h('button', { type: 'button', class: 'primary', onclick: () => sessionsView.toggleForm(true) }, 'Create a session'),
+);
+
+// ─── Client events ──────────────────────────────────────────────────────
+
+async function loadSessions() {
+  const items = [];
+  let cursor;
+  do {
+    const page = await client.request('listSessions', cursor ? { channel: ROOT, cursor } : { channel: ROOT });
+    items.push(...page.items);
+    cursor = page.nextCursor;
+  } while (cursor);
+  app.sessions = new Map(items.map((summary) => [summary.resource, summary]));
+  app.loaded = true;
+  scheduleRender();
+}
+
+client.addEventListener('change', scheduleRender);
+
+client.addEventListener('status', (event) => {
+  if (event.detail.status === 'open' && !app.loaded) loadSessions().catch(() => {});
+  scheduleRender();
+});
+
+client.addEventListener('resumed', () => {
+  app.backOnlineUntil = Date.now() + 2500;
+  setTimeout(scheduleRender, 2600);
+  loadSessions().catch(() => {});
+});
+
+client.addEventListener('notice', ({ detail: { method, params } }) => {
+  if (method === 'root/sessionAdded') {
+    app.sessions.set(params.summary.resource, params.summary);
+  } else if (method === 'root/sessionRemoved') {
+    app.sessions.delete(params.session);
+  } else if (method === 'root/sessionSummaryChanged') {
+    const summary = app.sessions.get(params.session);
+    if (!summary) return;
+    const next = { ...summary };
+    for (const [key, value] of Object.entries(params.changes)) {
+      if (value === null) delete next[key];
+      else next[key] = value;
+    }
+    app.sessions.set(params.session, next);
+  } else return;
+  scheduleRender();
+});
+
+client.addEventListener('missing', ({ detail: { uri } }) => {
+  app.missing.add(uri);
+  if (uri === app.sessionUri || uri === app.chatUri) toast('This session no longer exists.', 'error');
+  scheduleRender();
+});
+
+client.addEventListener('rejected', ({ detail: { action, reason } }) => {
+  const sentence = reasonSentence(reason);
+  switch (action.type) {
+    case 'chat/inputCompleted':
+      app.errors.set(action.requestId, reason);
+      break;
+    case 'chat/toolCallConfirmed':
+    case 'chat/toolCallResultConfirmed':
+      app.errors.set(action.toolCallId, reason);
+      break;
+    case 'chat/turnStarted':
+      chatView.restore(action.message?.text ?? '');
+      toast(`The message was not sent: ${sentence}`, 'error');
+      break;
+    case 'chat/inputAnswerChanged':
+      toast(`Your answer was not saved: ${sentence}`, 'error');
+      break;
+    default:
+      toast(`Not done: ${sentence}`, 'error');
+  }
+  scheduleRender();
+});
+
+addEventListener('hashchange', () => navigate({ focus: true }));
+setInterval(scheduleRender, 30000); // relative times in the list
+
+client.subscribe(ROOT).catch(() => {});
+client.connect();
+navigate();

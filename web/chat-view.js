@@ -1,0 +1,352 @@
+// A chat: its header, the turn transcript (streaming text, tool calls and
+// input requests in the place of the response where they were asked) and
+// the composer that starts a turn or stops the active one.
+//
+// The transcript is kept in step with the state by key (turn id, part id),
+// so an update touches only what changed and never rebuilds a form that
+// someone is typing in.
+
+import { h, syncKeyed, uid } from './dom.js';
+import { ACTIVITY_LABEL, activityOf, clockTime } from './format.js';
+import { InputRequestView } from './input-request.js';
+import { renderMarkdown } from './markdown.js';
+import { ToolCallView } from './tool-call.js';
+
+const NEAR_BOTTOM_PX = 96;
+
+function partKey(part) {
+  switch (part.kind) {
+    case 'markdown':
+      return `md:${part.id}`;
+    case 'reasoning':
+      return `rs:${part.id}`;
+    case 'toolCall':
+      return `tc:${part.toolCall.toolCallId}`;
+    case 'inputRequest':
+      return `ir:${part.request.id}`;
+    default:
+      return part.kind;
+  }
+}
+
+/** Unique keys for the parts of one turn (ids may repeat: a resolved request and its successor). */
+function keyed(parts, turn) {
+  const counts = new Map();
+  return parts.map((part) => {
+    const base = partKey(part);
+    const n = counts.get(base) ?? 0;
+    counts.set(base, n + 1);
+    return { key: n ? `${base}#${n}` : base, part, turn };
+  });
+}
+
+class MarkdownView {
+  constructor(item) {
+    this.el = h('div', { class: 'md' });
+    this.update(item);
+  }
+
+  update({ part }) {
+    if (part.content === this.content) return;
+    this.content = part.content;
+    this.el.replaceChildren(renderMarkdown(part.content));
+  }
+}
+
+class ReasoningView {
+  constructor(item) {
+    this.body = h('div', { class: 'md' });
+    this.el = h('details', { class: 'reasoning' }, h('summary', null, 'Reasoning'), this.body);
+    this.update(item);
+  }
+
+  update({ part }) {
+    if (part.content === this.content) return;
+    this.content = part.content;
+    this.body.replaceChildren(renderMarkdown(part.content));
+  }
+}
+
+class NoticeView {
+  constructor(item) {
+    this.el = h('p', { class: 'notice' });
+    this.update(item);
+  }
+
+  update({ part }) {
+    const content = part.content ?? part.uri ?? `(${part.kind})`;
+    const text = typeof content === 'string' ? content : content.markdown ?? '';
+    if (text !== this.text) {
+      this.text = text;
+      this.el.replaceChildren(typeof content === 'string' ? text : renderMarkdown(text));
+    }
+  }
+}
+
+function createPartView(item, ctx) {
+  switch (item.part.kind) {
+    case 'markdown':
+      return new MarkdownView(item);
+    case 'reasoning':
+      return new ReasoningView(item);
+    case 'toolCall':
+      return new ToolCallView(item.part, item.turn, ctx);
+    case 'inputRequest':
+      return new InputRequestView(item.part, item.turn, ctx);
+    default:
+      return new NoticeView(item);
+  }
+}
+
+class TurnView {
+  constructor(item, ctx) {
+    this.ctx = ctx;
+    this.parts = new Map();
+    const turn = item.turn;
+    const time = clockTime(turn.startedAt);
+    this.response = h('div', { class: 'response' });
+    this.foot = h('div', { class: 'turn-foot' });
+    this.el = h(
+      'article',
+      { class: 'turn', 'aria-label': time ? `Turn started at ${time}` : 'Turn' },
+      h(
+        'div',
+        { class: `message ${turn.message?.origin?.kind === 'agent' ? 'from-agent' : 'from-user'}` },
+        h('p', { class: 'bubble' }, turn.message?.text ?? ''),
+        time ? h('time', { datetime: turn.startedAt, class: 'meta' }, time) : null,
+      ),
+      this.response,
+      this.foot,
+    );
+    this.update(item);
+  }
+
+  update({ turn, active }) {
+    const descriptor = { id: turn.id, active };
+    // A finished turn that did not change needs nothing; the active one may
+    // change without a new object (a pending action was confirmed).
+    if (turn === this.turn && active === this.active && !active) return;
+    this.turn = turn;
+    this.active = active;
+    syncKeyed(this.response, this.parts, keyed(turn.responseParts ?? [], descriptor), (i) => i.key, (i) =>
+      createPartView(i, this.ctx),
+    );
+    this.el.classList.toggle('active', active);
+    this.foot.replaceChildren(...this.footer(turn, active));
+  }
+
+  footer(turn, active) {
+    if (active) {
+      const waiting = (turn.responseParts ?? []).some(
+        (p) =>
+          (p.kind === 'inputRequest' && p.response == null) ||
+          (p.kind === 'toolCall' && ['pending-confirmation', 'pending-result-confirmation'].includes(p.toolCall.status)),
+      );
+      if (waiting) return [h('span', { class: 'waiting' }, 'Waiting for you')];
+      return [h('span', { class: 'working' }, h('span', { class: 'dots', 'aria-hidden': 'true' }, h('i'), h('i'), h('i')), 'Working')];
+    }
+    if (turn.state === 'cancelled') return [h('span', { class: 'badge muted' }, 'Stopped')];
+    if (turn.state === 'error') {
+      return [h('span', { class: 'badge error' }, 'Error'), ' ', h('span', { class: 'turn-error' }, turn.error?.message ?? 'The turn failed.')];
+    }
+    return [];
+  }
+}
+
+export class ChatView {
+  /**
+   * @param {object} ctx dispatch(action), check(action), isSending(id),
+   *   takeError(id), startTurn(text), cancelTurn(), loadOlder(), announce(text)
+   */
+  constructor(ctx, { suggestions = [] } = {}) {
+    this.ctx = ctx;
+    this.turns = new Map();
+    this.titleId = uid('chat-title');
+    this.title = h('h2', { id: this.titleId, class: 'chat-title' });
+    this.status = h('span', { class: 'status-chip' });
+    this.tabs = h('nav', { class: 'chat-tabs', 'aria-label': 'Chats in this session', hidden: true });
+    this.older = h('button', { type: 'button', class: 'ghost load-older', hidden: true, onclick: () => ctx.loadOlder() }, 'Load earlier turns');
+    this.list = h('div', { class: 'turns' });
+    this.empty = h(
+      'div',
+      { class: 'empty-chat', hidden: true },
+      h('p', { class: 'empty-title' }, 'Nothing here yet'),
+      h('p', { class: 'muted' }, 'Tell the agent what you need. When it needs answers or an approval, it asks everyone in this chat.'),
+      suggestions.length
+        ? h(
+            'div',
+            { class: 'suggestions' },
+            suggestions.map((text) =>
+              h('button', { type: 'button', class: 'suggestion', onclick: () => this.suggest(text) }, text),
+            ),
+          )
+        : null,
+    );
+    this.transcript = h(
+      'div',
+      { class: 'transcript', tabindex: '-1', role: 'region', 'aria-label': 'Conversation' },
+      this.older,
+      this.list,
+      this.empty,
+    );
+    this.input = h('textarea', {
+      id: uid('composer'),
+      rows: 1,
+      placeholder: 'Message the agent…',
+      'aria-describedby': 'composer-help',
+      oninput: () => this.grow(),
+      onkeydown: (event) => {
+        if (event.key === 'Enter' && !event.shiftKey && !event.isComposing) {
+          event.preventDefault();
+          this.send();
+        }
+      },
+    });
+    this.sendButton = h('button', { type: 'submit', class: 'primary' }, 'Send');
+    this.stopButton = h('button', { type: 'button', class: 'danger-outline', hidden: true, onclick: () => ctx.cancelTurn() }, 'Stop');
+    this.help = h('p', { id: 'composer-help', class: 'composer-help' }, 'Enter sends, Shift+Enter adds a line.');
+    this.composer = h(
+      'form',
+      { class: 'composer', onsubmit: (event) => { event.preventDefault(); this.send(); } },
+      h('label', { for: this.input.id, class: 'visually-hidden' }, 'Message to the agent'),
+      this.input,
+      h('div', { class: 'composer-buttons' }, this.sendButton, this.stopButton),
+      this.help,
+    );
+    this.back = h('a', { class: 'back button ghost', href: '#/' }, h('span', { 'aria-hidden': 'true' }, '← '), 'Sessions');
+    this.el = h(
+      'section',
+      { class: 'chat-view', 'aria-labelledby': this.titleId },
+      h('header', { class: 'chat-head' }, this.back, h('div', { class: 'chat-title-row' }, this.title, this.status)),
+      this.tabs,
+      this.transcript,
+      this.composer,
+    );
+    this.seen = null;
+  }
+
+  suggest(text) {
+    this.input.value = text;
+    this.grow();
+    this.input.focus();
+  }
+
+  grow() {
+    this.input.style.height = 'auto';
+    this.input.style.height = `${Math.min(this.input.scrollHeight, 200)}px`;
+  }
+
+  send() {
+    const text = this.input.value.trim();
+    if (!text) return;
+    if (this.activeTurn) {
+      this.help.textContent = 'The agent is still working. Wait for it, or press Stop.';
+      return;
+    }
+    this.ctx.startTurn(text);
+    this.input.value = '';
+    this.grow();
+  }
+
+  /** Put text back into the composer (a turn the server refused), unless something new is typed. */
+  restore(text) {
+    if (!this.input.value.trim()) {
+      this.input.value = text;
+      this.grow();
+    }
+  }
+
+  /**
+   * Show the chat. `view` = {uri, session, sessionUri, chat, chatHref(uri), loading, missing}.
+   */
+  update(view) {
+    const { session, chat } = view;
+    if (view.uri !== this.uri) {
+      this.uri = view.uri;
+      this.seen = null;
+      for (const turn of this.turns.values()) turn.el.remove();
+      this.turns.clear();
+      this.list.replaceChildren();
+      this.stickToBottom = true;
+    }
+    this.title.textContent = session?.title ?? (view.missing ? 'Not found' : 'Loading…');
+    document.title = session?.title ? `${session.title} · Huddle` : 'Huddle';
+    const activity = chat ? activityOf(chat.status) : null;
+    this.status.hidden = !activity;
+    if (activity) {
+      this.status.className = `status-chip ${activity}`;
+      this.status.textContent = ACTIVITY_LABEL[activity];
+    }
+    this.updateTabs(view);
+    const before = this.transcript.scrollHeight - this.transcript.scrollTop - this.transcript.clientHeight;
+    const atBottom = this.stickToBottom || before < NEAR_BOTTOM_PX;
+    const items = [];
+    for (const turn of chat?.turns ?? []) items.push({ turn, active: false });
+    if (chat?.activeTurn) items.push({ turn: chat.activeTurn, active: true });
+    this.activeTurn = chat?.activeTurn ?? null;
+    syncKeyed(this.list, this.turns, items, (item) => item.turn.id, (item) => new TurnView(item, this.ctx));
+    this.empty.hidden = !chat || items.length > 0;
+    this.older.hidden = !chat?.turnsNextCursor;
+    this.sendButton.disabled = !chat;
+    this.sendButton.hidden = Boolean(this.activeTurn);
+    this.stopButton.hidden = !this.activeTurn;
+    if (!this.activeTurn) this.help.textContent = 'Enter sends, Shift+Enter adds a line.';
+    this.input.disabled = view.missing;
+    const fresh = chat ? this.announceNew(items) : [];
+    if (atBottom && chat) {
+      this.transcript.scrollTop = this.transcript.scrollHeight;
+      this.stickToBottom = false;
+      this.revealTop(fresh[0]);
+    }
+  }
+
+  updateTabs(view) {
+    const chats = view.session?.chats ?? [];
+    this.tabs.hidden = chats.length < 2;
+    if (chats.length < 2) return;
+    this.tabs.replaceChildren(
+      ...chats.map((summary) => {
+        const activity = activityOf(summary.status);
+        return h(
+          'a',
+          { href: view.chatHref(summary.resource), class: 'tab', 'aria-current': summary.resource === view.uri ? 'page' : null },
+          summary.title,
+          activity === 'input' ? h('span', { class: 'dot input', title: 'Needs input' }, h('span', { class: 'visually-hidden' }, ' (needs input)')) : null,
+        );
+      }),
+    );
+  }
+
+  /** Tell screen-reader users once when the agent asks for something new. */
+  announceNew(items) {
+    const open = [];
+    for (const { turn, active } of items) {
+      if (!active) continue;
+      for (const part of turn.responseParts ?? []) {
+        if (part.kind === 'inputRequest' && part.response == null) open.push([`ir:${part.request.id}`, 'The agent asks for input.']);
+        if (part.kind === 'toolCall' && part.toolCall.status === 'pending-confirmation') {
+          open.push([`tc:${part.toolCall.toolCallId}`, `The agent asks to run ${part.toolCall.displayName || part.toolCall.toolName}.`]);
+        }
+      }
+    }
+    const first = this.seen === null;
+    this.seen ??= new Set();
+    const fresh = [];
+    for (const [key, text] of open) {
+      if (this.seen.has(key)) continue;
+      this.seen.add(key);
+      fresh.push(key);
+      if (!first) this.ctx.announce(text);
+    }
+    return fresh;
+  }
+
+  /** Scrolled to the bottom, a new request taller than the view shows its top. */
+  revealTop(key) {
+    const turn = this.activeTurn ? this.turns.get(this.activeTurn.id) : null;
+    const el = key ? turn?.parts.get(key)?.el : null;
+    if (!el) return;
+    const top = el.getBoundingClientRect().top - this.transcript.getBoundingClientRect().top;
+    if (top < 0) this.transcript.scrollTop += top - 12;
+  }
+}

@@ -1,0 +1,92 @@
+// How statuses, times and answers read in the interface.
+
+import { SessionStatus } from './reducers.js';
+
+const ACTIVITY_MASK = (1 << 5) - 1;
+
+/** 'input' | 'progress' | 'error' | 'idle' for an AHP status bitset. */
+export function activityOf(status) {
+  const activity = (status ?? SessionStatus.IDLE) & ACTIVITY_MASK;
+  if ((activity & SessionStatus.INPUT_NEEDED) === SessionStatus.INPUT_NEEDED) return 'input';
+  if (activity & SessionStatus.IN_PROGRESS) return 'progress';
+  if (activity & SessionStatus.ERROR) return 'error';
+  return 'idle';
+}
+
+export const ACTIVITY_LABEL = {
+  input: 'Needs input',
+  progress: 'In progress',
+  error: 'Error',
+  idle: 'Idle',
+};
+
+export function isRead(status) {
+  return ((status ?? 0) & SessionStatus.IS_READ) !== 0;
+}
+
+const RELATIVE = new Intl.RelativeTimeFormat(undefined, { numeric: 'auto', style: 'short' });
+const CLOCK = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit' });
+const DATE = new Intl.DateTimeFormat(undefined, { month: 'short', day: 'numeric' });
+
+/** "just now", "5 min. ago", "14:02", "Jul 3" for an ISO time. */
+export function relativeTime(iso, nowMs = Date.now()) {
+  const ms = Date.parse(iso);
+  if (Number.isNaN(ms)) return '';
+  const seconds = Math.round((nowMs - ms) / 1000);
+  if (seconds < 45) return 'just now';
+  if (seconds < 3600) return RELATIVE.format(-Math.round(seconds / 60), 'minute');
+  if (seconds < 12 * 3600) return CLOCK.format(ms);
+  return DATE.format(ms);
+}
+
+export function clockTime(iso) {
+  const ms = Date.parse(iso);
+  return Number.isNaN(ms) ? '' : CLOCK.format(ms);
+}
+
+/** An answer value as a person reads it (option labels, Yes/No). */
+export function answerText(question, answer) {
+  if (!answer) return null;
+  if (answer.state === 'skipped') return 'Skipped';
+  const value = answer.value;
+  if (!value) return null;
+  const label = (id) => question.options?.find((option) => option.id === id)?.label ?? id;
+  switch (value.kind) {
+    case 'text':
+      return value.value;
+    case 'number':
+      return String(value.value);
+    case 'boolean':
+      return value.value ? 'Yes' : 'No';
+    case 'selected': {
+      const free = value.freeformValues ?? [];
+      return free.length ? free.join(', ') : label(value.value);
+    }
+    case 'selected-many':
+      return [...value.value.map(label), ...(value.freeformValues ?? [])].join(', ') || 'None';
+    default:
+      return null;
+  }
+}
+
+/**
+ * The part of a rejection reason a field shows: "invalid-answer: the
+ * submitted answer to question 'q' of input request 'r' is longer than 80
+ * characters" reads "Is longer than 80 characters."
+ */
+export function fieldMessage(reason) {
+  if (!reason) return '';
+  const sentence = reason.replace(/^[a-z-]+:\s*/, '');
+  const predicate = sentence.replace(
+    /^the (?:draft|submitted|skipped) answer to question '.*?'(?: of input request '.*?')?\s+/,
+    '',
+  );
+  const text = predicate === sentence ? sentence : predicate;
+  return text.charAt(0).toUpperCase() + text.slice(1) + (/[.!?]$/.test(text) ? '' : '.');
+}
+
+/** The sentence of a rejection reason, without its code. */
+export function reasonSentence(reason) {
+  const sentence = String(reason ?? '').replace(/^[a-z-]+:\s*/, '');
+  return sentence.charAt(0).toUpperCase() + sentence.slice(1);
+}

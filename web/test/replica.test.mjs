@@ -1,0 +1,167 @@
+// The web client's reconciliation (web/replica.js) with the real chat
+// reducer: confirmed state plus pending actions, own echoes, foreign
+// actions, rejections, gaps and snapshots.
+//
+//   node --test web/test/
+
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { AhpClient } from '../ahp-client.js';
+import { reduce } from '../reducers.js';
+import { Replica } from '../replica.js';
+
+const CHAT = 'ahp-chat:/c1';
+const ME = 'web-me';
+const NOW = 1_000;
+
+function chatWithRequest() {
+  return {
+    resource: CHAT,
+    title: 'Main',
+    status: 24,
+    modifiedAt: '1970-01-01T00:00:00.000Z',
+    turns: [],
+    activeTurn: {
+      id: 't1',
+      startedAt: '1970-01-01T00:00:00.000Z',
+      message: { text: 'hi', origin: { kind: 'user' } },
+      responseParts: [
+        {
+          kind: 'inputRequest',
+          request: {
+            id: 'r1',
+            questions: [
+              { kind: 'text', id: 'a', message: 'A?' },
+              { kind: 'text', id: 'b', message: 'B?' },
+            ],
+          },
+        },
+      ],
+    },
+  };
+}
+
+function draft(questionId, text) {
+  return {
+    type: 'chat/inputAnswerChanged',
+    requestId: 'r1',
+    questionId,
+    answer: { state: 'draft', value: { kind: 'text', value: text } },
+  };
+}
+
+function replica(fromSeq = 5) {
+  const r = new Replica(CHAT, (state, action, nowMs) => reduce('chat', state, action, nowMs));
+  r.reset({ state: chatWithRequest(), fromSeq });
+  return r;
+}
+
+const answers = (state) => state.activeTurn.responseParts[0].request.answers ?? {};
+const text = (state, id) => answers(state)[id]?.value.value;
+
+test('a pending action shows at once and its own echo confirms it', () => {
+  const r = replica();
+  r.addPending(1, draft('a', 'mine'), NOW);
+  assert.equal(text(r.state, 'a'), 'mine');
+  assert.equal(text(r.confirmed, 'a'), undefined);
+
+  const outcome = r.applyEnvelope(
+    { channel: CHAT, action: draft('a', 'mine'), serverSeq: 6, origin: { clientId: ME, clientSeq: 1 } },
+    ME,
+    NOW,
+  );
+  assert.deepEqual(outcome, { kind: 'applied', own: true });
+  assert.equal(r.pending.length, 0);
+  assert.equal(r.serverSeq, 6);
+  assert.equal(text(r.state, 'a'), 'mine');
+});
+
+test('a foreign action is applied and the pending ones are rebased on it', () => {
+  const r = replica();
+  r.addPending(1, draft('a', 'mine'), NOW);
+  const outcome = r.applyEnvelope(
+    { channel: CHAT, action: draft('b', 'theirs'), serverSeq: 6, origin: { clientId: 'web-other', clientSeq: 9 } },
+    ME,
+    NOW,
+  );
+  assert.deepEqual(outcome, { kind: 'applied', own: false });
+  assert.equal(r.pending.length, 1);
+  assert.equal(text(r.state, 'a'), 'mine');
+  assert.equal(text(r.state, 'b'), 'theirs');
+  assert.equal(text(r.confirmed, 'a'), undefined);
+});
+
+test('a rejection drops the pending action and says why', () => {
+  const r = replica();
+  const before = r.state;
+  r.addPending(1, draft('a', 'mine'), NOW);
+  const outcome = r.applyEnvelope(
+    {
+      channel: CHAT,
+      action: draft('a', 'mine'),
+      serverSeq: 5,
+      origin: { clientId: ME, clientSeq: 1 },
+      rejectionReason: 'no-open-input-request: gone',
+    },
+    ME,
+    NOW,
+  );
+  assert.equal(outcome.kind, 'rejected');
+  assert.equal(outcome.reason, 'no-open-input-request: gone');
+  assert.deepEqual(outcome.action, draft('a', 'mine'));
+  assert.equal(r.pending.length, 0);
+  assert.deepEqual(r.state, before);
+  assert.equal(r.serverSeq, 5, 'a rejection uses no seq');
+});
+
+test('an envelope seen before is ignored and a missed one is reported as a gap', () => {
+  const r = replica();
+  const old = { channel: CHAT, action: draft('a', 'x'), serverSeq: 5 };
+  assert.deepEqual(r.applyEnvelope(old, ME, NOW), { kind: 'duplicate' });
+  const ahead = { channel: CHAT, action: draft('a', 'x'), serverSeq: 8 };
+  assert.deepEqual(r.applyEnvelope(ahead, ME, NOW), { kind: 'gap', expected: 6 });
+  assert.equal(text(r.state, 'a'), undefined);
+});
+
+test('a snapshot after a reconnect keeps the pending actions on top', () => {
+  const r = replica();
+  r.addPending(1, draft('a', 'typed offline'), NOW);
+  const fresh = reduce('chat', chatWithRequest(), draft('b', 'from the server'), NOW);
+  r.reset({ state: fresh, fromSeq: 40 });
+  assert.equal(r.serverSeq, 40);
+  assert.equal(text(r.state, 'a'), 'typed offline');
+  assert.equal(text(r.state, 'b'), 'from the server');
+});
+
+test('the rendered state is recomputed only after a change', () => {
+  const r = replica();
+  r.addPending(1, draft('a', 'mine'), NOW);
+  assert.equal(r.state, r.state);
+  assert.ok(r.hasPending((action) => action.questionId === 'a'));
+  assert.ok(!r.hasPending((action) => action.questionId === 'b'));
+});
+
+test('after a snapshot resume, pending actions the server would now refuse are dropped', () => {
+  const client = new AhpClient({ url: 'ws://unused/ahp', clientId: ME });
+  const r = replica();
+  client.replicas.set(CHAT, r);
+  const complete = { type: 'chat/inputCompleted', requestId: 'r1', response: 'decline' };
+  r.addPending(1, draft('a', 'typed offline'), NOW);
+  r.addPending(2, complete, NOW);
+  // The snapshot shows the request completed already (by us before the drop, or by someone else).
+  const settled = reduce('chat', chatWithRequest(), complete, NOW);
+  client.applyResume({ type: 'snapshot', channel: CHAT, snapshot: { resource: CHAT, state: settled, fromSeq: 9 } });
+  assert.deepEqual(
+    r.pending.map((entry) => entry.clientSeq),
+    [],
+    'the draft goes too: its request is no longer open',
+  );
+
+  const again = replica();
+  client.replicas.set(CHAT, again);
+  again.addPending(3, draft('a', 'typed offline'), NOW);
+  client.applyResume({ type: 'snapshot', channel: CHAT, snapshot: { resource: CHAT, state: chatWithRequest(), fromSeq: 9 } });
+  assert.deepEqual(again.pending.map((entry) => entry.clientSeq), [3]);
+  assert.equal(text(again.state, 'a'), 'typed offline');
+});

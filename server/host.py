@@ -43,6 +43,7 @@ from protocol.actions import (
     ChatInputCompleted,
     ChatInputRequested,
     ChatToolCallConfirmed,
+    ChatToolCallReady,
     ChatTruncated,
     ChatTurnCancelled,
     ChatTurnComplete,
@@ -52,6 +53,7 @@ from protocol.actions import (
     SessionChatAdded,
     SessionChatRemoved,
     SessionDefaultChatChanged,
+    SessionIsReadChanged,
     SessionReady,
     StateAction,
 )
@@ -101,6 +103,9 @@ from server.frames import OutFrame
 from server.store.base import ChannelStore, Listener
 
 log = logging.getLogger("huddle.host")
+
+NEWS = (ChatTurnStarted, ChatInputRequested, ChatToolCallReady)
+"""Chat actions that make the session unread again."""
 
 ACTION_FRAME_HEAD = b'{"jsonrpc":"2.0","method":"action","params":'
 MAX_APPEND_ATTEMPTS = 20
@@ -404,7 +409,21 @@ class Host(Listener):
         if isinstance(before, ChatState):
             async with ch.sync_lock:
                 await self._after_chat_action(ch, before)
+            if isinstance(action, NEWS):
+                await self._mark_unread(ch)
         return envelope
+
+    async def _mark_unread(self, ch: Channel) -> None:
+        """News in a chat (a turn, a question, a tool waiting) makes its
+        session unread again for everyone."""
+        assert isinstance(ch.state, ChatState)
+        session = _chat_session(ch.state)
+        if session is None:
+            return
+        with contextlib.suppress(ChannelGone):
+            state = (await self.channel(session)).state
+            if isinstance(state, SessionState) and state.status & SessionStatus.IS_READ:
+                await self.dispatch(session, SessionIsReadChanged(is_read=False), validate=False)
 
     async def _write(
         self, ch: Channel, action: StateAction, origin: ActionOrigin | None, validate: bool

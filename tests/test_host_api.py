@@ -19,6 +19,7 @@ from protocol.actions import (
     ChatTurnCancelled,
     ChatTurnComplete,
     ChatTurnStarted,
+    SessionIsReadChanged,
 )
 from protocol.chat import (
     ChatState,
@@ -400,3 +401,15 @@ async def test_an_append_whose_hint_was_lost_arrives_with_the_idle_check() -> No
     assert watcher.seqs(chat) == [(await first.channel(chat)).seq]
     await first.stop()
     await second.stop()
+
+
+async def test_news_in_a_chat_makes_its_session_unread_again(host: Host) -> None:
+    chat = await host.create_session(SESSION)
+    await host.dispatch(SESSION, SessionIsReadChanged(is_read=True))
+    session = (await host.channel(SESSION)).state
+    assert isinstance(session, SessionState)
+    assert session.status & SessionStatus.IS_READ
+    await start_turn(host, chat)
+    session = (await host.channel(SESSION)).state
+    assert isinstance(session, SessionState)
+    assert not session.status & SessionStatus.IS_READ

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.runner.agent import Tool
+from server.runner.port import ChatPort
 from server.runner.turn import ToolCall
 
 ProgressSink = Callable[[str, dict[str, Any]], None]
@@ -31,6 +32,11 @@ class ToolContext:
     tool_call: ToolCall
     submitted_form_data: dict[str, Any] = field(default_factory=dict)
     """What people submitted for this call's form, after a FormRequired."""
+    chat: str | None = None
+    """The AHP chat the turn shows in (None: a turn without a chat)."""
+    port: ChatPort | None = None
+    """Where the turn shows itself (in a server: its chat bridge, whose host
+    lets a tool ask the chat's people, as MCP tools do for elicitations)."""
     _progress: ProgressSink | None = None
     _cancelled: Callable[[], bool] = lambda: False
 

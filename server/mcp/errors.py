@@ -1,0 +1,63 @@
+"""Exceptions of the MCP bridge.
+
+The tree, and who sees what::
+
+    HuddleError
+    └── McpBridgeError          something between an MCP server and the chat
+        ├── Unaskable           an elicitation Huddle cannot put to people (a
+        │                       schema outside MCP's flat subset, a URL that
+        │                       is not http(s)): the MCP server gets a
+        │                       JSON-RPC error (-32602) naming the reason
+        ├── LinkRefused         a URL elicitation that a call needs (-32042)
+        │                       was declined or dismissed: the call fails
+        └── McpToolFailed       an MCP tool answered with ``isError``: the
+                                runner gives the model the tool's own text
+
+Errors of the MCP connection itself stay the SDK's (``MCPError``,
+``InputRequiredRoundsExceededError``); a person's decline or dismissal of a
+form is never an error: the MCP server gets ``decline`` or ``cancel``.
+"""
+
+from __future__ import annotations
+
+from server.errors import HuddleError
+
+
+class McpBridgeError(HuddleError):
+    """Base of the MCP bridge's exceptions."""
+
+
+class Unaskable(McpBridgeError):
+    """An elicitation that cannot be put to people; ``reason`` says why
+    (it names the property at fault, never a value)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"cannot ask this in a chat: {self.reason}"
+
+
+class LinkRefused(McpBridgeError):
+    """People did not agree to open a link the MCP server needs before it
+    can answer (``action`` is ``decline`` or ``cancel``)."""
+
+    def __init__(self, server: str, url: str, action: str) -> None:
+        super().__init__(server, url, action)
+        self.server, self.url, self.action = server, url, action
+
+    def __str__(self) -> str:
+        verb = "declined" if self.action == "decline" else "dismissed"
+        return f"{self.server} needs {self.url} opened first, and people {verb} it"
+
+
+class McpToolFailed(McpBridgeError):
+    """An MCP tool reported an error; ``text`` is what it said."""
+
+    def __init__(self, tool: str, text: str) -> None:
+        super().__init__(tool, text)
+        self.tool, self.text = tool, text
+
+    def __str__(self) -> str:
+        return f"{self.tool} failed: {self.text}" if self.text else f"{self.tool} failed"

@@ -1,0 +1,105 @@
+"""Where an MCP server's questions go: the people of one chat.
+
+:class:`HostChat` asks through the server's own :class:`~server.host.Host`
+(in process: the schema is frozen with the request, so the host refuses an
+accept whose data fails it). :class:`RemoteChat` asks through a
+:class:`~server.client.HuddleClient` with an agent token (a bridge living
+outside the server). Both raise :class:`~server.errors.InputAbandoned` when
+nobody will answer: the chat has no active turn, the turn ended, the chat
+was truncated or is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from protocol.actions import ChatInputCompleted
+from protocol.chat import InputAnswer, InputRequest, InputResponseKind
+from server.client import HuddleClient, ProtocolError
+from server.errors import ActionRejected, ChannelGone, HuddleError, InputAbandoned
+from server.host import Host
+
+_RESPONSES: dict[str, InputResponseKind] = {
+    "accept": "accept",
+    "decline": "decline",
+    "cancel": "cancel",
+}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """How people resolved a request: the response and the final answers
+    (synced drafts overlaid by the completion's)."""
+
+    response: InputResponseKind
+    answers: dict[str, InputAnswer]
+
+
+class People(Protocol):
+    """The people an elicitation is put to."""
+
+    @property
+    def chat(self) -> str:
+        """The chat they are in."""
+
+    @property
+    def schema_enforced(self) -> bool:
+        """Whether an accept that fails the frozen schema is refused before
+        it resolves the request (else the bridge checks after)."""
+
+    async def ask(self, request: InputRequest, schema: dict[str, Any] | None) -> Reply:
+        """Open ``request`` in the chat and wait until it is resolved.
+        Raises InputAbandoned when nobody will answer it."""
+
+    async def withdraw(self, request_id: str) -> None:
+        """Resolve the request as ``cancel`` if it is still open (the MCP
+        side gave up on it); a no-op when it is resolved already."""
+
+
+class HostChat:
+    """The people of ``chat``, asked through the in-process ``host``."""
+
+    schema_enforced = True
+
+    def __init__(self, host: Host, chat: str) -> None:
+        self.host = host
+        self.chat = chat
+
+    async def ask(self, request: InputRequest, schema: dict[str, Any] | None) -> Reply:
+        try:
+            outcome = await self.host.request_input(self.chat, request, schema=schema)
+        except (ActionRejected, ChannelGone) as error:
+            raise InputAbandoned(str(error)) from None
+        return Reply(outcome.response, outcome.answers)
+
+    async def withdraw(self, request_id: str) -> None:
+        action = ChatInputCompleted(request_id=request_id, response="cancel")
+        # Rejected when resolved already, or the turn or chat is gone: nothing is open.
+        with contextlib.suppress(ActionRejected, ChannelGone):
+            await self.host.dispatch(self.chat, action)
+
+
+class RemoteChat:
+    """The people of ``chat``, asked through ``client`` (an agent token)."""
+
+    schema_enforced = False
+
+    def __init__(self, client: HuddleClient, chat: str) -> None:
+        self.client = client
+        self.chat = chat
+
+    async def ask(self, request: InputRequest, schema: dict[str, Any] | None) -> Reply:
+        try:
+            completion = await self.client.request_input(self.chat, request)
+        except (ActionRejected, ProtocolError) as error:
+            raise InputAbandoned(str(error)) from None
+        response = _RESPONSES.get(completion.response, "cancel")
+        return Reply(response, completion.answers)
+
+    async def withdraw(self, request_id: str) -> None:
+        action = ChatInputCompleted(request_id=request_id, response="cancel")
+        # Rejected when resolved already; a lost connection has nothing to withdraw.
+        with contextlib.suppress(HuddleError):
+            await self.client.dispatch_and_wait(self.chat, action)

@@ -1,0 +1,200 @@
+"""MCP servers as tool sources of an agent: the runner calls their tools
+under the agent's approval policy, and their elicitations reach the people
+of the turn's chat. Real MCP servers over stdio and streamable HTTP, a real
+Huddle server running the agent, a participant on a real WebSocket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import pytest
+import uvicorn
+
+from protocol.actions import ChatToolCallConfirmed, ChatTurnStarted
+from protocol.chat import (
+    ChatState,
+    MarkdownPart,
+    NumberValue,
+    SelectedValue,
+    ToolCallPart,
+    ToolCallPendingConfirmation,
+)
+from server.mcp import McpServerConfig, McpToolFailed, McpToolSource
+from server.runner.agent import Agent, Tool, require_approval_for
+from server.runner.model import ModelReply, ScriptedModel, last_tool_result
+from server.runner.turn import ModelMessage, ToolCall
+from server.serve import UvicornServer
+from tests.conftest import RunningServer, start_server, user_message
+from tests.mcp_kit import (
+    LEGACY,
+    MODERN,
+    WITHIN,
+    Kit,
+    Room,
+    build_server,
+    next_request,
+    reply,
+    stdio_command,
+    submitted,
+    wait_for,
+)
+
+
+@asynccontextmanager
+async def served_over_http(name: str) -> AsyncIterator[str]:
+    """The kit's MCP server on a free port (streamable HTTP); yields its URL."""
+    app = build_server(name).streamable_http_app()
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning")
+    server = UvicornServer(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(WITHIN):
+            await server.listening.wait()
+        yield f"http://127.0.0.1:{server.port}/mcp"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@asynccontextmanager
+async def bookings_source(transport: str, mode: str) -> AsyncIterator[McpToolSource]:
+    if transport == "stdio":
+        command, args, cwd = stdio_command()
+        config = McpServerConfig.stdio("bookings", command, *args, "bookings", cwd=cwd, mode=mode)
+        async with McpToolSource(config) as source:
+            yield source
+    else:
+        async with served_over_http("bookings") as url:
+            config = McpServerConfig.http("bookings", url, mode=mode)
+            async with McpToolSource(config) as source:
+                yield source
+
+
+def concierge(tools: Sequence[Tool]) -> Agent:
+    """Books a table at Chez Huddle, then reports what the tool said."""
+
+    def script(messages: Sequence[ModelMessage]) -> ModelReply:
+        result = last_tool_result(messages, "book_table")
+        if result is None:
+            call = ToolCall(id="c1", name="book_table", arguments={"restaurant": "Chez Huddle"})
+            return ModelReply(tool_calls=[call])
+        return ModelReply(text=f"All set. {result}")
+
+    return Agent(
+        name="concierge",
+        instructions="Book tables.",
+        model=ScriptedModel(script),
+        tools=tuple(tools),
+        approval_policy=require_approval_for("book_table", message="Book a table?"),
+    )
+
+
+@asynccontextmanager
+async def running(agent: Agent) -> AsyncIterator[RunningServer]:
+    huddle = await start_server(agent=agent)
+    try:
+        yield huddle
+    finally:
+        await huddle.stop()
+
+
+async def start_turn(huddle: RunningServer) -> Room:
+    person = await huddle.client(name="alice")
+    await person.create_session("ahp-session:/dinner", title="Dinner")
+    session = await person.subscribe("ahp-session:/dinner")
+    chat = getattr(session.state, "default_chat", None)
+    assert isinstance(chat, str)
+    mirror = await person.subscribe(chat)
+    started = ChatTurnStarted(
+        turn_id="t1", started_at="2027-03-01T19:00:00.000Z", message=user_message("A table")
+    )
+    await person.dispatch_and_wait(chat, started)
+    return Room(person, chat, mirror)
+
+
+def pending(state: ChatState) -> ToolCallPendingConfirmation | None:
+    turn = state.active_turn
+    for part in turn.response_parts if turn else []:
+        if isinstance(part, ToolCallPart) and isinstance(
+            part.tool_call, ToolCallPendingConfirmation
+        ):
+            return part.tool_call
+    return None
+
+
+def final_text(state: ChatState) -> str:
+    return "".join(p.content for p in state.turns[-1].response_parts if isinstance(p, MarkdownPart))
+
+
+@pytest.mark.parametrize(
+    ("transport", "mode"),
+    [("stdio", LEGACY), ("stdio", MODERN), ("http", LEGACY), ("http", MODERN)],
+)
+async def test_an_agent_turn_calls_an_mcp_tool_that_is_approved_and_asks_the_chat(
+    transport: str, mode: str
+) -> None:
+    async with bookings_source(transport, mode) as source:
+        agent = concierge(await source.list_tools())
+        assert agent.tool("book_table") is not None
+        async with running(agent) as huddle:
+            room = await start_turn(huddle)
+            state = await wait_for(room.mirror, lambda s: pending(s) is not None)
+            call = pending(state)
+            assert call is not None
+            assert call.tool_name == "book_table"
+            assert json.loads(call.tool_input or "{}") == {"restaurant": "Chez Huddle"}
+            approve = ChatToolCallConfirmed(
+                turn_id="t1", tool_call_id=call.tool_call_id, approved=True, confirmed="user-action"
+            )
+            await room.person.dispatch_and_wait(room.chat, approve)
+            part = await next_request(room.mirror)
+            assert part.request.message == "bookings asks: Booking at Chez Huddle"
+            answers = submitted(party=NumberValue(value=4), time=SelectedValue(value="19:30"))
+            await reply(room, part.request.id, "accept", answers)
+            done = await wait_for(room.mirror, lambda s: bool(s.turns))
+    assert done.turns[-1].state == "complete"
+    said = final_text(done).removeprefix("All set. ")
+    assert json.loads(said) == {"result": "Booked Chez Huddle for 4 (int) at 19:30"}
+
+
+async def test_an_mcp_tool_call_denied_in_the_chat_never_reaches_the_server() -> None:
+    kit = Kit()
+    config = McpServerConfig.in_process("bookings", build_server("bookings", kit=kit))
+    async with McpToolSource(config) as source:
+        agent = concierge(await source.list_tools())
+        async with running(agent) as huddle:
+            room = await start_turn(huddle)
+            state = await wait_for(room.mirror, lambda s: pending(s) is not None)
+            call = pending(state)
+            assert call is not None
+            deny = ChatToolCallConfirmed(
+                turn_id="t1", tool_call_id=call.tool_call_id, approved=False, reason="denied"
+            )
+            await room.person.dispatch_and_wait(room.chat, deny)
+            done = await wait_for(room.mirror, lambda s: bool(s.turns))
+    assert done.turns[-1].state == "complete"
+    assert "rejected" in final_text(done)
+    assert kit.asked == 0
+
+
+async def test_an_mcp_tool_error_fails_the_call_with_the_tool_text() -> None:
+    config = McpServerConfig.in_process("bookings", build_server("bookings"), prefix="bk_")
+    async with McpToolSource(config) as source:
+        tools = {tool.name: tool for tool in await source.list_tools()}
+        assert "bk_broken" in tools
+        with pytest.raises(McpToolFailed, match="the kitchen is closed"):
+            await source.call("broken", {}, people=None)
+
+
+async def test_tools_listed_outside_an_event_loop_are_called_in_the_servers_loop() -> None:
+    # How `huddle serve --agent module:function` defines an agent: no loop to await in.
+    command, args, cwd = stdio_command()
+    config = McpServerConfig.stdio("bookings", command, *args, "bookings", cwd=cwd)
+    async with McpToolSource(config) as source:
+        tools = {tool.name: tool for tool in source.list_tools_sync()}
+        assert tools["book_table"].description == "Book a table at a restaurant"
+        with pytest.raises(McpToolFailed, match="the kitchen is closed"):
+            await source.call("broken", {}, people=None)

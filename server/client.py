@@ -27,7 +27,7 @@ from typing import Any, Self
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from protocol.actions import ChatInputRequested, StateAction
 from protocol.chat import ChatState, InputAnswer, InputRequest, InputRequestPart
@@ -83,21 +83,29 @@ class Completion:
 
 
 class Mirror:
-    """A channel's state, kept current from its envelopes."""
+    """A channel's state, kept current from its envelopes. The client's
+    reader applies every frame in the order frames arrive (a subscribe's
+    snapshot included), so a mirror never misses an envelope that followed
+    its snapshot."""
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.uri = snapshot.resource
         self.state: ChannelState = snapshot.state
         self.seq = snapshot.from_seq
-        self.changed = asyncio.Condition()
         self.listeners: list[Callable[[ActionEnvelope], None]] = []
+        self._waiting: list[asyncio.Future[None]] = []
 
-    async def _reset(self, snapshot: Snapshot) -> None:
+    def _changed(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)
+
+    def _reset(self, snapshot: Snapshot) -> None:
         self.state, self.seq = snapshot.state, snapshot.from_seq
-        async with self.changed:
-            self.changed.notify_all()
+        self._changed()
 
-    async def _apply(self, envelope: ActionEnvelope, now_ms: int) -> bool:
+    def _apply(self, envelope: ActionEnvelope, now_ms: int) -> bool:
         """Apply the next envelope; False when it leaves a gap."""
         if envelope.server_seq <= self.seq:
             return True
@@ -107,16 +115,17 @@ class Mirror:
         self.seq = envelope.server_seq
         for listener in list(self.listeners):
             listener(envelope)
-        async with self.changed:
-            self.changed.notify_all()
+        self._changed()
         return True
 
     async def wait_for(self, predicate: Callable[[ChannelState], bool]) -> ChannelState:
         """Wait until ``predicate(state)`` holds; returns that state. Bound
         it with ``asyncio.timeout``."""
-        async with self.changed:
-            await self.changed.wait_for(lambda: predicate(self.state))
-            return self.state
+        while not predicate(self.state):
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append(future)
+            await future
+        return self.state
 
     @property
     def chat(self) -> ChatState:
@@ -138,7 +147,7 @@ class HuddleClient:
         self._ws: ClientConnection | None = None
         self._ids = itertools.count(1)
         self._seqs = itertools.count(1)
-        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._calls: dict[int, tuple[asyncio.Future[Any], Callable[[Any], Any] | None]] = {}
         self._echoes: dict[int, asyncio.Future[ActionEnvelope]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
@@ -171,6 +180,9 @@ class HuddleClient:
         except InvalidStatus as error:
             status = error.response.status_code
             raise Disconnected(f"the server refused the connection ({status})") from None
+        except InvalidHandshake as error:
+            # E.g. a server that died after accepting the TCP connection.
+            raise Disconnected(f"the handshake with {self.url} failed: {error}") from None
         except OSError as error:
             raise Disconnected(f"cannot reach {self.url}: {error}") from None
         self._ws = ws
@@ -183,6 +195,7 @@ class HuddleClient:
         self.protocol_version: str = raw["protocolVersion"]
         self.initial_snapshots = [decode_snapshot(s) for s in raw.get("snapshots", [])]
         if not initial:
+            self.reconnects += 1  # counted before the mirrors catch up
             await self._resume()
         self.connected.set()
 
@@ -195,7 +208,9 @@ class HuddleClient:
                 return
             try:
                 await self.reconnect()
-            except (Disconnected, ProtocolError, ConnectionClosed, OSError) as error:
+            except Exception as error:
+                # Whatever went wrong, keep trying: a client that stops
+                # reconnecting leaves its callers waiting forever.
                 log.info("reconnect failed: %s", error)
                 await asyncio.sleep(delay)  # backoff between attempts
                 delay = min(delay * 2, 2.0)
@@ -212,7 +227,6 @@ class HuddleClient:
         """Open a new socket, initialize with the same client id and resume
         every mirror from its last seq (replay or snapshot)."""
         await self._open(initial=False)
-        self.reconnects += 1
 
     async def _resume(self) -> None:
         cursors = [
@@ -220,22 +234,23 @@ class HuddleClient:
         ]
         if not cursors:
             return
-        raw = await self.call(
-            "reconnect",
-            ReconnectParams(channel=ROOT_URI, client_id=self.client_id, cursors=cursors),
-        )
-        for item in raw["channels"]:
-            mirror = self.mirrors.get(item["channel"])
-            if mirror is None:
-                continue
-            self.resumed[mirror.uri] = item["type"]
-            if item["type"] == "replay":
-                for envelope in item["actions"]:
-                    await self._on_envelope(convert(envelope, ActionEnvelope))
-            elif item["type"] == "snapshot":
-                await mirror._reset(decode_snapshot(item["snapshot"]))
-            else:
-                del self.mirrors[item["channel"]]
+
+        def apply(result: Any) -> None:
+            for item in result["channels"]:
+                mirror = self.mirrors.get(item["channel"])
+                if mirror is None:
+                    continue
+                self.resumed[mirror.uri] = item["type"]
+                if item["type"] == "replay":
+                    for envelope in item["actions"]:
+                        self._on_envelope(convert(envelope, ActionEnvelope))
+                elif item["type"] == "snapshot":
+                    mirror._reset(decode_snapshot(item["snapshot"]))
+                else:
+                    del self.mirrors[item["channel"]]
+
+        params = ReconnectParams(channel=ROOT_URI, client_id=self.client_id, cursors=cursors)
+        await self.call("reconnect", params, apply)
         self._fail_echoes(Disconnected("the connection dropped before the echo"))
 
     async def close(self) -> None:
@@ -263,6 +278,9 @@ class HuddleClient:
     async def kill_socket(self) -> None:
         """Drop the socket without closing the client (tests use it to see
         the reconnect path)."""
+        self._drop_socket()
+
+    def _drop_socket(self) -> None:
         if self._ws is not None:
             self._ws.transport.abort()
 
@@ -282,24 +300,32 @@ class HuddleClient:
 
     async def _on_frame(self, frame: dict[str, Any]) -> None:
         if "method" not in frame:
-            future = self._calls.pop(frame.get("id"), None)  # type: ignore[arg-type]
-            if future is None or future.done():
+            call = self._calls.pop(frame.get("id"), None)  # type: ignore[arg-type]
+            if call is None or call[0].done():
                 return
+            future, on_result = call
             error = frame.get("error")
             if error is not None:
                 future.set_exception(
                     ProtocolError(error.get("code"), error.get("message"), error.get("data"))
                 )
+                return
+            try:
+                # Applied here, before the next frame is read: envelopes
+                # that follow a snapshot must find its mirror.
+                value = on_result(frame.get("result")) if on_result else frame.get("result")
+            except Exception as failure:
+                future.set_exception(failure)
             else:
-                future.set_result(frame.get("result"))
+                future.set_result(value)
             return
         if frame["method"] == "action":
-            await self._on_envelope(convert(frame["params"], ActionEnvelope))
+            self._on_envelope(convert(frame["params"], ActionEnvelope))
             return
         for notice in list(self.notices):
             notice(frame["method"], frame.get("params"))
 
-    async def _on_envelope(self, envelope: ActionEnvelope) -> None:
+    def _on_envelope(self, envelope: ActionEnvelope) -> None:
         origin = envelope.origin
         if origin is not None and origin.client_id == self.client_id:
             waiter = self._echoes.pop(origin.client_seq, None)
@@ -311,12 +337,12 @@ class HuddleClient:
         if envelope.rejection_reason is not None:
             return
         mirror = self.mirrors.get(envelope.channel)
-        if mirror is not None and not await mirror._apply(envelope, _now_ms()):
+        if mirror is not None and not mirror._apply(envelope, _now_ms()):
             log.warning("gap on %s: resyncing", envelope.channel)
-            await self.kill_socket()
+            self._drop_socket()
 
     def _fail_calls(self, error: BaseException) -> None:
-        for future in self._calls.values():
+        for future, _ in self._calls.values():
             if not future.done():
                 future.set_exception(error)
         self._calls.clear()
@@ -329,13 +355,16 @@ class HuddleClient:
 
     # ─── Requests ────────────────────────────────────────────────────────
 
-    async def call(self, method: str, params: Any) -> Any:
-        """Send a request and return its result; raises ProtocolError."""
+    async def call(
+        self, method: str, params: Any, on_result: Callable[[Any], Any] | None = None
+    ) -> Any:
+        """Send a request and return its result (what ``on_result`` makes of
+        it, run by the reader in frame order); raises ProtocolError."""
         if self._ws is None:
             raise Disconnected("not connected")
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._calls[request_id] = future
+        self._calls[request_id] = (future, on_result)
         frame = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         try:
             await self._ws.send(encode(frame).decode())
@@ -356,9 +385,15 @@ class HuddleClient:
     async def subscribe(self, uri: str, *, turns: int | None = None) -> Mirror:
         """Subscribe and return the channel's live mirror."""
         view = SubscribeView(turns=turns) if turns is not None else None
-        raw = await self.call("subscribe", SubscribeParams(channel=uri, view=view))
-        mirror = Mirror(decode_snapshot(raw["snapshot"]))
-        self.mirrors[uri] = mirror
+
+        def install(result: Any) -> Mirror:
+            mirror = Mirror(decode_snapshot(result["snapshot"]))
+            self.mirrors[uri] = mirror
+            return mirror
+
+        mirror: Mirror = await self.call(
+            "subscribe", SubscribeParams(channel=uri, view=view), install
+        )
         return mirror
 
     async def unsubscribe(self, uri: str) -> None:

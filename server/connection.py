@@ -162,6 +162,7 @@ class Connection:
         self.client_id: str | None = None
         self.subscriptions: set[str] = set()
         self.queue: asyncio.Queue[OutFrame | None] = asyncio.Queue()
+        self._parked: dict[str, list[OutFrame]] = {}
         self.queued_bytes = 0
         self.closing: tuple[int, str] | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -183,15 +184,23 @@ class Connection:
 
     # ─── Output ──────────────────────────────────────────────────────────
 
-    def send_frame(self, frame: OutFrame, session: str | None = None) -> None:
+    def send_frame(
+        self, frame: OutFrame, session: str | None = None, channel: str | None = None
+    ) -> None:
         """Send a frame without blocking. With the server's direct writer the
         frame goes straight to the socket's buffer; otherwise it is queued
         for the writer task. A client with more than ``send_buffer`` bytes
         unread is cut off (1013). ``session`` scopes a sessions-list notice:
-        a token that does not reach that session never sees it."""
+        a token that does not reach that session never sees it. An envelope
+        of a ``channel`` whose subscribe (or reconnect) is being answered
+        waits until that answer is sent: the client must get the snapshot
+        before the envelopes that follow it."""
         if self.closing is not None:
             return
         if session is not None and not self.grant.may_touch(session):
+            return
+        if channel is not None and channel in self._parked:
+            self._parked[channel].append(frame)
             return
         if self._direct is not None:
             if self._direct.write(frame.wire, self.limits.send_buffer) == OVERLOADED:
@@ -202,6 +211,16 @@ class Connection:
             self._overflow()
             return
         self.queue.put_nowait(frame)
+
+    def _park(self, channel: str) -> None:
+        """Hold ``channel``'s envelopes until the current request is answered."""
+        self._parked.setdefault(channel, [])
+
+    def _release_parked(self) -> None:
+        parked, self._parked = self._parked, {}
+        for frames in parked.values():
+            for frame in frames:
+                self.send_frame(frame)
 
     def _overflow(self) -> None:
         self.metrics.queue_overflow()
@@ -312,7 +331,10 @@ class Connection:
         params = decode_params(method, request.params)
         if self.client_id is None and method not in ("initialize", "ping"):
             raise MalformedFrame(ErrorCode.INVALID_REQUEST, "initialize first")
-        self._respond(request.id, await handler(params))
+        try:
+            self._respond(request.id, await handler(params))
+        finally:
+            self._release_parked()
 
     # ─── Authorisation ───────────────────────────────────────────────────
 
@@ -381,6 +403,7 @@ class Connection:
         ):
             raise _too_many_subscriptions(self.limits)
         try:
+            self._park(uri)
             snapshot = await self.host.subscribe(uri, self)
         except ChannelGone:
             raise _not_found(uri) from None
@@ -419,6 +442,7 @@ class Connection:
                     raise _too_many_subscriptions(self.limits)
                 self.subscriptions.add(uri)
                 self.metrics.subscribed(1)
+            self._park(uri)
             resumes.append(await self.host.resume(uri, cursor.last_seen_server_seq, self))
         return ReconnectResult(channels=resumes)
 

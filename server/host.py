@@ -123,9 +123,12 @@ def action_frame(envelope: bytes) -> bytes:
 class Subscriber(Protocol):
     """A connection that receives frames; ``send_frame`` never blocks (a
     subscriber that cannot keep up disconnects itself). ``session`` names
-    the session a sessions-list notice is about."""
+    the session a sessions-list notice is about; ``channel`` the channel an
+    action envelope belongs to."""
 
-    def send_frame(self, frame: OutFrame, session: str | None = None) -> None: ...
+    def send_frame(
+        self, frame: OutFrame, session: str | None = None, channel: str | None = None
+    ) -> None: ...
 
     def resync(self, channel: str) -> None:
         """The channel's log was lost: the subscriber must start over."""
@@ -449,8 +452,11 @@ class Host(Listener):
             ch.appending = True
             try:
                 await self.store.append(ch.uri, ch.seq, log_entry(now, data))
-            except SeqConflict:
-                await self._catch_up(ch, behind=True)
+            except SeqConflict as conflict:
+                if conflict.current < ch.seq:
+                    await self._restore(ch)
+                else:
+                    await self._catch_up(ch, behind=True)
                 continue
             finally:
                 ch.appending = False
@@ -465,7 +471,7 @@ class Host(Listener):
         ch.state, ch.seq = after, envelope.server_seq
         frame = OutFrame(action_frame(data))
         for subscriber in list(ch.subscribers):
-            subscriber.send_frame(frame)
+            subscriber.send_frame(frame, channel=ch.uri)
         ch.since_snapshot += 1
         if ch.since_snapshot >= self.snapshot_every:
             ch.since_snapshot = 0
@@ -500,6 +506,16 @@ class Host(Listener):
         if isinstance(after, ChatState):
             # The writing process told the session; start from here.
             self._chat_shadows[ch.uri] = after
+
+    async def _restore(self, ch: Channel) -> None:
+        """The store is behind what this process saw: it lost acknowledged
+        appends. Give it back the state we hold, under a new epoch; every
+        other process then reloads it, and its subscribers start over."""
+        epoch = await self.store.restore(ch.uri, ch.seq, encode(ch.state))
+        log.warning("%s: the store lost appends up to %d; restored them", ch.uri, ch.seq)
+        if epoch is not None:
+            ch.epoch = epoch
+            ch.hints.clear()
 
     async def _reload(self, ch: Channel) -> None:
         """The log we knew is gone (epoch changed or trimmed past us): load

@@ -62,7 +62,9 @@ class Recorder:
         self.resynced: list[str] = []
         self.arrived = asyncio.Event()
 
-    def send_frame(self, frame: OutFrame, session: str | None = None) -> None:
+    def send_frame(
+        self, frame: OutFrame, session: str | None = None, channel: str | None = None
+    ) -> None:
         self.frames.append(json.loads(frame.payload))
         self.arrived.set()
 

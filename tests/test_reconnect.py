@@ -126,3 +126,24 @@ async def test_reconnect_reports_a_channel_that_is_gone(huddle: RunningServer) -
     await reader.reconnect()
     assert reader.resumed[chat] == "missing"
     assert chat not in reader.mirrors
+
+
+async def test_subscribing_during_a_stream_of_actions_misses_nothing(
+    huddle: RunningServer,
+) -> None:
+    chat = await open_request(huddle)
+    writer = await huddle.client()
+    readers = [await huddle.client(reconnect=False) for _ in range(5)]
+
+    async def write() -> None:
+        for n in range(60):  # within the per-connection burst
+            await writer.dispatch(chat, typing(n))
+
+    writing = asyncio.create_task(write())
+    mirrors = [await reader.subscribe(chat) for reader in readers]
+    await writing
+    final = (await writer.dispatch_and_wait(chat, typing(60))).server_seq
+    async with asyncio.timeout(5 * UNIT):
+        for mirror in mirrors:
+            await mirror.wait_for(lambda _, m=mirror: m.seq >= final)  # type: ignore[misc]
+    assert all(not reader.lost.is_set() for reader in readers)

@@ -161,3 +161,21 @@ async def test_listeners_hear_appends_and_notices(store: ChannelStore) -> None:
     assert heard.appends == [(CHAT, 1, b"entry")]
     assert heard.notices == [("ahp-root://", b"notice")]
     remove()
+
+
+async def test_restore_puts_back_what_the_store_lost_under_a_new_epoch(
+    store: ChannelStore,
+) -> None:
+    await store.create(CHAT, b"{}")
+    for seq in range(3):
+        await store.append(CHAT, seq, b"e")
+    before = (await store.load(CHAT)).epoch
+    assert await store.restore(CHAT, 3, b"held") is None  # nothing was lost
+    epoch = await store.restore(CHAT, 5, b"held at 5")
+    assert epoch is not None
+    assert epoch != before
+    loaded = await store.load(CHAT)
+    assert (loaded.epoch, loaded.seq, loaded.snapshot, loaded.log) == (epoch, 5, b"held at 5", [])
+    assert await store.read_log(CHAT, 3, before) is None
+    await store.append(CHAT, 5, b"next")
+    assert (await store.load(CHAT)).log == [b"next"]

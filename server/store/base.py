@@ -80,6 +80,15 @@ class ChannelStore(ABC):
         changed). Raises ChannelGone."""
 
     @abstractmethod
+    async def restore(self, channel: str, seq: int, state: bytes) -> str | None:
+        """The store lost appends this process had seen (its head is below
+        ``seq``: a crash before they reached the disk, or a failover to a
+        replica that had not got them): make ``state`` the channel's state at
+        ``seq``, under a new epoch, so that no seq is handed out twice and
+        every reader starts over. Returns the new epoch, or None when the
+        head is not below ``seq`` (nothing was lost)."""
+
+    @abstractmethod
     async def heads(self, channels: list[str]) -> dict[str, tuple[str, int]]:
         """The (epoch, seq) of each existing channel of ``channels``, read in
         one go: how a process notices appends whose hint it missed."""

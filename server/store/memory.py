@@ -82,6 +82,14 @@ class MemoryStore(ChannelStore):
             return None
         return list(ch.log)[after_seq + 1 - ch.first_seq :]
 
+    async def restore(self, channel: str, seq: int, state: bytes) -> str | None:
+        ch = self._get(channel)
+        if ch.seq >= seq:
+            return None
+        ch.epoch, ch.seq, ch.snapshot_seq, ch.snapshot = secrets.token_hex(8), seq, seq, state
+        ch.log.clear()
+        return ch.epoch
+
     async def heads(self, channels: list[str]) -> dict[str, tuple[str, int]]:
         return {c: (ch.epoch, ch.seq) for c in channels if (ch := self._channels.get(c))}
 

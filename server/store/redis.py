@@ -63,7 +63,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from server.errors import ChannelGone, SeqConflict, StoreUnavailable
+from server.errors import ChannelGone, SeqConflict, StoreError, StoreUnavailable
 from server.store.base import ChannelStore, Listener, StoredChannel
 
 log = logging.getLogger("huddle.store.redis")
@@ -75,14 +75,16 @@ _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSErr
 
 # KEYS: meta, log.  ARGV: expected seq, entry, channel uri.
 # Returns {1, seq} on success, {0, head} on a conflict, {-1} when gone.
+# XADD goes first: a script that fails keeps its earlier writes, and a
+# stream that refuses the id must not leave the head moved without an entry.
 APPEND = """
 local head = redis.call('HGET', KEYS[1], 'seq')
 if not head then return {-1} end
 head = tonumber(head)
 if head ~= tonumber(ARGV[1]) then return {0, head} end
 head = head + 1
-redis.call('HSET', KEYS[1], 'seq', head)
 redis.call('XADD', KEYS[2], head .. '-0', 'e', ARGV[2])
+redis.call('HSET', KEYS[1], 'seq', head)
 redis.call('PUBLISH', 'huddle:appends', ARGV[3] .. '\\n' .. head .. '\\n' .. ARGV[2])
 return {1, head}
 """
@@ -162,6 +164,18 @@ if seq <= current or seq > head then return 0 end
 redis.call('HSET', KEYS[3], 'seq', seq, 'state', ARGV[2])
 local keep_from = math.min(seq, head - tonumber(ARGV[3])) + 1
 if keep_from > 1 then redis.call('XTRIM', KEYS[2], 'MINID', keep_from .. '-0') end
+return 1
+"""
+
+
+# KEYS: meta, log, snap.  ARGV: seq, state, new epoch.
+# Returns 1 when the head was below seq and the channel now stands at seq.
+RESTORE = """
+local head = redis.call('HGET', KEYS[1], 'seq')
+if not head or tonumber(head) >= tonumber(ARGV[1]) then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[3], 'seq', ARGV[1], 'state', ARGV[2])
+redis.call('HSET', KEYS[1], 'seq', ARGV[1], 'epoch', ARGV[3])
 return 1
 """
 
@@ -256,29 +270,28 @@ class RedisStore(ChannelStore):
         await future
 
     async def _flush(self) -> None:
-        """Send every pending append, pipelined, until none is left."""
+        """Send every pending append, pipelined, until none is left. Every
+        append taken into a batch is answered, whatever fails: its caller
+        holds the channel's lock while it waits."""
         while self._pending:
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             try:
                 results = await self._append_batch(batch)
-            except StoreUnavailable as error:
+                for item, result in zip(batch, results, strict=True):
+                    _answer(item, result)
+            except BaseException as error:
+                if not isinstance(error, StoreUnavailable | asyncio.CancelledError):
+                    log.error("append batch failed", exc_info=error)
+                failure = (
+                    error
+                    if isinstance(error, StoreError)
+                    else StoreUnavailable(f"redis: {error!r}")
+                )
                 for item in batch:
                     if not item.future.done():
-                        item.future.set_exception(error)
-                continue
-            for item, result in zip(batch, results, strict=True):
-                if item.future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    item.future.set_exception(result)
-                elif int(result[0]) == 1:
-                    item.future.set_result(None)
-                elif int(result[0]) == 0:
-                    item.future.set_exception(
-                        SeqConflict(item.channel, item.expected, int(result[1]))
-                    )
-                else:
-                    item.future.set_exception(ChannelGone(item.channel))
+                        item.future.set_exception(failure)
+                if not isinstance(error, Exception):
+                    raise
 
     async def _append_batch(self, batch: list[_Pending]) -> list[Any]:
         for attempt in range(2):
@@ -307,6 +320,11 @@ class RedisStore(ChannelStore):
         if int(out[0]) == 0:
             return None
         return list(out[1:])
+
+    async def restore(self, channel: str, seq: int, state: bytes) -> str | None:
+        epoch = secrets.token_hex(8)
+        restored = await self._script("restore", RESTORE, list(_keys(channel)), [seq, state, epoch])
+        return epoch if restored else None
 
     async def heads(self, channels: list[str]) -> dict[str, tuple[str, int]]:
         pipe = self.client.pipeline(transaction=False)
@@ -369,7 +387,12 @@ class RedisStore(ChannelStore):
                 for listener in list(self._listeners):
                     listener.store_reconnected()
                 async for message in pubsub.listen():
-                    self._deliver(message)
+                    try:
+                        self._deliver(message)
+                    except Exception:
+                        # One bad message or listener must not end the
+                        # subscription for the whole process.
+                        log.exception("pub/sub message not delivered")
             except (*_UNAVAILABLE, RedisError) as error:
                 log.info("pub/sub lost (%s); retrying", error)
             finally:
@@ -409,6 +432,20 @@ class RedisStore(ChannelStore):
                 await self._flusher
         await self.client.aclose()
         await self._pubsub_client.aclose()
+
+
+def _answer(item: _Pending, result: Any) -> None:
+    """Settle one append with its result from the APPEND script."""
+    if item.future.done():
+        return
+    if isinstance(result, BaseException):
+        item.future.set_exception(result)
+    elif int(result[0]) == 1:
+        item.future.set_result(None)
+    elif int(result[0]) == 0:
+        item.future.set_exception(SeqConflict(item.channel, item.expected, int(result[1])))
+    else:
+        item.future.set_exception(ChannelGone(item.channel))
 
 
 def _text(value: bytes | str) -> str:

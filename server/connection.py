@@ -512,6 +512,11 @@ class Connection:
             reason = await self._forbidden(uri, action)
         except ChannelGone:
             return  # AHP: an action for a channel that does not exist is ignored
+        except StoreUnavailable as error:
+            reason = f"store-unavailable: {error}; try again"
+            self.metrics.rejected(action_type(action))
+            await self._echo_rejection(uri, action, origin, reason)
+            return
         if reason is None:
             if self.bucket.take():
                 self.limited_in_a_row = 0
@@ -561,6 +566,8 @@ class Connection:
             seq = (await self.host.channel(uri)).seq
         except ChannelGone:
             return
+        except StoreUnavailable:
+            seq = 0  # the channel's seq is out of reach: the reason says why
         envelope = ActionEnvelope(
             channel=uri, action=action, server_seq=seq, origin=origin, rejection_reason=reason
         )

@@ -27,6 +27,7 @@ import base64
 import contextlib
 import json
 import logging
+import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -108,7 +109,10 @@ NEWS = (ChatTurnStarted, ChatInputRequested, ChatToolCallReady)
 """Chat actions that make the session unread again."""
 
 ACTION_FRAME_HEAD = b'{"jsonrpc":"2.0","method":"action","params":'
-MAX_APPEND_ATTEMPTS = 20
+MAX_APPEND_ATTEMPTS = 50
+"""Compare-and-set attempts before an append is given up as too contended;
+from the third on, each waits a little (random) so two processes that keep
+colliding fall out of step."""
 SESSION_RECORDS = "session"
 FORM_RECORDS = "form"
 CLIENT_RECORDS = "client"
@@ -433,7 +437,9 @@ class Host(Listener):
     ) -> tuple[ActionEnvelope, ChannelState]:
         """Validate, reduce and append (the lock held); returns the envelope
         and the state before it."""
-        for _ in range(MAX_APPEND_ATTEMPTS):
+        for attempt in range(MAX_APPEND_ATTEMPTS):
+            if attempt >= 2:
+                await asyncio.sleep(random.uniform(0, 0.001 * attempt))  # jitter
             if validate:
                 reason = reject_reason(
                     ch.state,
@@ -533,11 +539,11 @@ class Host(Listener):
         ch = self.channels.get(channel)
         if ch is None or seq <= ch.seq:
             return
+        if len(ch.hints) < 1000:
+            ch.hints[seq] = envelope  # kept even now: a conflict uses it
         if ch.appending and seq == ch.seq + 1:
             return  # most likely our own append; a conflict would catch us up
         ch.remote_head = max(ch.remote_head, seq)
-        if len(ch.hints) < 1000:
-            ch.hints[seq] = envelope
         if not ch.catching_up:
             ch.catching_up = True
             self._spawn(self._follow(ch))

@@ -149,6 +149,7 @@ class HuddleClient:
         self._seqs = itertools.count(1)
         self._calls: dict[int, tuple[asyncio.Future[Any], Callable[[Any], Any] | None]] = {}
         self._echoes: dict[int, asyncio.Future[ActionEnvelope]] = {}
+        self._stale_echoes: set[int] = set()
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
         self._lost = asyncio.Event()
@@ -233,6 +234,7 @@ class HuddleClient:
             ChannelCursor(channel=m.uri, last_seen_server_seq=m.seq) for m in self.mirrors.values()
         ]
         if not cursors:
+            self._fail_stale_echoes()
             return
 
         def apply(result: Any) -> None:
@@ -248,10 +250,10 @@ class HuddleClient:
                     mirror._reset(decode_snapshot(item["snapshot"]))
                 else:
                     del self.mirrors[item["channel"]]
+            self._fail_stale_echoes()
 
         params = ReconnectParams(channel=ROOT_URI, client_id=self.client_id, cursors=cursors)
         await self.call("reconnect", params, apply)
-        self._fail_echoes(Disconnected("the connection dropped before the echo"))
 
     async def close(self) -> None:
         self._closed = True
@@ -296,6 +298,10 @@ class HuddleClient:
             self._fail_calls(Disconnected("the connection dropped"))
             if self._supervisor is None:
                 self._fail_echoes(Disconnected("the connection dropped"))
+            else:
+                # These may still be echoed by the replay after reconnecting;
+                # whatever is not, the reconnect fails.
+                self._stale_echoes |= set(self._echoes)
             self._lost.set()
 
     async def _on_frame(self, frame: dict[str, Any]) -> None:
@@ -346,6 +352,17 @@ class HuddleClient:
             if not future.done():
                 future.set_exception(error)
         self._calls.clear()
+
+    def _fail_stale_echoes(self) -> None:
+        """Fail the echoes awaited when the socket dropped that the replay
+        did not bring: they may or may not have been applied (a snapshot
+        says what was). Echoes of actions sent since are left alone."""
+        stale, self._stale_echoes = self._stale_echoes, set()
+        error = Disconnected("the connection dropped before the echo")
+        for seq in stale:
+            future = self._echoes.pop(seq, None)
+            if future is not None and not future.done():
+                future.set_exception(error)
 
     def _fail_echoes(self, error: BaseException) -> None:
         for future in self._echoes.values():

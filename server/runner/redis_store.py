@@ -58,38 +58,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import (
-    BusyLoadingError,
-    NoScriptError,
-    OutOfMemoryError,
-    ReadOnlyError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from server.errors import StoreError, StoreUnavailable
+from server.errors import StoreError
 from server.runner.store import Fenced, Lease, TurnNotFound, TurnStore, VersionConflict
 from server.runner.turn import Turn, TurnStatus
+from server.store.redis_link import UNAVAILABLE, Scripts, call, clients
 
 log = logging.getLogger("huddle.runner.redis_store")
 
 WAKE_TOKENS = 64
 """Wake-up tokens kept for workers that are not waiting yet."""
 
-_UNAVAILABLE = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    BusyLoadingError,
-    ReadOnlyError,
-    OutOfMemoryError,
-    OSError,
-)
 
 # KEYS: turn, its status set.  ARGV: payload, status, phase, id.
 # Returns 1, or 0 if the turn exists.
@@ -213,16 +196,8 @@ class RedisTurnStore(TurnStore):
         self._leases = f"{tag}:leases"
         self._wake = f"{tag}:wake"
         self._tokens = f"{tag}:tokens"
-        options: dict[str, Any] = {
-            "socket_timeout": timeout,
-            "socket_connect_timeout": timeout,
-            "retry": Retry(NoBackoff(), 0),
-        }
-        self.client: aioredis.Redis = aioredis.Redis.from_url(url, **options)
-        self._blocking: aioredis.Redis = aioredis.Redis.from_url(
-            url, **{**options, "socket_timeout": None}
-        )
-        self._shas: dict[str, str] = {}
+        self.client, self._blocking = clients(url, timeout)
+        self._scripts = Scripts(self.client)
 
     def _turn_key(self, turn_id: str) -> str:
         return self._turn_prefix + turn_id
@@ -233,23 +208,10 @@ class RedisTurnStore(TurnStore):
     # ─── Calls ───────────────────────────────────────────────────────────
 
     async def _script(self, name: str, source: str, keys: list[str], args: list[Any]) -> Any:
-        try:
-            sha = self._shas.get(name)
-            if sha is not None:
-                try:
-                    return await self.client.evalsha(sha, len(keys), *keys, *args)
-                except NoScriptError:
-                    pass  # Redis restarted and forgot it: nothing ran; load and resend
-            self._shas[name] = await self.client.script_load(source)
-            return await self.client.evalsha(self._shas[name], len(keys), *keys, *args)
-        except _UNAVAILABLE as error:
-            raise StoreUnavailable(f"redis: {error}") from None
+        return await self._scripts.run(name, source, keys, args)
 
-    async def _call(self, coro: Any) -> Any:
-        try:
-            return await coro
-        except _UNAVAILABLE as error:
-            raise StoreUnavailable(f"redis: {error}") from None
+    async def _call(self, coro: Awaitable[Any]) -> Any:
+        return await call(coro)
 
     # ─── Turns ───────────────────────────────────────────────────────────
 
@@ -347,7 +309,7 @@ class RedisTurnStore(TurnStore):
             # that accepts the command and then stalls.
             async with asyncio.timeout(at_most + self.timeout):
                 await self._blocking.blpop([self._wake], timeout=at_most)
-        except (*_UNAVAILABLE, TimeoutError) as error:
+        except (*UNAVAILABLE, TimeoutError) as error:
             log.info("cannot wait for work on redis (%s); waiting out %.1fs", error, at_most)
             await asyncio.sleep(max(0.0, deadline - loop.time()))
 

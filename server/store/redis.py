@@ -47,31 +47,25 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import (
-    BusyLoadingError,
     NoScriptError,
     RedisError,
     ResponseError,
 )
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from server.errors import ChannelGone, SeqConflict, StoreError, StoreUnavailable
 from server.store.base import ChannelStore, Listener, StoredChannel
+from server.store.redis_link import UNAVAILABLE, Scripts, call, clients
 
 log = logging.getLogger("huddle.store.redis")
 
 APPENDS = "huddle:appends"
 NOTICES = "huddle:notices"
 
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError)
 
 # KEYS: meta, log.  ARGV: expected seq, entry, channel uri.
 # Returns {1, seq} on success, {0, head} on a conflict, {-1} when gone.
@@ -207,16 +201,9 @@ class RedisStore(ChannelStore):
         self.url = url
         self.retention = retention
         self.max_batch = max_batch
-        options: dict[str, Any] = {
-            "socket_timeout": timeout,
-            "socket_connect_timeout": timeout,
-            "retry": Retry(NoBackoff(), 0),
-        }
-        self.client: aioredis.Redis = aioredis.Redis.from_url(url, **options)
-        self._pubsub_client: aioredis.Redis = aioredis.Redis.from_url(
-            url, **{**options, "socket_timeout": None}
-        )
-        self._shas: dict[str, str] = {}
+        self.client, self._pubsub_client = clients(url, timeout)
+        self._scripts = Scripts(self.client)
+        self._shas = self._scripts.shas
         self._listeners: list[Listener] = []
         self._pending: list[_Pending] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -227,23 +214,10 @@ class RedisStore(ChannelStore):
     # ─── Calls ───────────────────────────────────────────────────────────
 
     async def _script(self, name: str, source: str, keys: list[str], args: list[Any]) -> Any:
-        try:
-            sha = self._shas.get(name)
-            if sha is not None:
-                try:
-                    return await self.client.evalsha(sha, len(keys), *keys, *args)
-                except NoScriptError:
-                    pass
-            self._shas[name] = await self.client.script_load(source)
-            return await self.client.evalsha(self._shas[name], len(keys), *keys, *args)
-        except _UNAVAILABLE as error:
-            raise StoreUnavailable(f"redis: {error}") from None
+        return await self._scripts.run(name, source, keys, args)
 
-    async def _call(self, coro: Any) -> Any:
-        try:
-            return await coro
-        except _UNAVAILABLE as error:
-            raise StoreUnavailable(f"redis: {error}") from None
+    async def _call(self, coro: Awaitable[Any]) -> Any:
+        return await call(coro)
 
     # ─── Channels ────────────────────────────────────────────────────────
 
@@ -393,7 +367,7 @@ class RedisStore(ChannelStore):
                         # One bad message or listener must not end the
                         # subscription for the whole process.
                         log.exception("pub/sub message not delivered")
-            except (*_UNAVAILABLE, RedisError) as error:
+            except (*UNAVAILABLE, RedisError) as error:
                 log.info("pub/sub lost (%s); retrying", error)
             finally:
                 self.connected.clear()
@@ -419,7 +393,7 @@ class RedisStore(ChannelStore):
     async def ready(self) -> bool:
         try:
             return bool(await self.client.ping())
-        except _UNAVAILABLE:
+        except UNAVAILABLE:
             return False
 
     async def close(self) -> None:

@@ -97,6 +97,18 @@ def select_open_input_part(
     return None
 
 
+def select_latest_input_part(state: ChatState, request_id: str) -> InputRequestPart | None:
+    """The newest input-request part with ``request_id``, open or resolved:
+    in the active turn, else in the newest completed turn that has one."""
+    turns: list[ActiveTurn | Turn] = [state.active_turn] if state.active_turn else []
+    turns.extend(reversed(state.turns))
+    for turn in turns:
+        for part in reversed(turn.response_parts):
+            if type(part) is InputRequestPart and part.request.id == request_id:
+                return part
+    return None
+
+
 def select_tool_call(state: ChatState, tool_call_id: str) -> ToolCallState | None:
     """The tool call ``tool_call_id`` of the active turn, if there is one."""
     if state.active_turn is None:

@@ -47,6 +47,7 @@ from protocol.messages import (
 )
 from protocol.uris import ROOT_URI
 from reducers import reduce
+from reducers.chat import select_latest_input_part
 from server.errors import ActionRejected, HuddleError, InputAbandoned
 
 log = logging.getLogger("huddle.client")
@@ -476,14 +477,10 @@ class HuddleClient:
 
 
 def _resolved(state: ChannelState, request_id: str) -> InputRequestPart | None:
+    """The request's part once it is resolved (None while open or absent)."""
     assert isinstance(state, ChatState)
-    turns: list[Any] = [state.active_turn] if state.active_turn else []
-    turns.extend(reversed(state.turns[-1:]))
-    for turn in turns:
-        for part in reversed(turn.response_parts):
-            if type(part) is InputRequestPart and part.request.id == request_id:
-                return part if part.response is not None else None
-    return None
+    part = select_latest_input_part(state, request_id)
+    return part if part is not None and part.response is not None else None
 
 
 def _now_ms() -> int:

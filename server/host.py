@@ -89,7 +89,7 @@ from protocol.status import SessionStatus
 from protocol.uris import ROOT_URI, channel_kind, chat_uri
 from reducers import reduce
 from reducers.aggregate import chat_summary, derive_session_actions, session_summary, summary_diff
-from reducers.chat import select_open_input_part, select_tool_call
+from reducers.chat import select_latest_input_part, select_open_input_part, select_tool_call
 from reducers.clock import iso_time
 from reducers.validation import reject_reason
 from server.errors import (
@@ -995,7 +995,7 @@ class Host(Listener):
             if found is not None:
                 waiter = self._input_waiter(ch, request_id, state.active_turn.id)
                 return await self._finish_input(ch, waiter)
-        part = _latest_input_part(state, request_id)
+        part = select_latest_input_part(state, request_id)
         if part is None or part.response is None:
             raise InputAbandoned(f"request {request_id} is not open in {chat}")
         answers = dict(part.request.answers or {})
@@ -1010,7 +1010,7 @@ class Host(Listener):
     def _input_waiter(self, ch: Channel, request_id: str, turn_id: str) -> _Waiter:
         def match(action: StateAction, state: ChatState) -> Any:
             if isinstance(action, ChatInputCompleted) and action.request_id == request_id:
-                part = _latest_input_part(state, request_id)
+                part = select_latest_input_part(state, request_id)
                 assert part is not None
                 return part
             _check_turn_alive(action, turn_id, f"request {request_id}")
@@ -1095,18 +1095,6 @@ def _check_turn_alive(action: StateAction, turn_id: str, what: str) -> None:
             raise InputAbandoned(f"{what}: the turn ended ({_type_of(action)})")
     elif isinstance(action, ChatTruncated):
         raise InputAbandoned(f"{what}: the chat was truncated")
-
-
-def _latest_input_part(state: ChatState, request_id: str) -> InputRequestPart | None:
-    """The last input-request part with ``request_id`` in the active turn or,
-    failing that, in the newest turn that has one."""
-    turns: list[Any] = [state.active_turn] if state.active_turn else []
-    turns.extend(reversed(state.turns))
-    for turn in turns:
-        for part in reversed(turn.response_parts):
-            if type(part) is InputRequestPart and part.request.id == request_id:
-                return part
-    return None
 
 
 def _notice_session(payload: bytes) -> str | None:

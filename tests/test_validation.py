@@ -22,6 +22,7 @@ from protocol.actions import (
     ChatToolCallContentChanged,
     ChatToolCallResultConfirmed,
     ChatTurnCancelled,
+    ChatTurnComplete,
     ChatTurnStarted,
     SessionDefaultChatChanged,
     SessionTitleChanged,
@@ -66,7 +67,7 @@ from protocol.chat import (
 )
 from protocol.messages import ChannelState
 from protocol.session import SessionState
-from reducers.chat import reduce_chat
+from reducers.chat import reduce_chat, select_latest_input_part
 from reducers.fixtures import AHP_FIXTURE_NOW_MS, run_fixture
 from reducers.validation import (
     FormCheck,
@@ -1120,3 +1121,12 @@ def test_a_client_completes_only_the_tool_calls_it_executes(
 
 def test_other_actions_need_no_tool_call_ownership() -> None:
     assert client_action_problem(chat(), ChatDraftChanged(), "laptop") is None
+
+
+def test_the_latest_input_part_is_found_open_or_resolved_in_any_turn() -> None:
+    open_part = InputRequestPart(request=InputRequest(id="form"))
+    assert select_latest_input_part(chat(open_part), "form") == open_part
+    assert select_latest_input_part(chat(open_part), "other") is None
+    done = InputRequestPart(request=InputRequest(id="form"), response="accept")
+    finished = reduce_chat(chat(done), ChatTurnComplete(turn_id="turn-1", duration=1), 0)
+    assert select_latest_input_part(finished, "form") == done

@@ -49,7 +49,6 @@ from protocol.chat import (
     ChatState,
     ConfirmationOption,
     InputRequest,
-    InputRequestPart,
     MarkdownPart,
     Message,
     MessageOrigin,
@@ -64,7 +63,7 @@ from protocol.messages import ActionEnvelope, ActionOrigin
 from protocol.session import SessionState, ToolDefinition
 from protocol.uris import chat_uri
 from protocol.wire import ErrorInfo, Markdown
-from reducers.chat import select_tool_call
+from reducers.chat import select_latest_input_part, select_tool_call
 from reducers.clock import iso_time
 from server.errors import ActionRejected, ChannelGone, HuddleError
 from server.host import Host
@@ -397,7 +396,7 @@ class ChatBridge:
         turn_id = runner_turn_id(uri, chat_turn)
         state = (await self.host.channel(uri)).state
         assert isinstance(state, ChatState)
-        part = _input_part(state, action.request_id)
+        part = select_latest_input_part(state, action.request_id)
         answers = dict(part.request.answers or {}) if part else dict(action.answers or {})
         if call == "text":
             answer = answers.get(REPLY)
@@ -442,7 +441,7 @@ def _answered(state: ChatState, turn: Turn) -> ActionEnvelope | None:
     assert turn.chat is not None
     origin = ActionOrigin(client_id="reconcile", client_seq=0)
     if suspension.type == SuspensionType.USER_INPUT:
-        part = _input_part(state, request_id(turn, suspension.correlation_id))
+        part = select_latest_input_part(state, request_id(turn, suspension.correlation_id))
         if part is None or part.response is None:
             return None
         action: Any = ChatInputCompleted(request_id=part.request.id, response=part.response)
@@ -482,17 +481,6 @@ def _decision(action: ChatToolCallConfirmed) -> ResumeCommand:
     reason = action.reason_message
     text = reason.markdown if isinstance(reason, Markdown) else reason
     return ResumeCommand.reject_tool(action.tool_call_id, text or action.reason)
-
-
-def _input_part(state: ChatState, rid: str) -> InputRequestPart | None:
-    turns = [state.active_turn, *reversed(state.turns)]
-    for turn in turns:
-        if turn is None:
-            continue
-        for part in reversed(turn.response_parts):
-            if isinstance(part, InputRequestPart) and part.request.id == rid:
-                return part
-    return None
 
 
 def _invocation(tool: Tool, call: ToolCall) -> str:

@@ -75,12 +75,13 @@ def run_fixture(path: Path, data: dict[str, Any], now_ms: int) -> Outcome:
         except msgspec.ValidationError as error:
             return fail(f"action {index} does not decode: {error}")
         if validate:
-            reason = reject_reason(state, action)
-            code = None if reason is None else reason.split(":", 1)[0]
+            rejection = reject_reason(state, action)
+            code = None if rejection is None else str(rejection.code)
             wanted = rejections[index] if index < len(rejections) else None
             if code != wanted:
-                return fail(f"action {index}: expected rejection {wanted!r}, got {reason!r}")
-            if reason is not None:
+                got = None if rejection is None else rejection.reason
+                return fail(f"action {index}: expected rejection {wanted!r}, got {got!r}")
+            if rejection is not None:
                 continue
         state = reduce(state, action, now_ms)
     actual = strip_nulls(state_to_builtins(state))

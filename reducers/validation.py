@@ -83,7 +83,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Any, Literal, TypeAlias, assert_never
+from typing import Any, TypeAlias, assert_never
 
 import msgspec
 
@@ -145,28 +145,31 @@ from protocol.chat import (
     ToolCallState,
 )
 from protocol.messages import ChannelState
+from protocol.rejections import Rejection, RejectionCode
 from protocol.session import SessionState
 from reducers.chat import select_open_input_part, select_tool_call
 
-RejectionCode: TypeAlias = Literal[
-    "no-open-input-request",
-    "unknown-question",
-    "answer-missing-value",
-    "answer-kind-mismatch",
-    "invalid-answer",
-    "required-unanswered",
-    "form-invalid",
-    "tool-call-not-pending",
-    "unknown-option",
-    "not-editable",
-    "invalid-tool-input",
-    "no-active-turn",
-    "turn-in-progress",
-    "no-pending-message",
-    "unknown-chat",
-    "answered-question-dropped",
-]
-"""The stable first part of every rejection reason."""
+VALIDATION_CODES = frozenset(
+    {
+        RejectionCode.NO_OPEN_INPUT_REQUEST,
+        RejectionCode.UNKNOWN_QUESTION,
+        RejectionCode.ANSWER_MISSING_VALUE,
+        RejectionCode.ANSWER_KIND_MISMATCH,
+        RejectionCode.INVALID_ANSWER,
+        RejectionCode.REQUIRED_UNANSWERED,
+        RejectionCode.FORM_INVALID,
+        RejectionCode.TOOL_CALL_NOT_PENDING,
+        RejectionCode.UNKNOWN_OPTION,
+        RejectionCode.NOT_EDITABLE,
+        RejectionCode.INVALID_TOOL_INPUT,
+        RejectionCode.NO_ACTIVE_TURN,
+        RejectionCode.TURN_IN_PROGRESS,
+        RejectionCode.NO_PENDING_MESSAGE,
+        RejectionCode.UNKNOWN_CHAT,
+        RejectionCode.ANSWERED_QUESTION_DROPPED,
+    }
+)
+"""The codes :func:`reject_reason` may give (the table above)."""
 
 FormCheck: TypeAlias = Callable[[InputRequest, dict[str, InputAnswer]], str | None]
 """Checks the answers of an accepted request against its frozen JSON Schema.
@@ -190,7 +193,7 @@ def reject_reason(
     *,
     form_check: FormCheck | None = None,
     tool_input_check: ToolInputCheck | None = None,
-) -> str | None:
+) -> Rejection | None:
     """Why the host must reject ``action`` on ``state``, or ``None`` to reduce it.
 
     An action of another channel's family than ``state`` has no rule here
@@ -247,7 +250,7 @@ def reject_reason(
 
 def client_action_problem(
     state: ChannelState, action: StateAction, client_id: str | None
-) -> str | None:
+) -> Rejection | None:
     """Why a client (a participant, not the agent) may not dispatch
     ``action``, or None. AHP lets clients dispatch ``chat/toolCallComplete``
     and ``chat/toolCallContentChanged`` for the tool calls they execute: the
@@ -259,15 +262,16 @@ def client_action_problem(
     contributor = call.contributor if call is not None else None
     if isinstance(contributor, ClientContributor) and contributor.client_id == client_id:
         return None
-    return (
-        f"forbidden: tool call '{action.tool_call_id}' is not executed by this client, "
-        "so it may not complete or update it"
+    return _reason(
+        RejectionCode.FORBIDDEN,
+        f"tool call '{action.tool_call_id}' is not executed by this client, "
+        "so it may not complete or update it",
     )
 
 
 def answer_problem(
     question: InputQuestion, answer: InputAnswer, *, request_id: str | None = None
-) -> str | None:
+) -> Rejection | None:
     """Why ``answer`` cannot be the answer to ``question``, or ``None``.
 
     The per-answer rules (missing value, kind, and for a submitted answer the
@@ -284,11 +288,11 @@ def answer_problem(
     return _reason(code, f"the {answer.state} answer to {where} {rule}")
 
 
-def _reason(code: RejectionCode, sentence: str) -> str:
-    return f"{code}: {sentence}"
+def _reason(code: RejectionCode, sentence: str) -> Rejection:
+    return Rejection(code, sentence)
 
 
-def _input_requested_reason(state: ChatState, action: ChatInputRequested) -> str | None:
+def _input_requested_reason(state: ChatState, action: ChatInputRequested) -> Rejection | None:
     request = action.request
     if request.answers is not None:
         return None
@@ -301,51 +305,58 @@ def _input_requested_reason(state: ChatState, action: ChatInputRequested) -> str
         return None
     names = ", ".join(f"'{q}'" for q in dropped)
     return _reason(
-        "answered-question-dropped",
+        RejectionCode.ANSWERED_QUESTION_DROPPED,
         f"input request '{request.id}' would drop {names}, which already have answers; "
         "send `answers` to say what to keep",
     )
 
 
-def _pending_removed_reason(state: ChatState, action: ChatPendingMessageRemoved) -> str | None:
+def _pending_removed_reason(
+    state: ChatState, action: ChatPendingMessageRemoved
+) -> Rejection | None:
     if action.kind == "steering":
         pending = [state.steering_message] if state.steering_message else []
     else:
         pending = state.queued_messages or []
     if any(message.id == action.id for message in pending):
         return None
-    return _reason("no-pending-message", f"there is no {action.kind} message '{action.id}'")
+    return _reason(
+        RejectionCode.NO_PENDING_MESSAGE, f"there is no {action.kind} message '{action.id}'"
+    )
 
 
-def _default_chat_reason(state: SessionState, action: SessionDefaultChatChanged) -> str | None:
+def _default_chat_reason(
+    state: SessionState, action: SessionDefaultChatChanged
+) -> Rejection | None:
     chat = action.default_chat
     if chat is None or any(summary.resource == chat for summary in state.chats):
         return None
-    return _reason("unknown-chat", f"the session has no chat {chat}")
+    return _reason(RejectionCode.UNKNOWN_CHAT, f"the session has no chat {chat}")
 
 
 # ─── Turns ───────────────────────────────────────────────────────────────────
 
 
-def _turn_started_reason(state: ChatState, action: ChatTurnStarted) -> str | None:
+def _turn_started_reason(state: ChatState, action: ChatTurnStarted) -> Rejection | None:
     active = state.active_turn
     if active is None:
         return None
     return _reason(
-        "turn-in-progress",
+        RejectionCode.TURN_IN_PROGRESS,
         f"turn '{active.id}' is still active; turn '{action.turn_id}' can start once it ends",
     )
 
 
-def _turn_cancelled_reason(state: ChatState, action: ChatTurnCancelled) -> str | None:
+def _turn_cancelled_reason(state: ChatState, action: ChatTurnCancelled) -> Rejection | None:
     active = state.active_turn
     if active is None:
         return _reason(
-            "no-active-turn", f"turn '{action.turn_id}' cannot be cancelled: no turn is active"
+            RejectionCode.NO_ACTIVE_TURN,
+            f"turn '{action.turn_id}' cannot be cancelled: no turn is active",
         )
     if active.id != action.turn_id:
         return _reason(
-            "no-active-turn",
+            RejectionCode.NO_ACTIVE_TURN,
             f"turn '{action.turn_id}' cannot be cancelled: the active turn is '{active.id}'",
         )
     return None
@@ -369,7 +380,7 @@ def _select_turn_tool_call(
 
 def _not_pending_reason(
     state: ChatState, turn_id: str, tool_call_id: str, call: ToolCallState | None, wanted: str
-) -> str:
+) -> Rejection:
     active = state.active_turn
     if active is None or active.id != turn_id:
         why = f"turn '{turn_id}' is not the active turn"
@@ -377,34 +388,38 @@ def _not_pending_reason(
         why = f"the active turn '{turn_id}' has no tool call '{tool_call_id}'"
     else:
         why = f"tool call '{tool_call_id}' is {_tag(call)}, not {wanted}"
-    return _reason("tool-call-not-pending", why)
+    return _reason(RejectionCode.TOOL_CALL_NOT_PENDING, why)
 
 
 def _tool_call_confirmed_reason(
     state: ChatState, action: ChatToolCallConfirmed, tool_input_check: ToolInputCheck | None
-) -> str | None:
+) -> Rejection | None:
     call = _select_turn_tool_call(state, action.turn_id, action.tool_call_id)
     if not isinstance(call, ToolCallPendingConfirmation):
         return _not_pending_reason(state, action.turn_id, action.tool_call_id, call, _CONFIRMATION)
     name = f"tool call '{call.tool_call_id}'"
     option_id = action.selected_option_id
     if option_id is not None and option_id not in {o.id for o in call.options or []}:
-        return _reason("unknown-option", f"{name} offers no option '{option_id}'")
+        return _reason(RejectionCode.UNKNOWN_OPTION, f"{name} offers no option '{option_id}'")
     edited = action.edited_tool_input
     if edited is None:
         return None
     if call.editable is not True:
-        return _reason("not-editable", f"the input of {name} is not editable")
+        return _reason(RejectionCode.NOT_EDITABLE, f"the input of {name} is not editable")
     try:
         tool_input = msgspec.json.decode(edited)
     except msgspec.DecodeError:
-        return _reason("invalid-tool-input", f"the edited input of {name} is not valid JSON")
+        return _reason(
+            RejectionCode.INVALID_TOOL_INPUT, f"the edited input of {name} is not valid JSON"
+        )
     if not isinstance(tool_input, dict):
-        return _reason("invalid-tool-input", f"the edited input of {name} is not a JSON object")
+        return _reason(
+            RejectionCode.INVALID_TOOL_INPUT, f"the edited input of {name} is not a JSON object"
+        )
     problem = None if tool_input_check is None else tool_input_check(call, tool_input)
     if problem is not None:
         return _reason(
-            "invalid-tool-input",
+            RejectionCode.INVALID_TOOL_INPUT,
             f"the edited input of {name} does not fit the input schema of tool "
             f"'{call.tool_name}': {problem}",
         )
@@ -413,7 +428,7 @@ def _tool_call_confirmed_reason(
 
 def _tool_call_result_confirmed_reason(
     state: ChatState, action: ChatToolCallResultConfirmed
-) -> str | None:
+) -> Rejection | None:
     call = _select_turn_tool_call(state, action.turn_id, action.tool_call_id)
     if isinstance(call, ToolCallPendingResultConfirmation):
         return None
@@ -431,7 +446,7 @@ def _select_open_request(state: ChatState, request_id: str) -> InputRequest | No
     return None if found is None else found[1].request
 
 
-def _not_open_reason(state: ChatState, request_id: str) -> str:
+def _not_open_reason(state: ChatState, request_id: str) -> Rejection:
     name = f"input request '{request_id}'"
     active = state.active_turn
     if active is None:
@@ -443,7 +458,7 @@ def _not_open_reason(state: ChatState, request_id: str) -> str:
         why = f"{name} is already completed; only the first completion counts"
     else:
         why = f"the active turn '{active.id}' has no {name}"
-    return _reason("no-open-input-request", why)
+    return _reason(RejectionCode.NO_OPEN_INPUT_REQUEST, why)
 
 
 def _select_question(request: InputRequest, question_id: str) -> InputQuestion | None:
@@ -452,20 +467,23 @@ def _select_question(request: InputRequest, question_id: str) -> InputQuestion |
 
 def _answer_reason(
     request: InputRequest, question_id: str, answer: InputAnswer | None
-) -> str | None:
+) -> Rejection | None:
     """The reason an answer to ``question_id`` of ``request`` is refused; an
     absent answer (clearing it) only needs a known question."""
     question = _select_question(request, question_id)
     if question is None:
         return _reason(
-            "unknown-question", f"input request '{request.id}' has no question '{question_id}'"
+            RejectionCode.UNKNOWN_QUESTION,
+            f"input request '{request.id}' has no question '{question_id}'",
         )
     if answer is None:
         return None
     return answer_problem(question, answer, request_id=request.id)
 
 
-def _input_answer_changed_reason(state: ChatState, action: ChatInputAnswerChanged) -> str | None:
+def _input_answer_changed_reason(
+    state: ChatState, action: ChatInputAnswerChanged
+) -> Rejection | None:
     request = _select_open_request(state, action.request_id)
     if request is None:
         return _not_open_reason(state, action.request_id)
@@ -474,7 +492,7 @@ def _input_answer_changed_reason(state: ChatState, action: ChatInputAnswerChange
 
 def _input_completed_reason(
     state: ChatState, action: ChatInputCompleted, form_check: FormCheck | None
-) -> str | None:
+) -> Rejection | None:
     request = _select_open_request(state, action.request_id)
     if request is None:
         return _not_open_reason(state, action.request_id)
@@ -497,15 +515,15 @@ def _input_completed_reason(
         listed = ", ".join(f"'{question_id}'" for question_id in unanswered)
         questions = "question {} has" if len(unanswered) == 1 else "questions {} have"
         return _reason(
-            "required-unanswered",
+            RejectionCode.REQUIRED_UNANSWERED,
             f"input request '{request.id}' cannot be accepted: required "
             f"{questions.format(listed)} no submitted answer",
         )
-    problem = None if form_check is None else form_check(request, answers)
-    if problem is not None:
+    detail = None if form_check is None else form_check(request, answers)
+    if detail is not None:
         return _reason(
-            "form-invalid",
-            f"the answers to input request '{request.id}' do not fit its form: {problem}",
+            RejectionCode.FORM_INVALID,
+            f"the answers to input request '{request.id}' do not fit its form: {detail}",
         )
     return None
 
@@ -543,17 +561,17 @@ def _broken_answer_rule(question: InputQuestion, answer: InputAnswer) -> BrokenR
         return None
     value = answer.value
     if value is None:
-        return "answer-missing-value", "has no value"
+        return RejectionCode.ANSWER_MISSING_VALUE, "has no value"
     kind = _value_kind(question)
     if type(value) is not kind:
         return (
-            "answer-kind-mismatch",
+            RejectionCode.ANSWER_KIND_MISMATCH,
             f"is a '{_tag(value)}' value; {_tag(question)} questions take '{_tag(kind)}'",
         )
     if answer.state == "draft":
         return None
     rule = _submitted_value_problem(question, value)
-    return None if rule is None else ("invalid-answer", rule)
+    return None if rule is None else (RejectionCode.INVALID_ANSWER, rule)
 
 
 def _submitted_value_problem(question: InputQuestion, value: InputAnswerValue) -> str | None:

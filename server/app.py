@@ -305,7 +305,7 @@ async def dispatch_action(request: Request, server: Server, grant: Grant) -> Res
     if grant.role != "agent":
         problem = client_action_problem((await server.host.channel(uri)).state, action, None)
         if problem is not None:
-            raise CommandError(ErrorCode.PERMISSION_DENIED, problem)
+            raise CommandError(ErrorCode.PERMISSION_DENIED, problem.reason)
     try:
         envelope = await server.host.dispatch(uri, action)
     except ActionRejected as rejected:

@@ -45,6 +45,7 @@ from protocol.messages import (
     SubscribeParams,
     SubscribeView,
 )
+from protocol.rejections import RejectionCode
 from protocol.uris import ROOT_URI
 from reducers import reduce
 from reducers.chat import select_latest_input_part
@@ -338,7 +339,7 @@ class HuddleClient:
             waiter = self._echoes.pop(origin.client_seq, None)
             if waiter is not None and not waiter.done():
                 if envelope.rejection_reason is not None:
-                    waiter.set_exception(ActionRejected(envelope.rejection_reason))
+                    waiter.set_exception(ActionRejected.parse(envelope.rejection_reason))
                 else:
                     waiter.set_result(envelope)
         if envelope.rejection_reason is not None:
@@ -461,7 +462,9 @@ class HuddleClient:
         mirror = self.mirrors.get(chat) or await self.subscribe(chat)
         active = mirror.chat.active_turn
         if active is None:
-            raise ActionRejected(f"no-active-turn: {chat} has no active turn to ask in")
+            raise ActionRejected(
+                RejectionCode.NO_ACTIVE_TURN, f"{chat} has no active turn to ask in"
+            )
         await self.dispatch_and_wait(chat, ChatInputRequested(request=request))
 
         def settled(state: ChannelState) -> bool:

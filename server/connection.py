@@ -556,7 +556,8 @@ class Connection:
             return f"forbidden: {action_type(action)} is dispatched only by the server"
         if self.grant.role != "agent":
             state = (await self.host.channel(uri)).state
-            return client_action_problem(state, action, self.client_id)
+            problem = client_action_problem(state, action, self.client_id)
+            return None if problem is None else problem.reason
         return None
 
     async def _echo_rejection(

@@ -26,22 +26,36 @@ traceback, the socket closed with 1011, the peer told nothing internal.
 
 from __future__ import annotations
 
+from protocol.rejections import Rejection
+
 
 class HuddleError(Exception):
     """Base of the server's exceptions."""
 
 
 class ActionRejected(HuddleError):
-    """The host refused an action; ``reason`` is its ``rejectionReason``."""
+    """The host refused an action: ``code`` (stable) and ``sentence``;
+    ``reason`` is the ``rejectionReason`` they make."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    def __init__(self, code: str, sentence: str) -> None:
+        super().__init__(code, sentence)
+        self.code = code
+        self.sentence = sentence
+
+    @classmethod
+    def of(cls, rejection: Rejection) -> ActionRejected:
+        return cls(rejection.code, rejection.sentence)
+
+    @classmethod
+    def parse(cls, reason: str) -> ActionRejected:
+        """The rejection a ``rejectionReason`` received from a server says
+        (a reason without a code has an empty one)."""
+        code, colon, sentence = reason.partition(": ")
+        return cls(code, sentence) if colon else cls("", reason)
 
     @property
-    def code(self) -> str:
-        """The stable part of the reason, before the first colon."""
-        return self.reason.split(":", 1)[0]
+    def reason(self) -> str:
+        return f"{self.code}: {self.sentence}" if self.code else self.sentence
 
     def __str__(self) -> str:
         return f"action rejected: {self.reason}"

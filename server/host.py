@@ -84,6 +84,7 @@ from protocol.messages import (
     Snapshot,
     SnapshotResume,
 )
+from protocol.rejections import RejectionCode
 from protocol.session import AgentInfo, RootState, SessionState, SessionSummary
 from protocol.status import SessionStatus
 from protocol.uris import ROOT_URI, channel_kind, chat_uri
@@ -441,14 +442,14 @@ class Host(Listener):
             if attempt >= 2:
                 await asyncio.sleep(random.uniform(0, 0.001 * attempt))  # jitter
             if validate:
-                reason = reject_reason(
+                rejection = reject_reason(
                     ch.state,
                     action,
                     form_check=self._form_check(ch.uri),
                     tool_input_check=self._tool_input_check(ch.state),
                 )
-                if reason is not None:
-                    raise ActionRejected(reason)
+                if rejection is not None:
+                    raise ActionRejected.of(rejection)
             before, now = ch.state, self.now_ms()
             after = reduce(before, action, now)
             envelope = ActionEnvelope(
@@ -468,7 +469,9 @@ class Host(Listener):
                 ch.appending = False
             self._apply(ch, after, envelope, data)
             return envelope, before
-        raise ActionRejected(f"conflict: {ch.uri} is too busy to write now; try again")
+        raise ActionRejected(
+            RejectionCode.CONFLICT, f"{ch.uri} is too busy to write now; try again"
+        )
 
     def _apply(
         self, ch: Channel, after: ChannelState, envelope: ActionEnvelope, data: bytes
@@ -952,7 +955,9 @@ class Host(Listener):
         """
         ch = await self.channel(chat)
         if not isinstance(ch.state, ChatState) or ch.state.active_turn is None:
-            raise ActionRejected(f"no-active-turn: {chat} has no active turn to ask in")
+            raise ActionRejected(
+                RejectionCode.NO_ACTIVE_TURN, f"{chat} has no active turn to ask in"
+            )
         waiter = self._input_waiter(ch, request.id, ch.state.active_turn.id)
         try:
             await self.ask(chat, request, schema=schema)

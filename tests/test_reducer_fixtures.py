@@ -17,16 +17,12 @@ from typing import Any
 
 import pytest
 
-import reducers.fixtures
 from protocol.actions import (
     CHAT_ACTIONS,
     ROOT_ACTIONS,
     SESSION_ACTIONS,
     Action,
-    ChatActivityChanged,
-    StateAction,
 )
-from protocol.messages import ChannelState
 from reducers.fixtures import AHP_FIXTURE_NOW_MS, Outcome, main, run_directory, run_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reducers"
@@ -137,39 +133,31 @@ def test_runner_prints_both_states_when_they_differ() -> None:
     assert '"activity": "Looking up the order"' in error.split("actual:")[1]
 
 
-def fake_reject_reason(state: ChannelState, action: StateAction) -> str | None:
-    """A stand-in for the host's validation: it refuses activity changes only."""
-    return (
-        "no-activity: activity is fixed here" if isinstance(action, ChatActivityChanged) else None
-    )
+CANCEL_WITHOUT_TURN = {"type": "chat/turnCancelled", "turnId": "t1", "duration": 1}
+"""Rejected by the host's rules (no-active-turn): no turn is active."""
 
 
-@pytest.fixture
-def activity_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reducers.fixtures, "reject_reason", fake_reject_reason)
-
-
-@pytest.mark.usefixtures("activity_is_rejected")
 def test_runner_skips_rejected_actions_when_validating() -> None:
     data = fixture(
         validate=True,
-        rejections=[None, "no-activity"],
-        actions=[DRAFT, ACTIVITY],
+        rejections=[None, "no-active-turn"],
+        actions=[DRAFT, CANCEL_WITHOUT_TURN],
         expected={**EMPTY_CHAT, "draft": DRAFT["draft"]},
     )
     assert run(data) is None
 
 
-@pytest.mark.usefixtures("activity_is_rejected")
 def test_runner_reports_a_rejection_the_fixture_did_not_expect() -> None:
-    error = run(fixture(validate=True, actions=[ACTIVITY]))
-    assert error == ("action 0: expected rejection None, got 'no-activity: activity is fixed here'")
+    error = run(fixture(validate=True, actions=[CANCEL_WITHOUT_TURN]))
+    assert error == (
+        "action 0: expected rejection None, got "
+        "\"no-active-turn: turn 't1' cannot be cancelled: no turn is active\""
+    )
 
 
-@pytest.mark.usefixtures("activity_is_rejected")
 def test_runner_reports_an_expected_rejection_that_did_not_happen() -> None:
-    error = run(fixture(validate=True, rejections=["no-activity"], actions=[DRAFT]))
-    assert error == "action 0: expected rejection 'no-activity', got None"
+    error = run(fixture(validate=True, rejections=["no-active-turn"], actions=[DRAFT]))
+    assert error == "action 0: expected rejection 'no-active-turn', got None"
 
 
 def test_runner_command_refuses_a_path_that_is_not_a_directory(tmp_path: Path) -> None:

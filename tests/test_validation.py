@@ -66,16 +66,40 @@ from protocol.chat import (
     ToolCallState,
 )
 from protocol.messages import ChannelState
+from protocol.rejections import Rejection
 from protocol.session import SessionState
 from reducers.chat import reduce_chat, select_latest_input_part
 from reducers.fixtures import AHP_FIXTURE_NOW_MS, run_fixture
 from reducers.validation import (
     FormCheck,
     ToolInputCheck,
-    answer_problem,
-    client_action_problem,
-    reject_reason,
 )
+from reducers.validation import (
+    answer_problem as _answer_problem,
+)
+from reducers.validation import (
+    client_action_problem as _client_action_problem,
+)
+from reducers.validation import (
+    reject_reason as _reject_reason,
+)
+
+
+def _text(rejection: Rejection | None) -> str | None:
+    return None if rejection is None else rejection.reason
+
+
+def reject_reason(*args: Any, **kwargs: Any) -> str | None:
+    return _text(_reject_reason(*args, **kwargs))
+
+
+def answer_problem(*args: Any, **kwargs: Any) -> str | None:
+    return _text(_answer_problem(*args, **kwargs))
+
+
+def client_action_problem(*args: Any, **kwargs: Any) -> str | None:
+    return _text(_client_action_problem(*args, **kwargs))
+
 
 # ─── Builders ────────────────────────────────────────────────────────────────
 

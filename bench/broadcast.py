@@ -110,8 +110,8 @@ async def serve_huddle(portfile: str, profile: str | None) -> None:
     an open input request; write port, chat and a participant token."""
     from server.app import Server, create_app
     from server.auth import TokenAuthority
-    from server.config import Settings
-    from server.connection import Limits
+    from server.build import build
+    from server.config import Limits, Settings
     from server.serve import UvicornServer, uvicorn_config
     from server.store.memory import MemoryStore
 
@@ -137,7 +137,7 @@ async def serve_huddle(portfile: str, profile: str | None) -> None:
         if profile is not None:
             _install_profiler(profile)
 
-    app = create_app(settings, MemoryStore(), authority, on_start=on_start)
+    app = create_app(build(settings, store=MemoryStore()), authority, on_start=on_start)
 
     def listening(port: int) -> None:
         _write_portfile(portfile, {"port": port, "pid": os.getpid(), **ready})

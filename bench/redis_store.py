@@ -88,13 +88,13 @@ from protocol.chat import (
 )
 from protocol.codec import encode
 from protocol.messages import ActionEnvelope
-from server.app import Server, create_app, default_agents
+from server.app import Server, create_app
 from server.auth import TokenAuthority
-from server.cli import make_store
-from server.config import Settings
-from server.connection import Limits
-from server.host import Host, log_entry
+from server.build import build, default_agents
+from server.config import Limits, Settings
+from server.host import Host
 from server.serve import UvicornServer, uvicorn_config
+from server.store.base import encode_entry
 from server.store.redis import APPEND, RedisStore
 from tests.redis_server import RedisServer
 
@@ -176,13 +176,13 @@ async def serve_child(portfile: str, store: str, chat: str | None) -> None:
             served = await host.create_session(session, title="Bench")
             await host.dispatch(served, _turn())
             await host.dispatch(served, ChatInputRequested(request=_request()))
-        await host.channel(served)
+        await host.view(served)
         ready["chat"] = served
         ready["token"] = authority.mint(
             "participant", name="bench", expires_at=time.time() + 24 * 3600
         )
 
-    app = create_app(settings, make_store(settings), authority, on_start=on_start)
+    app = create_app(build(settings), authority, on_start=on_start)
 
     def listening(port: int) -> None:
         temporary = f"{portfile}.tmp"
@@ -279,7 +279,7 @@ async def piped_round(client: aioredis.Redis, channels: list[str], actions: int)
 def _entry_like_the_hosts(channel: str) -> bytes:
     """A log entry as the host writes one for ``_answer``."""
     envelope = ActionEnvelope(channel=channel, action=_answer(123), server_seq=1234)
-    return log_entry(int(time.time() * 1000), encode(envelope))
+    return encode_entry(int(time.time() * 1000), encode(envelope))
 
 
 def bare_channels(tag: str, kind: str, count: int) -> list[str]:

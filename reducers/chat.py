@@ -14,8 +14,9 @@ turns are shared by reference between successive states.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, assert_never
+from typing import Any, Literal, assert_never
 
+import msgspec
 from msgspec.structs import replace
 
 from protocol.actions import (
@@ -106,6 +107,47 @@ def select_latest_input_part(state: ChatState, request_id: str) -> InputRequestP
         for part in reversed(turn.response_parts):
             if type(part) is InputRequestPart and part.request.id == request_id:
                 return part
+    return None
+
+
+class InputSettlement(msgspec.Struct, frozen=True):
+    """How an input request stands: ``open`` (unresolved in the active
+    turn), ``resolved`` (``part`` carries the response and the answers) or
+    ``gone`` (never asked here, or its turn ended before anyone answered;
+    ``part`` is the unanswered part, if any)."""
+
+    status: Literal["open", "resolved", "gone"]
+    part: InputRequestPart | None = None
+
+
+def select_input_settlement(state: ChatState, request_id: str) -> InputSettlement:
+    """Whether input request ``request_id`` is settled, and how: the one
+    answer every waiter (the host, a client's mirror, the runner's bridge)
+    takes."""
+    active = state.active_turn
+    if active is not None:
+        found = select_open_input_part(active.response_parts, request_id)
+        if found is not None:
+            return InputSettlement("open", found[1])
+    part = select_latest_input_part(state, request_id)
+    if part is not None and part.response is not None:
+        return InputSettlement("resolved", part)
+    return InputSettlement("gone", part)
+
+
+def select_latest_tool_call(
+    state: ChatState, turn_id: str, tool_call_id: str
+) -> ToolCallState | None:
+    """The newest state of tool call ``tool_call_id`` of turn ``turn_id``,
+    active or completed."""
+    turns: list[ActiveTurn | Turn] = [state.active_turn] if state.active_turn else []
+    turns.extend(reversed(state.turns))
+    for turn in turns:
+        if turn.id != turn_id:
+            continue
+        for part in reversed(turn.response_parts):
+            if type(part) is ToolCallPart and part.tool_call.tool_call_id == tool_call_id:
+                return part.tool_call
     return None
 
 

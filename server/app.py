@@ -16,11 +16,9 @@ import contextlib
 import html
 import json
 import logging
-import math
 import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,13 +30,14 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from protocol.actions import StateAction, action_type, is_client_dispatchable
+from protocol.actions import StateAction
 from protocol.codec import MalformedFrame, convert, encode
 from protocol.messages import ErrorCode, Implementation
-from protocol.session import AgentInfo
-from protocol.uris import BadChannelUri, channel_kind, session_uri
-from reducers.validation import client_action_problem
-from server.auth import ROLES, Grant, TokenAuthority
+from protocol.rejections import RejectionCode
+from protocol.uris import session_uri
+from server.auth import Grant, TokenAuthority
+from server.build import Parts
+from server.commands import Commands
 from server.config import Settings
 from server.connection import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_UNSUPPORTED, Connection
 from server.errors import (
@@ -52,10 +51,7 @@ from server.errors import (
 from server.frames import WRITE_EXTENSION
 from server.host import Host
 from server.metrics import ServerMetrics
-from server.runner.agent import Agent
-from server.runner.service import AgentService, agent_info
-from server.runner.store import MemoryTurnStore, TurnStore
-from server.store.base import ChannelStore
+from server.rpc import Rpc
 
 log = logging.getLogger("huddle.app")
 
@@ -70,24 +66,25 @@ SERVER_INFO = Implementation(name="huddle", version="0.1.0")
 class Server:
     """Everything one running server holds."""
 
-    settings: Settings
-    store: ChannelStore
-    host: Host
+    parts: Parts
     authority: TokenAuthority
     metrics: ServerMetrics
-    connections: set[Connection]
-    clock: Callable[[], float] = time.time
+    commands: Commands
+    connections: set[Rpc] = field(default_factory=set)
+    """The open WebSocket connections (their JSON-RPC side)."""
 
+    @property
+    def settings(self) -> Settings:
+        return self.parts.settings
 
-def default_agents() -> list[AgentInfo]:
-    return [
-        AgentInfo(
-            provider="huddle",
-            display_name="Huddle",
-            description="Agents that ask people for input through Huddle",
-            models=[],
-        )
-    ]
+    @property
+    def host(self) -> Host:
+        return self.parts.host
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock tokens are minted and verified by."""
+        return self.commands.clock
 
 
 def _json(value: Any, status: int = 200) -> Response:
@@ -157,24 +154,22 @@ async def ahp_socket(websocket: WebSocket) -> None:
 
     direct = websocket.scope.get("extensions", {}).get(WRITE_EXTENSION)
     connection = Connection(
-        server.host,
-        grant,
         send=websocket.send_text,
         close=close,
         direct=DirectWriter(direct["write"], direct["abort"]) if direct else None,
         limits=server.settings.limits,
         metrics=server.metrics,
-        server_info=SERVER_INFO,
     )
-    server.connections.add(connection)
+    rpc = Rpc(connection, server.commands, grant, server_info=SERVER_INFO)
+    server.connections.add(rpc)
     server.metrics.connections.inc()
     writer = connection.start_writer()
     try:
         await _read_frames(websocket, connection)
     finally:
-        server.connections.discard(connection)
+        server.connections.discard(rpc)
         server.metrics.connections.dec()
-        connection.closed()
+        rpc.closed()
         connection.shut(CLOSE_GOING_AWAY, "")
         with contextlib.suppress(Exception):
             await asyncio.wait_for(writer, 5)
@@ -232,12 +227,23 @@ def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             if error.code == ErrorCode.PERMISSION_DENIED:
                 status = 403
             return _problem(status, error.message, code=error.code)
+        except ActionRejected as rejected:
+            status = REJECTION_STATUS.get(rejected.code, 409)
+            return _json({"rejectionReason": rejected.reason, "code": rejected.code}, status)
         except ChannelGone as error:
             return _problem(404, str(error))
         except StoreUnavailable as error:
             return _problem(503, str(error))
 
     return endpoint
+
+
+REJECTION_STATUS: dict[str, int] = {
+    RejectionCode.FORBIDDEN: 403,
+    RejectionCode.RATE_LIMITED: 429,
+    RejectionCode.STORE_UNAVAILABLE: 503,
+}
+"""The HTTP status of a rejected action by its code (409 for the others)."""
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -250,38 +256,24 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _reachable(server: Server, grant: Grant, uri: str) -> None:
-    try:
-        session = await server.host.session_of(uri)
-    except BadChannelUri as error:
-        raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), "$.channel") from None
-    if not grant.may_touch(session):
-        raise CommandError(ErrorCode.PERMISSION_DENIED, f"this token does not reach {uri}")
-
-
 async def create_session(request: Request, server: Server, grant: Grant) -> Response:
-    if grant.role == "observer" or grant.sessions is not None:
-        raise CommandError(
-            ErrorCode.PERMISSION_DENIED, "creating sessions needs an agent or unscoped token"
-        )
     body = await _body(request)
     uri = session_uri(str(body.get("id") or secrets.token_hex(8)))
-    try:
-        channel_kind(uri)
-    except BadChannelUri as error:
-        raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), "$.id") from None
-    title = body.get("title")
-    chat = await server.host.create_session(
-        uri, provider=body.get("provider"), title=title if isinstance(title, str) else None
+    title, provider = body.get("title"), body.get("provider")
+    chat = await server.commands.create_session(
+        grant,
+        uri,
+        provider=provider if isinstance(provider, str) else None,
+        title=title if isinstance(title, str) else None,
+        path="$.id",
     )
     return _json({"session": uri, "chat": chat}, 201)
 
 
 async def read_snapshot(request: Request, server: Server, grant: Grant) -> Response:
     uri = request.query_params.get("channel", "")
-    await _reachable(server, grant, uri)
-    ch = await server.host.channel(uri)
-    return _json({"resource": uri, "state": ch.state, "fromSeq": ch.seq})
+    view = await server.commands.snapshot(grant, uri)
+    return _json({"resource": uri, "state": view.state, "fromSeq": view.seq})
 
 
 async def dispatch_action(request: Request, server: Server, grant: Grant) -> Response:
@@ -290,27 +282,7 @@ async def dispatch_action(request: Request, server: Server, grant: Grant) -> Res
     if not isinstance(uri, str):
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "Expected `str`", "$.channel")
     action: StateAction = convert(body.get("action"), StateAction, "$.action")  # type: ignore[arg-type]
-    await _reachable(server, grant, uri)
-    family, kind = action_type(action).split("/", 1)[0], channel_kind(uri)
-    if family != kind:
-        server.metrics.rejected(action_type(action))
-        reason = f"wrong-channel: a {family} action cannot go to a {kind} channel"
-        return _json({"rejectionReason": reason}, 409)
-    if not grant.may_dispatch:
-        raise CommandError(ErrorCode.PERMISSION_DENIED, "observers may not dispatch actions")
-    if grant.role != "agent" and not is_client_dispatchable(action):
-        raise CommandError(
-            ErrorCode.PERMISSION_DENIED, f"{action_type(action)} is dispatched only by the server"
-        )
-    if grant.role != "agent":
-        problem = client_action_problem((await server.host.channel(uri)).state, action, None)
-        if problem is not None:
-            raise CommandError(ErrorCode.PERMISSION_DENIED, problem.reason)
-    try:
-        envelope = await server.host.dispatch(uri, action)
-    except ActionRejected as rejected:
-        server.metrics.rejected(action_type(action))
-        return _json({"rejectionReason": rejected.reason}, 409)
+    envelope = await server.commands.dispatch(grant, uri, action)
     return _json(envelope)
 
 
@@ -325,10 +297,9 @@ async def wait_input(request: Request, server: Server, grant: Grant) -> Response
         raise MalformedFrame(
             ErrorCode.INVALID_PARAMS, "timeout must be a number", "$.timeout"
         ) from None
-    await _reachable(server, grant, chat)
     try:
         async with asyncio.timeout(timeout):
-            outcome = await server.host.wait_input(chat, request_id)
+            outcome = await server.commands.wait_input(grant, chat, request_id)
     except TimeoutError:
         return _problem(408, "still waiting: poll again")
     except InputAbandoned as error:
@@ -344,30 +315,13 @@ async def wait_input(request: Request, server: Server, grant: Grant) -> Response
 
 
 async def mint_token(request: Request, server: Server, grant: Grant) -> Response:
-    if grant.role != "agent":
-        raise CommandError(ErrorCode.PERMISSION_DENIED, "only an agent token may mint tokens")
     body = await _body(request)
-    role = body.get("role")
-    if role not in ROLES:
-        raise MalformedFrame(
-            ErrorCode.INVALID_PARAMS, f"role must be one of {', '.join(ROLES)}", "$.role"
-        )
-    sessions = body.get("sessions")
-    if sessions is not None and not (
-        isinstance(sessions, list) and all(isinstance(s, str) for s in sessions)
-    ):
-        raise MalformedFrame(
-            ErrorCode.INVALID_PARAMS, "sessions must be a list of URIs", "$.sessions"
-        )
-    ttl = body.get("ttl", server.settings.participant_ttl)
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
-        raise MalformedFrame(ErrorCode.INVALID_PARAMS, "ttl must be a positive number", "$.ttl")
-    name = body.get("name")
-    token = server.authority.mint(
-        role,
-        sessions=sessions,
-        name=name if isinstance(name, str) else None,
-        expires_at=server.clock() + float(ttl),
+    token = server.commands.mint_token(
+        grant,
+        body.get("role"),
+        sessions=body.get("sessions"),
+        name=body.get("name"),
+        ttl=body.get("ttl"),
     )
     return _json({"token": token})
 
@@ -382,7 +336,7 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     server: Server = request.app.state.server
     try:
-        ready = await server.store.ready()
+        ready = await server.parts.store.ready()
     except Exception:
         ready = False
     if ready:
@@ -390,7 +344,7 @@ async def readyz(request: Request) -> Response:
     return Response("store unavailable\n", status_code=503, media_type="text/plain")
 
 
-async def metrics(request: Request) -> Response:
+async def read_metrics(request: Request) -> Response:
     server: Server = request.app.state.server
     return Response(server.metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -422,60 +376,35 @@ async def index(request: Request) -> Response:
 
 
 def create_app(
-    settings: Settings,
-    store: ChannelStore,
+    parts: Parts,
     authority: TokenAuthority,
     *,
-    agent: Agent | None = None,
-    turn_store: TurnStore | None = None,
-    workers: int = 1,
-    clock: Callable[[], float] = time.time,
     on_start: Callable[[Server], Awaitable[None]] | None = None,
 ) -> Starlette:
-    """The app for ``settings``; the stores are closed when the app stops.
-
-    With an ``agent``, a participant's ``chat/turnStarted`` starts it and
-    ``workers`` tasks in this process run its turns (0: only other
-    processes' ``huddle worker`` do).
-    """
-    host = Host(
-        store,
-        agents=[agent_info(agent)] if agent else default_agents(),
-        clock=clock,
-        snapshot_every=settings.snapshot_every,
+    """The app serving ``parts``; they start and stop with it (the stores
+    are closed when it stops)."""
+    metrics = ServerMetrics()
+    parts.host.add_hook(metrics.hook)
+    commands = Commands(
+        parts.host,
+        authority,
+        metrics=metrics,
+        clock=parts.clock,
+        default_ttl=parts.settings.participant_ttl,
     )
-    service = (
-        AgentService(host, agent, turn_store or MemoryTurnStore(), workers=workers, clock=clock)
-        if agent
-        else None
-    )
-    server = Server(
-        settings=settings,
-        store=store,
-        host=host,
-        authority=authority,
-        metrics=ServerMetrics(),
-        connections=set(),
-        clock=clock,
-    )
-    host.on_applied = server.metrics.applied
+    server = Server(parts=parts, authority=authority, metrics=metrics, commands=commands)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await host.start()
-        if service is not None:
-            await service.start()
+        await parts.start()
         if on_start is not None:
             await on_start(server)
         try:
             yield
         finally:
-            for connection in list(server.connections):
-                connection.shut(CLOSE_GOING_AWAY, "the server is shutting down")
-            if service is not None:
-                await service.stop()
-            await host.stop()
-            await store.close()
+            for rpc in list(server.connections):
+                rpc.connection.shut(CLOSE_GOING_AWAY, "the server is shutting down")
+            await parts.stop()
 
     routes = [
         Route("/", index),
@@ -487,11 +416,11 @@ def create_app(
         Route("/api/tokens", api(mint_token), methods=["POST"]),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
-        Route("/metrics", metrics),
+        Route("/metrics", read_metrics),
     ]
     if WEB_ROOT.is_dir():
         routes.append(Mount("/web", StaticFiles(directory=WEB_ROOT), name="web"))
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.server = server
-    app.state.agents = service
+    app.state.agents = parts.service
     return app

@@ -22,6 +22,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Literal
 
+import msgspec
+
 from server.errors import AuthError
 
 Role = Literal["agent", "participant", "observer"]
@@ -29,13 +31,30 @@ ROLES: tuple[Role, ...] = ("agent", "participant", "observer")
 TOKEN_PREFIX = "hud1."
 
 
+AGENT_TOKEN_ID = "agent"
+
+
+class Identity(msgspec.Struct, frozen=True):
+    """Who did something, as the server knows it: the subject of the token
+    it came with (its role, its name and its id; never the token)."""
+
+    role: Role
+    name: str
+    token: str
+
+
 @dataclass(frozen=True)
 class Grant:
-    """What a verified token allows."""
+    """What a verified token allows, and whose it is."""
 
     role: Role
     sessions: frozenset[str] | None
     name: str
+    token_id: str
+
+    @property
+    def identity(self) -> Identity:
+        return Identity(role=self.role, name=self.name, token=self.token_id)
 
     def may_touch(self, session: str | None) -> bool:
         """Whether the token reaches ``session`` (None: not session-scoped)."""
@@ -96,7 +115,7 @@ class TokenAuthority:
         if not token:
             raise AuthError(401, "a token is required")
         if hmac.compare_digest(token.encode(), self.agent_token.encode()):
-            return Grant(role="agent", sessions=None, name="agent")
+            return Grant(role="agent", sessions=None, name="agent", token_id=AGENT_TOKEN_ID)
         if not token.startswith(TOKEN_PREFIX):
             raise AuthError(401, "unknown token")
         body, _, signature = token[len(TOKEN_PREFIX) :].partition(".")
@@ -118,4 +137,10 @@ class TokenAuthority:
         if not isinstance(exp, int) or exp <= now:
             raise AuthError(401, "the token has expired")
         scope = None if sessions is None else frozenset(str(s) for s in sessions)
-        return Grant(role=role, sessions=scope, name=str(name))
+        return Grant(role=role, sessions=scope, name=str(name), token_id=token_id(token))
+
+
+def token_id(token: str) -> str:
+    """A minted token's id: a digest that names it in records and logs
+    without revealing it."""
+    return hashlib.sha256(token.encode()).hexdigest()[:16]

@@ -21,14 +21,10 @@ from typing import Any
 
 from server.app import create_app
 from server.auth import TokenAuthority
+from server.build import build
 from server.config import Settings, settings_from
-from server.host import Host
-from server.runner.service import AgentService, agent_info, load_agent
-from server.runner.store import MemoryTurnStore, TurnStore
+from server.runner.service import load_agent
 from server.serve import UvicornServer, uvicorn_config
-from server.store.base import ChannelStore
-from server.store.memory import MemoryStore
-from server.store.redis import RedisStore
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,37 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def make_turn_store(settings: Settings) -> TurnStore:
-    """The turn store that goes with ``--store``."""
-    if settings.store == "memory":
-        return MemoryTurnStore()
-    from server.runner.redis_store import RedisTurnStore
-
-    return RedisTurnStore(settings.store)
-
-
-def make_store(settings: Settings) -> ChannelStore:
-    """The store ``--store`` names: ``memory`` or a redis:// (unix://) URL."""
-    if settings.store == "memory":
-        return MemoryStore(retention=settings.replay_window)
-    if settings.store.startswith(("redis://", "rediss://", "unix://")):
-        return RedisStore(settings.store, retention=settings.replay_window)
-    raise SystemExit(f"huddle: unknown store {settings.store!r} (use memory or redis://...)")
-
-
 async def serve(settings: Settings) -> None:
     generated = settings.token is None
     token = settings.token or TokenAuthority.generate_agent_token()
     authority = TokenAuthority(token)
-    agent = load_agent(settings.agent)
-    app = create_app(
-        settings,
-        make_store(settings),
-        authority,
-        agent=agent,
-        turn_store=make_turn_store(settings) if agent else None,
-        workers=settings.workers,
-    )
+    app = create_app(build(settings, agent=load_agent(settings.agent)), authority)
 
     def announce(port: int) -> None:
         host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
@@ -160,22 +130,13 @@ async def work(settings: Settings) -> None:
     agent = load_agent(settings.agent)
     if agent is None:
         raise ValueError("huddle worker needs an agent: --agent module:attribute")
-    store = make_store(settings)
-    host = Host(store, agents=[agent_info(agent)])
-    service = AgentService(host, agent, make_turn_store(settings), workers=settings.workers)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await host.start()
-    await service.start()
-    print(f"huddle worker: {settings.workers} worker(s) for {agent.name}", flush=True)
-    try:
+    async with build(settings, agent=agent).running():
+        print(f"huddle worker: {settings.workers} worker(s) for {agent.name}", flush=True)
         await stop.wait()
-    finally:
-        await service.stop()
-        await host.stop()
-        await store.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from protocol.actions import ChatInputRequested, StateAction
-from protocol.chat import ChatState, InputAnswer, InputRequest, InputRequestPart
+from protocol.chat import ChatState, InputAnswer, InputRequest
 from protocol.codec import convert, decode_snapshot, encode
 from protocol.messages import (
     PROTOCOL_VERSION,
@@ -48,7 +48,7 @@ from protocol.messages import (
 from protocol.rejections import RejectionCode
 from protocol.uris import ROOT_URI
 from reducers import reduce
-from reducers.chat import select_latest_input_part
+from reducers.chat import select_input_settlement
 from server.errors import ActionRejected, HuddleError, InputAbandoned
 
 log = logging.getLogger("huddle.client")
@@ -279,11 +279,6 @@ class HuddleClient:
     ) -> None:
         await self.close()
 
-    async def kill_socket(self) -> None:
-        """Drop the socket without closing the client (tests use it to see
-        the reconnect path)."""
-        self._drop_socket()
-
     def _drop_socket(self) -> None:
         if self._ws is not None:
             self._ws.transport.abort()
@@ -469,21 +464,15 @@ class HuddleClient:
 
         def settled(state: ChannelState) -> bool:
             assert isinstance(state, ChatState)
-            still_running = state.active_turn is not None and state.active_turn.id == active.id
-            return _resolved(state, request.id) is not None or not still_running
+            return select_input_settlement(state, request.id).status != "open"
 
         state = await mirror.wait_for(settled)
-        part = _resolved(state, request.id)
-        if part is None or part.response is None:
+        assert isinstance(state, ChatState)
+        outcome = select_input_settlement(state, request.id)
+        if outcome.status != "resolved" or outcome.part is None or outcome.part.response is None:
             raise InputAbandoned(f"request {request.id}: the turn ended first")
-        return Completion(response=part.response, answers=dict(part.request.answers or {}))
-
-
-def _resolved(state: ChannelState, request_id: str) -> InputRequestPart | None:
-    """The request's part once it is resolved (None while open or absent)."""
-    assert isinstance(state, ChatState)
-    part = select_latest_input_part(state, request_id)
-    return part if part is not None and part.response is not None else None
+        answers = dict(outcome.part.request.answers or {})
+        return Completion(response=outcome.part.response, answers=answers)
 
 
 def _now_ms() -> int:

@@ -10,7 +10,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.connection import Limits
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-connection limits (see ``huddle serve --help``)."""
+
+    actions_per_second: float = 50.0
+    action_burst: int = 100
+    max_subscriptions: int = 100
+    send_buffer: int = 4 << 20
+    """Bytes a client may leave unread before it is cut off."""
+    flood_close_after: int = 1000
+    """Consecutive rate-limited actions after which the client is closed."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,9 @@ class Settings:
     """Envelopes the memory store keeps per channel for ``reconnect``."""
     snapshot_every: int = 100
     """Actions between two stored snapshots of a channel."""
+    idle_check_interval: float = 2.0
+    """Seconds between two comparisons of the served channels' heads with
+    the store's (how late an append whose pub/sub hint was lost arrives)."""
     participant_ttl: float = 7 * 24 * 3600.0
     """Lifetime of the participant token in the printed link (seconds)."""
     open_browser: bool = False
@@ -102,6 +116,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         ),
         replay_window=src.integer("replay_window", base.replay_window),
         snapshot_every=src.integer("snapshot_every", base.snapshot_every),
+        idle_check_interval=src.number("idle_check_interval", base.idle_check_interval),
         participant_ttl=src.number("participant_ttl", base.participant_ttl),
         open_browser=src.flag("open_browser", base.open_browser),
     )

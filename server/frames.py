@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Any
 
 from websockets.frames import Frame, Opcode
+
+from protocol.codec import encode
 
 WRITE_EXTENSION = "huddle.write"
 """The ASGI scope extension of Huddle's WebSocket protocol (server.serve)."""
@@ -34,3 +37,16 @@ class OutFrame:
 
     def __len__(self) -> int:
         return len(self.payload)
+
+
+ACTION_FRAME_HEAD = b'{"jsonrpc":"2.0","method":"action","params":'
+
+
+def action_frame(envelope: bytes) -> OutFrame:
+    """The ``action`` notification carrying an encoded envelope."""
+    return OutFrame(ACTION_FRAME_HEAD + envelope + b"}")
+
+
+def notification(method: str, params: Any) -> bytes:
+    """A JSON-RPC notification, encoded."""
+    return encode({"jsonrpc": "2.0", "method": method, "params": params})

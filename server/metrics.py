@@ -3,9 +3,25 @@ servers in one test process do not collide)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from server.connection import Metrics
+from protocol.actions import action_type
+from server.channels import Applied
+
+
+class Metrics:
+    """What the edge reports (no-ops here; :class:`ServerMetrics` counts)."""
+
+    def subscribed(self, delta: int) -> None:
+        pass
+
+    def rejected(self, type_: str) -> None:
+        pass
+
+    def queue_overflow(self) -> None:
+        pass
 
 
 class ServerMetrics(Metrics):
@@ -44,9 +60,12 @@ class ServerMetrics(Metrics):
     def queue_overflow(self) -> None:
         self.queue_drops.inc()
 
-    def applied(self, type_: str, seconds: float) -> None:
-        self.accepted.labels(type=type_).inc()
-        self.latency.observe(seconds)
+    def hook(self, event: Applied) -> Awaitable[None] | None:
+        """The channel core's hook: count what this process accepted."""
+        if event.local:
+            self.accepted.labels(type=action_type(event.action)).inc()
+            self.latency.observe(event.latency)
+        return None
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

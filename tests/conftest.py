@@ -19,9 +19,9 @@ import pytest
 from protocol.chat import Message, MessageOrigin
 from server.app import Server, create_app
 from server.auth import Role, TokenAuthority
+from server.build import build
 from server.client import HuddleClient
-from server.config import Settings
-from server.connection import Limits
+from server.config import Limits, Settings
 from server.runner.agent import Agent
 from server.runner.store import TurnStore
 from server.serve import UvicornServer, uvicorn_config
@@ -101,14 +101,14 @@ async def start_server(
     """A server on a free port; with ``agent``, people's turns start it."""
     settings = settings or Settings(port=0)
     authority = TokenAuthority(AGENT_TOKEN)
-    app = create_app(
+    parts = build(
         settings,
-        store or MemoryStore(retention=settings.replay_window),
-        authority,
+        store=store or MemoryStore(retention=settings.replay_window),
         agent=agent,
         turn_store=turn_store,
         workers=workers,
     )
+    app = create_app(parts, authority)
     server = UvicornServer(uvicorn_config(app, settings, port=0, log_level="warning"))
     task = asyncio.create_task(server.serve())
     async with asyncio.timeout(10 * UNIT):
@@ -139,3 +139,10 @@ async def redis_server() -> AsyncIterator[RedisServer]:
     """A redis-server of the test's own (real, started from the binary)."""
     async with running_redis(10 * UNIT) as server:
         yield server
+
+
+def drop_socket(client: HuddleClient) -> None:
+    """Cut ``client``'s socket as a network would (no closing handshake);
+    the client reconnects by itself."""
+    assert client._ws is not None
+    client._ws.transport.abort()

@@ -35,7 +35,7 @@ from protocol.chat import (
 )
 from protocol.session import SessionState
 from protocol.uris import ROOT_URI
-from server.auth import Grant, TokenAuthority
+from server.auth import Grant, TokenAuthority, token_id
 from server.client import HuddleClient
 from server.errors import ActionRejected
 from tests.conftest import AGENT_TOKEN, RunningServer, user_message
@@ -100,7 +100,7 @@ async def test_participant_cannot_dispatch_server_only_actions(
     echo = await participant.envelope()
     assert echo["rejectionReason"].startswith("forbidden: ")
     assert echo["serverSeq"] == snapshot["fromSeq"]
-    assert (await huddle.server.host.channel(chat)).seq == snapshot["fromSeq"]
+    assert (await huddle.server.host.view(chat)).seq == snapshot["fromSeq"]
 
 
 async def test_scoped_participant_cannot_subscribe_to_another_session(
@@ -132,7 +132,7 @@ async def test_scoped_participant_cannot_dispatch_to_another_session(
     agent = await huddle.client("agent")
     await default_chat(agent, SESSION_A)
     chat_b = await default_chat(agent, SESSION_B)
-    before = (await huddle.server.host.channel(chat_b)).seq
+    before = (await huddle.server.host.view(chat_b)).seq
     scoped = await Peer.ready(huddle.ws, huddle.token("participant", [SESSION_A]), "scoped")
 
     await scoped.dispatch(chat_b, ChatDraftChanged(draft=user_message("let me in")))
@@ -140,7 +140,7 @@ async def test_scoped_participant_cannot_dispatch_to_another_session(
 
     for _ in range(2):
         assert (await scoped.envelope())["rejectionReason"].startswith("forbidden: ")
-    assert (await huddle.server.host.channel(chat_b)).seq == before
+    assert (await huddle.server.host.view(chat_b)).seq == before
 
 
 async def test_observer_can_subscribe(huddle: RunningServer) -> None:
@@ -250,7 +250,9 @@ async def test_token_is_accepted_as_bearer_header(huddle: RunningServer) -> None
 
     peer = await Peer.ready(huddle.ws, token, "carol")
 
-    assert grant_of(huddle, "carol") == Grant("participant", frozenset({SESSION_A}), "carol")
+    assert grant_of(huddle, "carol") == Grant(
+        "participant", frozenset({SESSION_A}), "carol", token_id(token)
+    )
     await peer.close()
 
 
@@ -265,7 +267,9 @@ async def test_token_is_accepted_as_subprotocol_and_ahp_is_selected(
         peer = Peer(ws, "carol")
         reply = await peer.request("initialize", initialize_params("carol"))
         assert "result" in reply
-        assert grant_of(huddle, "carol") == Grant("participant", frozenset({SESSION_A}), "carol")
+        assert grant_of(huddle, "carol") == Grant(
+            "participant", frozenset({SESSION_A}), "carol", token_id(token)
+        )
 
 
 async def test_token_subprotocol_is_never_echoed_back(huddle: RunningServer) -> None:
@@ -303,7 +307,9 @@ async def test_token_is_accepted_from_the_cookie(huddle: RunningServer) -> None:
         peer = Peer(ws, "carol")
         reply_frame = await peer.request("initialize", initialize_params("carol"))
         assert "result" in reply_frame
-        assert grant_of(huddle, "carol") == Grant("participant", frozenset({SESSION_A}), "carol")
+        assert grant_of(huddle, "carol") == Grant(
+            "participant", frozenset({SESSION_A}), "carol", token_id(token)
+        )
 
 
 # ─── Scopes beyond subscribe and dispatch ────────────────────────────────────

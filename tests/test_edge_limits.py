@@ -17,8 +17,8 @@ import pytest
 from protocol.actions import ChatDraftChanged
 from protocol.session import SessionState
 from protocol.uris import ROOT_URI
-from server.config import Settings
-from server.connection import Connection, Limits
+from server.config import Limits, Settings
+from server.rpc import Rpc
 from tests.conftest import UNIT, RunningServer, start_server, user_message
 from tests.edge import (
     Frame,
@@ -366,12 +366,12 @@ async def small_queues() -> AsyncIterator[RunningServer]:
         await running.stop()
 
 
-def connection_of(running: RunningServer, name: str) -> Connection:
+def connection_of(running: RunningServer, name: str) -> Rpc:
     (connection,) = [c for c in running.server.connections if c.grant.name == name]
     return connection
 
 
-async def flood_until_dropped(running: RunningServer, chat: str, connection: Connection) -> int:
+async def flood_until_dropped(running: RunningServer, chat: str, connection: Rpc) -> int:
     """Dispatch 32 KiB drafts on ``chat`` until the server has let go of
     ``connection``; how many were dispatched."""
     agent = await running.client("agent", name="flooder")
@@ -438,7 +438,7 @@ async def test_stalled_client_is_dropped_with_its_subscriptions(
 
         await flood_until_dropped(running, chat, stalled)
 
-        assert stalled not in running.server.host.channels[chat].subscribers
+        assert stalled.connection not in running.server.host.core.subscribers(chat)
         assert not stalled.subscriptions
     metrics = running.server.metrics.render().decode()
     assert "huddle_send_queue_drops_total 1.0" in metrics

@@ -35,10 +35,11 @@ from protocol.messages import ActionOrigin
 from protocol.session import RootState, SessionState
 from protocol.status import ACTIVITY_MASK, SessionStatus
 from protocol.uris import ROOT_URI
-from server.app import default_agents
+from server.auth import Identity
+from server.build import default_agents
 from server.errors import ActionRejected, CommandError, InputAbandoned
 from server.frames import OutFrame
-from server.host import Host, Identity
+from server.host import Host
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, user_message
 
@@ -113,10 +114,10 @@ NOTE = InputRequest(
     questions=[TextQuestion(id=name, message=f"Note {name}") for name in ("x", "a", "b")],
 )
 PARTICIPANT = ActionOrigin(client_id="browser-1", client_seq=1)
+ALICE = Identity(role="participant", name="alice", token="t-alice")
 
 
 async def answer_ticket_form(host: Host, chat: str, request_id: str, system: str) -> None:
-    await host.register_client("browser-1", Identity(name="alice", role="participant"))
     await host.dispatch(
         chat,
         ChatInputCompleted(
@@ -129,6 +130,7 @@ async def answer_ticket_form(host: Host, chat: str, request_id: str, system: str
             },
         ),
         origin=PARTICIPANT,
+        sender=ALICE,
     )
 
 
@@ -136,10 +138,12 @@ async def wait_until_open(host: Host, chat: str, request_id: str) -> None:
     """Wait until ``request_id`` is open in ``chat`` (a subscriber sees the
     ``chat/inputRequested`` envelope, or it was open already)."""
     recorder = Recorder()
-    await host.subscribe(chat, recorder)
+    await host.core.subscribe(chat, recorder)
 
     def is_open() -> bool:
-        state = host.channels[chat].state
+        view = host.core.cached(chat)
+        assert view is not None
+        state = view.state
         assert isinstance(state, ChatState)
         turn = state.active_turn
         return turn is not None and any(
@@ -153,20 +157,20 @@ async def wait_until_open(host: Host, chat: str, request_id: str) -> None:
                 recorder.arrived.clear()
                 await recorder.arrived.wait()
     finally:
-        host.unsubscribe(chat, recorder)
+        host.core.unsubscribe(chat, recorder)
 
 
 async def test_create_session_makes_a_ready_session_with_its_default_chat(host: Host) -> None:
     chat = await host.create_session(SESSION, title="Login failures")
-    session = (await host.channel(SESSION)).state
+    session = (await host.view(SESSION)).state
     assert isinstance(session, SessionState)
     assert session.lifecycle == "ready"
     assert session.default_chat == chat
     assert [c.resource for c in session.chats] == [chat]
-    root = (await host.channel(ROOT_URI)).state
+    root = (await host.view(ROOT_URI)).state
     assert isinstance(root, RootState)
     assert root.active_sessions == 1
-    assert [s.title for s in await host.list_sessions()] == ["Login failures"]
+    assert [s.title for s in await host.aggregate.summaries()] == ["Login failures"]
 
 
 async def test_create_session_refuses_a_uri_in_use(host: Host) -> None:
@@ -191,7 +195,7 @@ async def test_request_input_returns_typed_form_data_and_who_answered(host: Host
     assert outcome.response == "accept"
     assert outcome.data == {"system": "SSO", "impact": "everyone", "users": 250}
     assert isinstance(outcome.data["users"], int)
-    assert outcome.by == Identity(name="alice", role="participant")
+    assert outcome.by == ALICE
     assert outcome.origin == PARTICIPANT
 
 
@@ -316,22 +320,22 @@ async def test_wait_tool_confirmation_is_abandoned_when_the_turn_ends(host: Host
 async def test_session_mirrors_open_requests_and_the_chat_status(host: Host) -> None:
     chat = await host.create_session(SESSION)
     root = Recorder()
-    await host.subscribe(ROOT_URI, root)
+    await host.core.subscribe(ROOT_URI, root)
     await start_turn(host, chat)
     asking = asyncio.create_task(host.request_input(chat, NOTE))
     await wait_until_open(host, chat, "q")
-    session = (await host.channel(SESSION)).state
+    session = (await host.view(SESSION)).state
     assert isinstance(session, SessionState)
     assert [r.id for r in session.input_needed or []] == ["q"]
     assert session.status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
     assert session.chats[0].status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
-    summary = (await host.list_sessions())[0]
+    summary = (await host.aggregate.summaries())[0]
     assert summary.status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
     assert "root/sessionSummaryChanged" in root.methods()
 
     await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
     await asking
-    session = (await host.channel(SESSION)).state
+    session = (await host.view(SESSION)).state
     assert isinstance(session, SessionState)
     assert session.input_needed is None
     assert session.chats[0].status & ACTIVITY_MASK == SessionStatus.IN_PROGRESS
@@ -342,13 +346,13 @@ async def test_answer_drafts_do_not_flood_the_session(host: Host) -> None:
     await start_turn(host, chat)
     asking = asyncio.create_task(host.request_input(chat, NOTE))
     await wait_until_open(host, chat, "q")
-    session_seq = (await host.channel(SESSION)).seq
+    session_seq = (await host.view(SESSION)).seq
     for n in range(20):
         draft = InputAnswer(state="draft", value=TextValue(value=f"typing {n}"))
         await host.dispatch(
             chat, ChatInputAnswerChanged(request_id="q", question_id="x", answer=draft)
         )
-    assert (await host.channel(SESSION)).seq - session_seq <= 1
+    assert (await host.view(SESSION)).seq - session_seq <= 1
     asking.cancel()
 
 
@@ -360,7 +364,7 @@ async def test_two_hosts_on_one_store_deliver_the_same_envelopes_in_order() -> N
     await second.start()
     chat = await first.create_session(SESSION)
     watcher = Recorder()
-    await second.subscribe(chat, watcher)
+    await second.core.subscribe(chat, watcher)
     await start_turn(first, chat)
     asking = asyncio.create_task(first.request_input(chat, NOTE))
     await wait_until_open(first, chat, "q")
@@ -373,14 +377,14 @@ async def test_two_hosts_on_one_store_deliver_the_same_envelopes_in_order() -> N
             )
 
     await asyncio.gather(type_on(first, "a"), type_on(second, "b"))
-    final = (await first.channel(chat)).seq
+    final = (await first.view(chat)).seq
     async with asyncio.timeout(2 * UNIT):
         while watcher.seqs(chat)[-1:] != [final]:
             watcher.arrived.clear()
             await watcher.arrived.wait()
     seqs = watcher.seqs(chat)
     assert seqs == list(range(seqs[0], final + 1))
-    assert (await second.channel(chat)).state == (await first.channel(chat)).state
+    assert (await second.view(chat)).state == (await first.view(chat)).state
     asking.cancel()
     await first.stop()
     await second.stop()
@@ -394,13 +398,13 @@ async def test_an_append_whose_hint_was_lost_arrives_with_the_idle_check() -> No
     await second.start()
     chat = await first.create_session(SESSION)
     watcher = Recorder()
-    await second.subscribe(chat, watcher)
-    assert second._remove_listener is not None
-    second._remove_listener()  # from now on `second` hears no hints
+    await second.core.subscribe(chat, watcher)
+    assert second.core._remove_listener is not None
+    second.core._remove_listener()  # from now on `second` hears no hints
     await start_turn(first, chat)
     assert watcher.seqs(chat) == []
-    await second.check_heads()
-    assert watcher.seqs(chat) == [(await first.channel(chat)).seq]
+    await second.core.check_heads()
+    assert watcher.seqs(chat) == [(await first.view(chat)).seq]
     await first.stop()
     await second.stop()
 
@@ -408,10 +412,10 @@ async def test_an_append_whose_hint_was_lost_arrives_with_the_idle_check() -> No
 async def test_news_in_a_chat_makes_its_session_unread_again(host: Host) -> None:
     chat = await host.create_session(SESSION)
     await host.dispatch(SESSION, SessionIsReadChanged(is_read=True))
-    session = (await host.channel(SESSION)).state
+    session = (await host.view(SESSION)).state
     assert isinstance(session, SessionState)
     assert session.status & SessionStatus.IS_READ
     await start_turn(host, chat)
-    session = (await host.channel(SESSION)).state
+    session = (await host.view(SESSION)).state
     assert isinstance(session, SessionState)
     assert not session.status & SessionStatus.IS_READ

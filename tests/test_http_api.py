@@ -91,7 +91,7 @@ def wait_query(chat: str, timeout: float) -> dict[str, str | float]:
 async def parked_poll(huddle: RunningServer, chat: str) -> asyncio.Task[HttpReply]:
     """Start the long poll; returns once the server is waiting on it."""
     poll = asyncio.create_task(get(huddle, "/api/input/wait", wait_query(chat, 5 * UNIT)))
-    await eventually(lambda: bool(huddle.server.host.channels[chat].waiters))
+    await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) > 0)
     return poll
 
 
@@ -117,7 +117,7 @@ async def test_snapshot_returns_the_channel_state(huddle: RunningServer) -> None
     assert body["resource"] == SESSION
     assert body["state"]["title"] == "Over HTTP"
     assert body["state"]["defaultChat"] == chat
-    assert body["fromSeq"] == (await huddle.server.host.channel(SESSION)).seq
+    assert body["fromSeq"] == (await huddle.server.host.view(SESSION)).seq
 
 
 async def test_snapshot_of_an_unknown_chat_is_404(huddle: RunningServer) -> None:
@@ -177,7 +177,10 @@ async def test_participant_dispatching_a_server_only_action_is_403(
     )
 
     assert reply.status == 403
-    assert "chat/inputRequested" in reply.json()["error"]
+    assert reply.json() == {
+        "rejectionReason": "forbidden: chat/inputRequested is dispatched only by the server",
+        "code": "forbidden",
+    }
 
 
 async def test_observer_dispatching_anything_is_403(huddle: RunningServer) -> None:
@@ -186,6 +189,22 @@ async def test_observer_dispatching_anything_is_403(huddle: RunningServer) -> No
     reply = await dispatch(huddle, chat, TURN, token=huddle.token("observer"))
 
     assert reply.status == 403
+    assert reply.json()["rejectionReason"] == "forbidden: observers may not dispatch actions"
+
+
+async def test_both_edges_refuse_an_observers_action_with_the_same_reason(
+    huddle: RunningServer,
+) -> None:
+    chat = await new_session(huddle)
+    token = huddle.token("observer", name="olga")
+    observer = await Peer.ready(huddle.ws, token, "olga")
+    await observer.subscribe(chat)
+
+    await observer.dispatch(chat, TURN)
+    echoed = (await observer.envelope())["rejectionReason"]
+    reply = await dispatch(huddle, chat, TURN, token=token)
+
+    assert echoed == reply.json()["rejectionReason"]
 
 
 async def test_scoped_participant_dispatching_to_another_session_is_403(
@@ -201,13 +220,13 @@ async def test_scoped_participant_dispatching_to_another_session_is_403(
 
 async def test_action_of_another_channels_family_is_rejected(huddle: RunningServer) -> None:
     chat = await new_session(huddle)
-    seq = (await huddle.server.host.channel(chat)).seq
+    seq = (await huddle.server.host.view(chat)).seq
 
     reply = await dispatch(huddle, chat, SessionTitleChanged(title="wrong place"))
 
     assert reply.status == 409
     assert reply.json()["rejectionReason"].startswith("wrong-channel: ")
-    assert (await huddle.server.host.channel(chat)).seq == seq
+    assert (await huddle.server.host.view(chat)).seq == seq
 
 
 # ─── The input long poll ─────────────────────────────────────────────────────
@@ -254,7 +273,7 @@ async def test_long_poll_times_out_with_408(huddle: RunningServer) -> None:
     reply = await get(huddle, "/api/input/wait", wait_query(chat, 0.1 * UNIT))
 
     assert reply.status == 408
-    assert not huddle.server.host.channels[chat].waiters
+    assert huddle.server.host.waiters.waiting_on(chat) == 0
 
 
 async def test_long_poll_ends_with_410_when_the_turn_ends(huddle: RunningServer) -> None:
@@ -310,10 +329,10 @@ async def test_minted_observer_token_cannot_dispatch(huddle: RunningServer) -> N
 
 
 async def test_minted_token_expires_after_its_ttl(huddle: RunningServer) -> None:
-    huddle.server.clock = lambda: 1_000_000.0
+    huddle.server.commands.clock = lambda: 1_000_000.0
     token = (await mint(huddle, {"role": "participant", "ttl": 60})).json()["token"]
 
-    huddle.server.clock = lambda: 1_000_061.0
+    huddle.server.commands.clock = lambda: 1_000_061.0
     reply = await get(huddle, "/api/snapshot", {"channel": "ahp-root://"}, token)
 
     assert reply.status == 401
@@ -406,7 +425,7 @@ async def test_bad_body_is_400_naming_the_field(
             id="wait-timeout-not-a-number",
         ),
         pytest.param(
-            "/api/input/wait", {"chat": "", "request": "r"}, "$.channel", id="wait-without-chat"
+            "/api/input/wait", {"chat": "", "request": "r"}, "$.chat", id="wait-without-chat"
         ),
     ],
 )

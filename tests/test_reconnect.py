@@ -12,7 +12,7 @@ from protocol.actions import ChatInputAnswerChanged, ChatTurnStarted
 from protocol.chat import ChatState, InputAnswer, InputRequest, TextQuestion, TextValue
 from protocol.session import SessionState
 from server.config import Settings
-from tests.conftest import UNIT, RunningServer, start_server, user_message
+from tests.conftest import UNIT, RunningServer, drop_socket, start_server, user_message
 
 SESSION = "ahp-session:/reconnects"
 asking: list[asyncio.Task[object]] = []
@@ -81,14 +81,14 @@ async def test_reconnect_catches_up_by_replay_or_snapshot(
     reader = await small_window.client(reconnect=False)
     mirror = await reader.subscribe(chat)
     writer = await small_window.client()
-    await reader.kill_socket()
+    drop_socket(reader)
     async with asyncio.timeout(2 * UNIT):
         await reader.lost.wait()
     for n in range(missed):
         await writer.dispatch_and_wait(chat, typing(n))
     await reader.reconnect()
     assert reader.resumed[chat] == how
-    server_channel = await small_window.server.host.channel(chat)
+    server_channel = await small_window.server.host.view(chat)
     assert mirror.seq == server_channel.seq
     assert same_state(mirror.state, server_channel.state)
 
@@ -106,7 +106,7 @@ async def test_every_subscriber_sees_a_gapless_sequence_across_a_reconnect(
     for n in range(10):
         await writer.dispatch(chat, typing(n))
         if n == 4:
-            await reader.kill_socket()
+            drop_socket(reader)
     last = first + 10
     async with asyncio.timeout(5 * UNIT):
         await mirror.wait_for(lambda _: mirror.seq >= last)
@@ -118,7 +118,7 @@ async def test_reconnect_reports_a_channel_that_is_gone(huddle: RunningServer) -
     chat = await open_request(huddle)
     reader = await huddle.client(reconnect=False)
     await reader.subscribe(chat)
-    await reader.kill_socket()
+    drop_socket(reader)
     async with asyncio.timeout(2 * UNIT):
         await reader.lost.wait()
     agent = await huddle.client("agent")

@@ -53,9 +53,9 @@ from protocol.session import SessionState
 from protocol.uris import ROOT_URI
 from server.client import Disconnected, HuddleClient, Mirror
 from server.errors import ActionRejected
-from server.host import log_entry, read_entry
+from server.store.base import decode_entry, encode_entry
 from server.store.redis import APPEND, RedisStore
-from tests.conftest import UNIT, user_message
+from tests.conftest import UNIT, drop_socket, user_message
 from tests.redis_server import RedisServer
 from tests.test_reconnect import same_state
 from tests.test_serve_cli import TOKEN, Served, start
@@ -275,7 +275,7 @@ async def stored_log(redis: RedisServer, chat: str) -> dict[int, ActionEnvelope]
         entries: list[tuple[bytes, dict[bytes, bytes]]] = await db.xrange(keys(chat)[1])  # type: ignore[assignment]
     log: dict[int, ActionEnvelope] = {}
     for entry_id, fields in entries:
-        _, envelope, _ = read_entry(fields[b"e"])
+        envelope = decode_entry(fields[b"e"]).envelope
         assert entry_id == f"{envelope.server_seq}-0".encode()
         log[envelope.server_seq] = envelope
     return log
@@ -498,7 +498,7 @@ async def test_an_append_whose_pubsub_message_was_lost_still_arrives(cluster: Cl
         # What the append script does, less the PUBLISH: as if the message
         # had been dropped on its way to every process.
         envelope = ActionEnvelope(channel=chat, action=delta("t1", "<quiet>"), server_seq=head + 1)
-        entry = log_entry(int(time.time() * 1000), encode(envelope))
+        entry = encode_entry(int(time.time() * 1000), encode(envelope))
         async with db.pipeline(transaction=True) as pipe:
             pipe.hset(meta, "seq", head + 1)
             pipe.xadd(log_key, {"e": entry}, id=f"{head + 1}-0")
@@ -538,14 +538,14 @@ async def test_a_client_away_past_the_replay_window_resumes_from_a_snapshot(
         return echo.server_seq
 
     # Briefly away: inside the window, a replay.
-    await away.kill_socket()
+    drop_socket(away)
     await away.lost.wait()
     await write(2)
     await away.reconnect()
     assert away.resumed[chat] == "replay"
 
     # Long away: the log was trimmed past the cursor, a snapshot.
-    await away.kill_socket()
+    drop_socket(away)
     await away.lost.wait()
     cursor = mirror.seq
     head = await write(30)
@@ -578,7 +578,7 @@ async def test_a_lost_log_changes_the_epoch_and_no_seq_is_replayed_twice(
     await old.subscribe(chat)
     for n in range(3):
         await agent.dispatch_and_wait(chat, delta("t1", f"<{n}>"))
-    await old.kill_socket()
+    drop_socket(old)
     await old.lost.wait()
     old_cursor = old.mirrors[chat].seq
     for n in range(3, 6):

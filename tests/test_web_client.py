@@ -52,6 +52,7 @@ from protocol.status import SessionStatus
 from reducers.clock import iso_time
 from server.app import create_app
 from server.auth import TokenAuthority
+from server.build import build
 from server.config import Settings
 from server.runner import demo
 from server.runner.store import MemoryTurnStore
@@ -178,7 +179,7 @@ async def answer_ticket_form(page: Page, system: str = "SSO") -> None:
 
 
 async def chat_state(running: RunningServer, chat: str) -> ChatState:
-    state = (await running.server.host.channel(chat)).state
+    state = (await running.server.host.view(chat)).state
     assert isinstance(state, ChatState)
     return state
 
@@ -325,7 +326,8 @@ async def test_the_sessions_list_shows_status_and_unread_and_creates_sessions(
     await item.get_by_role("link").click()
     await expect(page.get_by_role("heading", name="Made by an agent")).to_be_visible()
     await expect(item.get_by_text("unread")).not_to_be_attached()
-    summary = next(s for s in await demo_server.server.host.list_sessions() if s.resource == other)
+    summaries = await demo_server.server.host.aggregate.summaries()
+    summary = next(s for s in summaries if s.resource == other)
     assert summary.status & SessionStatus.IS_READ
 
 
@@ -669,9 +671,8 @@ async def serving(
 ) -> AsyncIterator[Callable[[], Any]]:
     """A server with the demo agent on a fixed port over kept stores."""
     settings = Settings(port=port)
-    app = create_app(
-        settings, store, TokenAuthority(AGENT_TOKEN), agent=demo.agent, turn_store=turns
-    )
+    parts = build(settings, store=store, agent=demo.agent, turn_store=turns)
+    app = create_app(parts, TokenAuthority(AGENT_TOKEN))
     server = UvicornServer(uvicorn_config(app, settings, port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     async with asyncio.timeout(10 * UNIT):
@@ -738,6 +739,6 @@ def open_request_id(state: ChatState) -> str:
 
 
 async def chat_state_of(host: Any, chat: str) -> ChatState:
-    state = (await host.channel(chat)).state
+    state = (await host.view(chat)).state
     assert isinstance(state, ChatState)
     return state

@@ -10,10 +10,11 @@ come from the frozen schema (which the host then checks accepts against);
 progress as the running call's content; the end of the turn as
 ``chat/turnComplete``, ``chat/error`` or ``chat/turnCancelled``.
 
-Inward (:meth:`ChatBridge.accepted`, a host hook, so only the process that
-accepted an action acts on it): a participant's ``chat/turnStarted`` starts
-the session's agent; ``chat/inputCompleted`` of a request the runner opened
-becomes ``user_input``; ``chat/toolCallConfirmed`` becomes ``approve_tool``
+Inward (:meth:`ChatBridge.hook`, a host hook acting only on what this
+process accepted, so that one process acts on each action): a
+participant's ``chat/turnStarted`` starts the session's agent;
+``chat/inputCompleted`` of a request the runner opened becomes
+``user_input``; ``chat/toolCallConfirmed`` becomes ``approve_tool``
 or ``reject_tool``; ``chat/turnCancelled`` cancels. Each resume carries who
 did it (name, role, client id) for the turn's audit.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from collections.abc import Awaitable
 from datetime import datetime
 from typing import Any
 
@@ -44,11 +46,13 @@ from protocol.actions import (
     ChatTurnComplete,
     ChatTurnStarted,
     SessionServerToolsChanged,
+    StateAction,
 )
 from protocol.chat import (
     ChatState,
     ConfirmationOption,
     InputRequest,
+    InputRequestPart,
     MarkdownPart,
     Message,
     MessageOrigin,
@@ -59,12 +63,14 @@ from protocol.chat import (
     ToolCallPendingConfirmation,
     ToolCallResult,
 )
-from protocol.messages import ActionEnvelope, ActionOrigin
+from protocol.messages import ActionEnvelope
 from protocol.session import SessionState, ToolDefinition
 from protocol.uris import chat_uri
 from protocol.wire import ErrorInfo, Markdown
-from reducers.chat import select_latest_input_part, select_tool_call
+from reducers.chat import select_input_settlement, select_latest_tool_call, select_tool_call
 from reducers.clock import iso_time
+from server.auth import Identity
+from server.channels import Applied
 from server.errors import ActionRejected, ChannelGone, HuddleError
 from server.host import Host
 from server.runner.agent import Agent, ApprovalDecision, Tool
@@ -108,7 +114,7 @@ class ChatBridge:
     def attach(self, runner: Runner) -> None:
         self.runner = runner
         runner.port = self
-        self.host.accepted.append(self.accepted)
+        self.host.add_hook(self.hook)
 
     # ─── Outward ─────────────────────────────────────────────────────────
 
@@ -117,7 +123,7 @@ class ChatBridge:
         if turn.chat is None:
             return None
         try:
-            state = (await self.host.channel(turn.chat)).state
+            state = (await self.host.view(turn.chat)).state
         except ChannelGone:
             return None
         if not isinstance(state, ChatState) or state.active_turn is None:
@@ -135,7 +141,7 @@ class ChatBridge:
         if turn.chat is None or turn.chat_turn is None:
             return
         await self._publish_tools(turn)
-        state = (await self.host.channel(turn.chat)).state
+        state = (await self.host.view(turn.chat)).state
         if (
             isinstance(state, ChatState)
             and state.active_turn is None
@@ -157,7 +163,7 @@ class ChatBridge:
         session = await self.host.session_of(turn.chat)
         if session is None:
             return
-        state = (await self.host.channel(session)).state
+        state = (await self.host.view(session)).state
         tools = [
             ToolDefinition(name=t.name, description=t.description, input_schema=t.input_schema)
             for t in self.agent.tools
@@ -350,19 +356,21 @@ class ChatBridge:
 
     # ─── Inward ──────────────────────────────────────────────────────────
 
-    async def accepted(self, uri: str, envelope: ActionEnvelope) -> None:
-        """React to an action this process accepted from a client."""
-        origin = envelope.origin
-        if origin is None or self.runner is None:
-            return  # the server's own actions (ours among them)
-        action = envelope.action
-        by = await self.host.identity(origin)
-        audit = {
-            "by": by.name if by else None,
-            "role": by.role if by else None,
-            "clientId": origin.client_id,
-            "via": "chat",
-        }
+    def hook(self, event: Applied) -> Awaitable[None] | None:
+        """The host's hook: act on what this process accepted from a client
+        (the server's own actions carry no origin; ours among them)."""
+        if not event.local or event.envelope.origin is None or self.runner is None:
+            return None
+        if isinstance(
+            event.action,
+            ChatTurnStarted | ChatInputCompleted | ChatToolCallConfirmed | ChatTurnCancelled,
+        ):
+            return self.accepted(event.uri, event.action, _audit(event.sender, event.envelope))
+        return None
+
+    async def accepted(self, uri: str, action: StateAction, audit: dict[str, Any]) -> None:
+        """React to a client's action on chat ``uri``; ``audit`` says who."""
+        assert self.runner is not None
         try:
             if isinstance(action, ChatTurnStarted):
                 await self.runner.start(
@@ -373,7 +381,11 @@ class ChatBridge:
                     chat_turn=action.turn_id,
                 )
             elif isinstance(action, ChatInputCompleted):
-                await self._input_completed(uri, action, audit)
+                state = (await self.host.view(uri)).state
+                assert isinstance(state, ChatState)
+                settled = select_input_settlement(state, action.request_id)
+                if settled.status == "resolved" and settled.part is not None:
+                    await self._input_resolved(uri, settled.part, audit)
             elif isinstance(action, ChatToolCallConfirmed):
                 command = _decision(action)
                 await self.runner.submit_resume(
@@ -386,28 +398,26 @@ class ChatBridge:
         except HuddleError as error:
             log.warning("could not act on %s: %s", type(action).__name__, error)
 
-    async def _input_completed(
-        self, uri: str, action: ChatInputCompleted, audit: dict[str, Any]
+    async def _input_resolved(
+        self, uri: str, part: InputRequestPart, audit: dict[str, Any]
     ) -> None:
+        """Resume the turn that asked ``part``'s request (if the runner did)."""
         assert self.runner is not None
-        chat_turn, marker, call = action.request_id.partition(":input:")
+        assert part.response is not None
+        chat_turn, marker, call = part.request.id.partition(":input:")
         if not marker:
             return  # not a request the runner opened
-        turn_id = runner_turn_id(uri, chat_turn)
-        state = (await self.host.channel(uri)).state
-        assert isinstance(state, ChatState)
-        part = select_latest_input_part(state, action.request_id)
-        answers = dict(part.request.answers or {}) if part else dict(action.answers or {})
+        answers = dict(part.request.answers or {})
         if call == "text":
             answer = answers.get(REPLY)
             text = answer.value.value if answer and isinstance(answer.value, TextValue) else ""
-            command = ResumeCommand.user_input(text if action.response == "accept" else "")
+            command = ResumeCommand.user_input(text if part.response == "accept" else "")
+        elif part.response == "accept":
+            data = await self.host.form_data(uri, part.request.id, answers)
+            command = ResumeCommand.user_input(call, data or {})
         else:
-            data = await self.host.form_data(uri, action.request_id, answers)
-            if action.response == "accept":
-                command = ResumeCommand.user_input(call, data or {})
-            else:
-                command = ResumeCommand.user_input(call, None, response=action.response)
+            command = ResumeCommand.user_input(call, None, response=part.response)
+        turn_id = runner_turn_id(uri, chat_turn)
         await self.runner.submit_resume(turn_id, command.with_metadata(**audit))
 
     async def reconcile(self) -> int:
@@ -416,56 +426,66 @@ class ChatBridge:
         if self.runner is None:
             return 0
         store, resumed = self.runner.store, 0
+        audit = {"by": None, "role": None, "clientId": None, "via": "reconcile"}
         for status in (TurnStatus.WAITING_FOR_USER, TurnStatus.WAITING_FOR_APPROVAL):
             for turn_id in await store.by_status(status):
                 turn = await store.load(turn_id)
                 if turn.chat is None or turn.suspension is None:
                     continue
                 try:
-                    state = (await self.host.channel(turn.chat)).state
+                    state = (await self.host.view(turn.chat)).state
                 except ChannelGone:
                     continue
                 assert isinstance(state, ChatState)
-                envelope = _answered(state, turn)
-                if envelope is not None:
-                    await self.accepted(turn.chat, envelope)
+                if await self._resume_answered(turn, state, audit):
                     resumed += 1
         return resumed
 
+    async def _resume_answered(self, turn: Turn, state: ChatState, audit: dict[str, Any]) -> bool:
+        """Resume ``turn`` from the chat's answer to its suspension; False
+        while it is unanswered."""
+        assert turn.suspension is not None
+        assert turn.chat is not None
+        assert self.runner is not None
+        suspension = turn.suspension
+        if suspension.type == SuspensionType.USER_INPUT:
+            rid = request_id(turn, suspension.correlation_id)
+            settled = select_input_settlement(state, rid)
+            if settled.status != "resolved" or settled.part is None:
+                return False
+            await self._input_resolved(turn.chat, settled.part, audit)
+            return True
+        call = select_latest_tool_call(state, turn.chat_turn or "", suspension.correlation_id or "")
+        if call is None or isinstance(call, ToolCallPendingConfirmation):
+            return False
+        if isinstance(call, ToolCallCancelled):
+            command = ResumeCommand.reject_tool(call.tool_call_id, "denied")
+        else:
+            edited = getattr(call, "tool_input", None)
+            command = _decision(
+                ChatToolCallConfirmed(
+                    turn_id=turn.chat_turn or "",
+                    tool_call_id=call.tool_call_id,
+                    approved=True,
+                    edited_tool_input=edited,
+                )
+            )
+        try:
+            await self.runner.submit_resume(turn.id, command.with_metadata(**audit))
+        except ResumeRejected as error:
+            log.info("%s", error)
+        return True
 
-def _answered(state: ChatState, turn: Turn) -> ActionEnvelope | None:
-    """The chat's answer to the turn's suspension, as the action that gave
-    it (None while it is unanswered)."""
-    suspension = turn.suspension
-    assert suspension is not None
-    assert turn.chat is not None
-    origin = ActionOrigin(client_id="reconcile", client_seq=0)
-    if suspension.type == SuspensionType.USER_INPUT:
-        part = select_latest_input_part(state, request_id(turn, suspension.correlation_id))
-        if part is None or part.response is None:
-            return None
-        action: Any = ChatInputCompleted(request_id=part.request.id, response=part.response)
-    else:
-        found = None
-        for t in [state.active_turn, *reversed(state.turns)]:
-            if t is None or t.id != turn.chat_turn:
-                continue
-            for p in t.response_parts:
-                call = getattr(p, "tool_call", None)
-                if call is not None and call.tool_call_id == suspension.correlation_id:
-                    found = call
-        if found is None or isinstance(found, ToolCallPendingConfirmation):
-            return None
-        approved = not isinstance(found, ToolCallCancelled)
-        action = ChatToolCallConfirmed(
-            turn_id=turn.chat_turn or "",
-            tool_call_id=found.tool_call_id,
-            approved=approved,
-            confirmed="user-action" if approved else None,
-            reason=None if approved else "denied",
-            edited_tool_input=getattr(found, "tool_input", None) if approved else None,
-        )
-    return ActionEnvelope(channel=turn.chat, action=action, server_seq=0, origin=origin)
+
+def _audit(sender: Identity | None, envelope: ActionEnvelope) -> dict[str, Any]:
+    """Who did it, for the turn's audit: the server's identity of the sender."""
+    origin = envelope.origin
+    return {
+        "by": sender.name if sender else None,
+        "role": sender.role if sender else None,
+        "clientId": origin.client_id if origin else None,
+        "via": "chat",
+    }
 
 
 def _decision(action: ChatToolCallConfirmed) -> ResumeCommand:

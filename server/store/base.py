@@ -23,6 +23,51 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+
+from protocol.codec import decode_envelope
+from protocol.messages import ActionEnvelope
+from server.auth import Identity
+
+
+class LogEntry(msgspec.Struct, frozen=True, gc=False):
+    """What the store keeps per seq: the envelope as sent (``e``), the
+    writer's clock (``t``, ms), so that every process reduces it to the same
+    state (``modifiedAt`` comes from the caller's clock), and who sent it
+    (``w``, the server's identity of the sender; absent for the server's
+    own actions)."""
+
+    t: int
+    e: msgspec.Raw
+    w: Identity | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A decoded log entry: time, envelope, its bytes and its sender."""
+
+    time: int
+    envelope: ActionEnvelope
+    data: bytes
+    sender: Identity | None
+
+
+_read_entry = msgspec.json.Decoder(LogEntry)
+_encode = msgspec.json.Encoder()
+
+
+def encode_entry(now_ms: int, envelope: bytes, sender: Identity | None = None) -> bytes:
+    """The log entry for an encoded envelope written at ``now_ms``."""
+    if sender is None:
+        return b'{"t":%d,"e":%b}' % (now_ms, envelope)
+    return b'{"t":%d,"w":%b,"e":%b}' % (now_ms, _encode.encode(sender), envelope)
+
+
+def decode_entry(raw: bytes) -> Entry:
+    entry = _read_entry.decode(raw)
+    data = bytes(entry.e)
+    return Entry(entry.t, decode_envelope(data), data, entry.w)
+
 
 @dataclass(frozen=True)
 class StoredChannel:

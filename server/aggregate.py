@@ -1,0 +1,223 @@
+"""The session aggregate: a chat's requests and summary reflected on its
+session, and a session's summary on the sessions list.
+
+One hook of the channel core, acting on the actions this process accepted
+(the process that accepts an action keeps the aggregates for it):
+
+- after a chat action, the session's ``inputNeeded`` queue and chat catalog
+  are brought up to date by diffing what the session last heard of the chat
+  (its shadow) against the chat's latest state, one sync per chat at a
+  time, so their order cannot go wrong (:func:`reducers.aggregate.
+  derive_session_actions`); a summary's ``modifiedAt`` alone reaches the
+  catalog at most once per ``modified_at_interval``;
+- news in a chat (a turn, a question, a tool waiting) makes its session
+  unread again;
+- after a session action, the session's entry in the sessions list is
+  re-derived and what changed is announced on the root channel.
+
+Another process's chat envelopes move the shadow only: the process that
+accepted them told the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from msgspec.structs import replace
+
+from protocol.actions import (
+    ChatInputRequested,
+    ChatToolCallReady,
+    ChatTurnStarted,
+    SessionIsReadChanged,
+    StateAction,
+)
+from protocol.chat import ChatState
+from protocol.codec import encode
+from protocol.messages import SessionSummaryChangedParams
+from protocol.session import SessionState, SessionSummary
+from protocol.status import SessionStatus
+from protocol.uris import ROOT_URI
+from reducers.aggregate import derive_session_actions, session_summary, summary_diff
+from server.cache import Lru
+from server.channels import Applied, ChannelCore
+from server.errors import ChannelGone
+from server.forms import chat_session
+
+NEWS = (ChatTurnStarted, ChatInputRequested, ChatToolCallReady)
+"""Chat actions that make the session unread again."""
+SESSION_RECORDS = "session"
+CACHED = 4096
+"""Chats and sessions whose aggregate bookkeeping is kept in memory."""
+
+
+class SessionAggregate:
+    """See the module docstring. ``dispatch`` writes the derived actions
+    (the server's own, unvalidated)."""
+
+    def __init__(
+        self,
+        core: ChannelCore,
+        dispatch: Callable[[str, StateAction], Awaitable[object]],
+        *,
+        clock: Callable[[], float],
+        modified_at_interval: float = 1.0,
+    ) -> None:
+        self.core = core
+        self.dispatch = dispatch
+        self.clock = clock
+        self.modified_at_interval = modified_at_interval
+        self._shadows: Lru[str, ChatState] = Lru(CACHED)
+        """The chat state the session last heard about, per chat."""
+        self._last_push: Lru[str, float] = Lru(CACHED)
+        self._summaries: Lru[str, SessionSummary] = Lru(CACHED)
+        self._flushes: dict[str, asyncio.TimerHandle] = {}
+        self._syncing: Lru[str, asyncio.Lock] = Lru(CACHED)
+
+    def hook(self, event: Applied) -> Awaitable[None] | None:
+        state = event.view.state
+        if isinstance(state, ChatState):
+            if not event.local:
+                self._shadows.put(event.uri, state)
+                return None
+            return self._chat_changed(event)
+        if isinstance(state, SessionState) and event.local:
+            return self.announce(event.uri)
+        return None
+
+    def stop(self) -> None:
+        for handle in self._flushes.values():
+            handle.cancel()
+        self._flushes.clear()
+
+    def forget(self, uri: str) -> None:
+        """Drop the bookkeeping of a chat or session that is gone."""
+        for cache in (self._shadows, self._last_push, self._summaries, self._syncing):
+            cache.pop(uri)
+        self._cancel_flush(uri)
+
+    # ─── Chats -> their session ──────────────────────────────────────────
+
+    async def _chat_changed(self, event: Applied) -> None:
+        assert isinstance(event.before, ChatState)
+        async with self._lock(event.uri):
+            await self._sync(event.uri, event.before)
+        if isinstance(event.action, NEWS) and isinstance(event.view.state, ChatState):
+            await self._mark_unread(event.view.state)
+
+    def _lock(self, chat: str) -> asyncio.Lock:
+        lock = self._syncing.get(chat)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._syncing.put(chat, lock)
+        return lock
+
+    async def _sync(self, chat: str, before: ChatState) -> None:
+        """Bring the session up to date with the chat's latest state (the
+        chat's sync lock held)."""
+        view = self.core.cached(chat)
+        if view is None or not isinstance(view.state, ChatState):
+            return
+        current = view.state
+        session = chat_session(current)
+        if session is None:
+            return
+        shadow = self._shadows.get(chat) or before
+        self._shadows.put(chat, current)
+        now = self.clock()
+        eager = now - (self._last_push.get(chat) or 0.0) >= self.modified_at_interval
+        actions = derive_session_actions(shadow, current, include_modified_at=eager)
+        if any(getattr(a, "changes", None) is not None for a in actions):
+            self._last_push.put(chat, now)
+            self._cancel_flush(chat)
+        elif shadow.modified_at != current.modified_at:
+            # The summary's modifiedAt lags by at most one interval.
+            self._schedule_flush(chat)
+            self._shadows.put(chat, replace(current, modified_at=shadow.modified_at))
+        for action in actions:
+            with contextlib.suppress(ChannelGone):
+                await self.dispatch(session, action)
+
+    def _schedule_flush(self, chat: str) -> None:
+        if chat in self._flushes:
+            return
+        loop = asyncio.get_running_loop()
+        self._flushes[chat] = loop.call_later(
+            self.modified_at_interval, lambda: self.core.spawn(self._flush(chat))
+        )
+
+    def _cancel_flush(self, chat: str) -> None:
+        handle = self._flushes.pop(chat, None)
+        if handle is not None:
+            handle.cancel()
+
+    async def _flush(self, chat: str) -> None:
+        self._flushes.pop(chat, None)
+        view = self.core.cached(chat)
+        if view is None or not isinstance(view.state, ChatState):
+            return
+        async with self._lock(chat):
+            self._last_push.put(chat, 0.0)
+            await self._sync(chat, view.state)
+
+    async def _mark_unread(self, chat: ChatState) -> None:
+        """News in a chat makes its session unread again for everyone."""
+        session = chat_session(chat)
+        if session is None:
+            return
+        with contextlib.suppress(ChannelGone):
+            state = (await self.core.view(session)).state
+            if isinstance(state, SessionState) and state.status & SessionStatus.IS_READ:
+                await self.dispatch(session, SessionIsReadChanged(is_read=False))
+
+    # ─── Sessions -> the sessions list ───────────────────────────────────
+
+    async def add(self, session: str, summary: SessionSummary) -> None:
+        """Put a new session's entry on the list (its creation is done)."""
+        self._summaries.put(session, summary)
+        await self.core.store.put_record(SESSION_RECORDS, session, encode(summary))
+
+    async def remove(self, session: str) -> None:
+        """Take a disposed session's entry off the list."""
+        await self.core.store.delete_record(SESSION_RECORDS, session)
+        self.forget(session)
+
+    async def announce(self, session: str) -> None:
+        """Re-derive the session's list entry; announce what changed.
+        Sessions still being created have no entry yet."""
+        async with self._lock(session):
+            view = self.core.cached(session)
+            if view is None or not isinstance(view.state, SessionState):
+                return
+            old = self._summaries.get(session) or await self._read_summary(session)
+            if old is None:
+                return
+            new = session_summary(session, view.state, old.created_at)
+            changes = summary_diff(old, new)
+            if not changes:
+                return
+            self._summaries.put(session, new)
+            await self.core.store.put_record(SESSION_RECORDS, session, encode(new))
+            params = SessionSummaryChangedParams(channel=ROOT_URI, session=session, changes=changes)
+            await self.core.publish_notice("root/sessionSummaryChanged", params)
+
+    async def _read_summary(self, session: str) -> SessionSummary | None:
+        raw = await self.core.store.get_record(SESSION_RECORDS, session)
+        if raw is None:
+            return None
+        summary = msgspec.json.decode(raw, type=SessionSummary)
+        self._summaries.put(session, summary)
+        return summary
+
+    async def summaries(self) -> list[SessionSummary]:
+        """Every session's list entry, most recently modified first."""
+        records = await self.core.store.records(SESSION_RECORDS)
+        items = [msgspec.json.decode(raw, type=SessionSummary) for raw in records.values()]
+        items.sort(key=lambda s: (s.modified_at, s.resource), reverse=True)
+        return items
+
+    async def count(self) -> int:
+        return len(await self.core.store.records(SESSION_RECORDS))

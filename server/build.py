@@ -1,0 +1,118 @@
+"""One place that builds a server's parts from its settings.
+
+``huddle serve`` (through :func:`server.app.create_app`) and ``huddle
+worker`` both call :func:`build`: the channel store ``--store`` names, the
+host over it, and, with an agent, the turn store beside it and the service
+that runs the agent's turns. Tests pass stores of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from protocol.session import AgentInfo
+from server.config import Settings
+from server.host import Host
+from server.runner.agent import Agent
+from server.runner.service import AgentService, agent_info
+from server.runner.store import MemoryTurnStore, TurnStore
+from server.store.base import ChannelStore
+from server.store.memory import MemoryStore
+
+
+@dataclass
+class Parts:
+    """What one server process runs: the stores, the host, the agent."""
+
+    settings: Settings
+    store: ChannelStore
+    host: Host
+    service: AgentService | None
+    clock: Callable[[], float]
+
+    async def start(self) -> None:
+        await self.host.start()
+        if self.service is not None:
+            await self.service.start()
+
+    async def stop(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+        await self.host.stop()
+        await self.store.close()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Parts]:
+        await self.start()
+        try:
+            yield self
+        finally:
+            await self.stop()
+
+
+def default_agents() -> list[AgentInfo]:
+    """The root channel's agents when the server runs none of its own."""
+    return [
+        AgentInfo(
+            provider="huddle",
+            display_name="Huddle",
+            description="Agents that ask people for input through Huddle",
+            models=[],
+        )
+    ]
+
+
+def open_store(settings: Settings) -> ChannelStore:
+    """The store ``--store`` names: ``memory`` or a redis:// (unix://) URL."""
+    if settings.store == "memory":
+        return MemoryStore(retention=settings.replay_window)
+    if settings.store.startswith(("redis://", "rediss://", "unix://")):
+        from server.store.redis import RedisStore
+
+        return RedisStore(settings.store, retention=settings.replay_window)
+    raise ValueError(f"unknown store {settings.store!r} (use memory or redis://...)")
+
+
+def open_turn_store(settings: Settings) -> TurnStore:
+    """The turn store that goes with ``--store``."""
+    if settings.store == "memory":
+        return MemoryTurnStore()
+    from server.runner.redis_store import RedisTurnStore
+
+    return RedisTurnStore(settings.store)
+
+
+def build(
+    settings: Settings,
+    *,
+    agent: Agent | None = None,
+    store: ChannelStore | None = None,
+    turn_store: TurnStore | None = None,
+    workers: int | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Parts:
+    """The parts of a server for ``settings``: ``store`` (else the one
+    ``settings.store`` names), a host over it, and with ``agent`` its
+    service running ``workers`` (else ``settings.workers``) worker tasks on
+    ``turn_store`` (else the one that goes with the store)."""
+    store = store if store is not None else open_store(settings)
+    host = Host(
+        store,
+        agents=[agent_info(agent)] if agent else default_agents(),
+        clock=clock,
+        snapshot_every=settings.snapshot_every,
+        idle_check_interval=settings.idle_check_interval,
+    )
+    service = None
+    if agent is not None:
+        service = AgentService(
+            host,
+            agent,
+            turn_store if turn_store is not None else open_turn_store(settings),
+            workers=settings.workers if workers is None else workers,
+            clock=clock,
+        )
+    return Parts(settings=settings, store=store, host=host, service=service, clock=clock)

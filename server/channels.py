@@ -1,0 +1,573 @@
+"""The channel core: one writer per channel, every subscriber in order.
+
+A change of state is a pure :func:`step` (validate, reduce, build the
+envelope) that the I/O part commits::
+
+    step(view, action, origin, now) -> envelope and the state after it
+    -> append to the store (compare-and-set on the channel's seq)
+    -> the same frame bytes to every subscriber -> hooks
+
+A rejected action raises :class:`ActionRejected` and consumes no seq. When
+another process appended first, the core catches up from the store log,
+steps again and retries, so no subscriber ever sees a gap or a reordering.
+Envelopes other processes append reach this process through the store's
+listener and are applied the same way (without validation: they were
+validated where they were accepted).
+
+Hooks (one style): every applied envelope, this process's and other
+processes', is handed to each hook in seq order as an :class:`Applied`,
+while the channel's lock is held. A hook observes; the work it needs to do
+in response (dispatching elsewhere, resuming a turn) it returns as an
+awaitable, which the core awaits after releasing the lock, in hook order:
+:meth:`ChannelCore.write` returns once the follow-ups of its own envelope
+(and of any other process's envelopes it caught up on first) are done.
+
+Callers see a channel as a :class:`ChannelView`: its state and seq at one
+moment, never the mutable record the core keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from protocol.actions import StateAction, action_type
+from protocol.codec import convert_state, encode
+from protocol.messages import (
+    ActionEnvelope,
+    ActionOrigin,
+    ChannelState,
+    MissingResume,
+    ReplayResume,
+    Resume,
+    Snapshot,
+    SnapshotResume,
+)
+from protocol.rejections import Rejection, RejectionCode
+from protocol.uris import ROOT_URI, channel_kind
+from reducers import reduce
+from server.auth import Identity
+from server.errors import ActionRejected, ChannelGone, SeqConflict, StoreError
+from server.frames import OutFrame, action_frame
+from server.store.base import ChannelStore, Listener, decode_entry, encode_entry
+
+log = logging.getLogger("huddle.channels")
+
+MAX_APPEND_ATTEMPTS = 50
+"""Compare-and-set attempts before an append is given up as too contended;
+from the third on, each waits a little (random) so two processes that keep
+colliding fall out of step."""
+MAX_HINTS = 1000
+"""Announced entries kept per channel while they cannot be applied yet."""
+
+
+class Subscriber(Protocol):
+    """A connection that receives frames; ``send_frame`` never blocks (a
+    subscriber that cannot keep up disconnects itself). ``session`` names
+    the session a sessions-list notice is about; ``channel`` the channel an
+    action envelope belongs to."""
+
+    def send_frame(
+        self, frame: OutFrame, session: str | None = None, channel: str | None = None
+    ) -> None: ...
+
+    def resync(self, channel: str) -> None:
+        """The channel's log was lost: the subscriber must start over."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelView:
+    """A channel at one moment: its URI, state and seq."""
+
+    uri: str
+    state: ChannelState
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """An envelope just applied to a channel: ``before`` is the state it
+    was applied to, ``view`` the channel after it, ``sender`` who sent it
+    (the server's identity of the sender; None for the server's own
+    actions). ``local`` when this process accepted it (False: another
+    process's, caught up here); ``latency`` is the seconds from the write's
+    start to the broadcast."""
+
+    view: ChannelView
+    envelope: ActionEnvelope
+    before: ChannelState
+    sender: Identity | None
+    local: bool
+    latency: float = 0.0
+
+    @property
+    def uri(self) -> str:
+        return self.view.uri
+
+    @property
+    def action(self) -> StateAction:
+        return self.envelope.action
+
+
+Hook = Callable[[Applied], Awaitable[None] | None]
+"""Called for every applied envelope, in seq order, with the channel's lock
+held; returns the follow-up work to await once the lock is released."""
+
+Validator = Callable[[ChannelState, StateAction], Rejection | None]
+"""Why ``action`` may not be applied to the state, or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What applying an action makes: the envelope, its bytes and the state."""
+
+    envelope: ActionEnvelope
+    data: bytes
+    after: ChannelState
+
+
+def step(
+    view: ChannelView,
+    action: StateAction,
+    origin: ActionOrigin | None,
+    now_ms: int,
+    validate: Validator | None = None,
+) -> Step | Rejection:
+    """The next envelope of ``view`` for ``action``, or why it is rejected.
+    Pure: the caller commits the step (or drops it)."""
+    if validate is not None:
+        rejection = validate(view.state, action)
+        if rejection is not None:
+            return rejection
+    after = reduce(view.state, action, now_ms)
+    envelope = ActionEnvelope(
+        channel=view.uri, action=action, server_seq=view.seq + 1, origin=origin
+    )
+    return Step(envelope=envelope, data=encode(envelope), after=after)
+
+
+@dataclass
+class _Channel:
+    """A channel as this process holds it."""
+
+    uri: str
+    state: ChannelState
+    seq: int
+    epoch: str
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    subscribers: set[Subscriber] = field(default_factory=set)
+    since_snapshot: int = 0
+    remote_head: int = 0
+    hints: dict[int, bytes] = field(default_factory=dict)
+    """Entries other processes announced, by seq, not yet applied."""
+    pins: int = 0
+    """Callers that need the channel kept current without subscribing."""
+    catching_up: bool = False
+    appending: bool = False
+
+    def view(self) -> ChannelView:
+        return ChannelView(self.uri, self.state, self.seq)
+
+
+FollowUps = list[Awaitable[None]]
+
+
+class ChannelCore(Listener):
+    """The channels this process serves; see the module docstring. Call
+    :meth:`start` before use and :meth:`stop` at the end."""
+
+    def __init__(
+        self,
+        store: ChannelStore,
+        *,
+        clock: Callable[[], float] = time.time,
+        snapshot_every: int = 100,
+        idle_check_interval: float = 2.0,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.snapshot_every = snapshot_every
+        self.idle_check_interval = idle_check_interval
+        self.hooks: list[Hook] = []
+        self._channels: dict[str, _Channel] = {}
+        self._loading: dict[str, asyncio.Future[_Channel]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._remove_listener: Callable[[], None] | None = None
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ─── Lifecycle ───────────────────────────────────────────────────────
+
+    async def start(self) -> None:
+        """Listen to other processes (and compare heads now and then)."""
+        self._remove_listener = self.store.add_listener(self)
+        if self.idle_check_interval > 0:
+            self.spawn(self._check_idle_channels())
+
+    async def stop(self) -> None:
+        if self._remove_listener is not None:
+            self._remove_listener()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def spawn(self, coro: Awaitable[None]) -> None:
+        """Run ``coro`` in the background; its failure is logged."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("background task failed", exc_info=error)
+
+    # ─── Reading ─────────────────────────────────────────────────────────
+
+    async def view(self, uri: str) -> ChannelView:
+        """The channel ``uri`` now, loaded from the store on first use;
+        raises ChannelGone (and BadChannelUri for a malformed URI)."""
+        return (await self._channel(uri)).view()
+
+    def cached(self, uri: str) -> ChannelView | None:
+        """The channel as this process holds it, without loading it."""
+        ch = self._channels.get(uri)
+        return None if ch is None else ch.view()
+
+    async def _channel(self, uri: str) -> _Channel:
+        found = self._channels.get(uri)
+        if found is not None:
+            return found
+        pending = self._loading.get(uri)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[_Channel] = asyncio.get_running_loop().create_future()
+        self._loading[uri] = future
+        try:
+            ch = await self._load(uri)
+            self._channels[uri] = ch
+            future.set_result(ch)
+            return ch
+        except BaseException as error:
+            future.set_exception(error)
+            future.exception()  # consumed here: waiters re-raise it
+            raise
+        finally:
+            del self._loading[uri]
+
+    async def _load(self, uri: str) -> _Channel:
+        kind = channel_kind(uri)
+        stored = await self.store.load(uri)
+        state = convert_state(json.loads(stored.snapshot), kind)
+        for raw in stored.log:
+            entry = decode_entry(raw)
+            state = reduce(state, entry.envelope.action, entry.time)
+        return _Channel(uri=uri, state=state, seq=stored.seq, epoch=stored.epoch)
+
+    # ─── Creating and dropping ───────────────────────────────────────────
+
+    async def create(self, uri: str, state: ChannelState) -> bool:
+        """Create ``uri`` at seq 0 with ``state``; False if it exists."""
+        return await self.store.create(uri, encode(state))
+
+    async def drop(self, uri: str) -> None:
+        """Forget ``uri`` here and delete it from the store; its subscribers
+        hear no more."""
+        ch = self._channels.pop(uri, None)
+        if ch is not None:
+            ch.subscribers.clear()
+        await self.store.delete(uri)
+
+    # ─── Writing ─────────────────────────────────────────────────────────
+
+    async def write(
+        self,
+        uri: str,
+        action: StateAction,
+        *,
+        origin: ActionOrigin | None = None,
+        sender: Identity | None = None,
+        validate: Validator | None = None,
+    ) -> Applied:
+        """Validate, reduce, append and broadcast ``action`` on ``uri``, then
+        await the hooks' follow-ups. Returns the accepted envelope's event.
+        ``sender`` is who sent it (None: the server itself), kept with the
+        entry. Raises ActionRejected (nothing changed, no seq used),
+        ChannelGone, or StoreUnavailable."""
+        started = time.perf_counter()
+        ch = await self._channel(uri)
+        follow_ups: FollowUps = []
+        try:
+            async with ch.lock:
+                return await self._commit(ch, action, origin, sender, validate, started, follow_ups)
+        finally:
+            await _await_all(follow_ups, f"{action_type(action)} on {uri}")
+
+    async def _commit(
+        self,
+        ch: _Channel,
+        action: StateAction,
+        origin: ActionOrigin | None,
+        sender: Identity | None,
+        validate: Validator | None,
+        started: float,
+        follow_ups: FollowUps,
+    ) -> Applied:
+        """Step and append (the lock held), catching up and retrying when
+        another process appended first."""
+        for attempt in range(MAX_APPEND_ATTEMPTS):
+            if attempt >= 2:
+                await asyncio.sleep(random.uniform(0, 0.001 * attempt))  # jitter
+            now = self.now_ms()
+            result = step(ch.view(), action, origin, now, validate)
+            if isinstance(result, Rejection):
+                raise ActionRejected.of(result)
+            ch.appending = True
+            try:
+                await self.store.append(ch.uri, ch.seq, encode_entry(now, result.data, sender))
+            except SeqConflict as conflict:
+                if conflict.current < ch.seq:
+                    await self._restore(ch)
+                else:
+                    await self._catch_up(ch, follow_ups, behind=True)
+                continue
+            finally:
+                ch.appending = False
+            latency = time.perf_counter() - started
+            return self._apply(
+                ch, result, sender, local=True, latency=latency, follow_ups=follow_ups
+            )
+        raise ActionRejected(
+            RejectionCode.CONFLICT, f"{ch.uri} is too busy to write now; try again"
+        )
+
+    def _apply(
+        self,
+        ch: _Channel,
+        result: Step,
+        sender: Identity | None,
+        *,
+        local: bool,
+        follow_ups: FollowUps,
+        latency: float = 0.0,
+    ) -> Applied:
+        """Make ``result`` current: state, seq, subscribers, snapshot, hooks."""
+        before = ch.state
+        ch.state, ch.seq = result.after, result.envelope.server_seq
+        frame = action_frame(result.data)
+        for subscriber in list(ch.subscribers):
+            subscriber.send_frame(frame, channel=ch.uri)
+        ch.since_snapshot += 1
+        if ch.since_snapshot >= self.snapshot_every:
+            ch.since_snapshot = 0
+            self.spawn(self.store.save_snapshot(ch.uri, ch.seq, encode(result.after)))
+        event = Applied(ch.view(), result.envelope, before, sender, local, latency)
+        for hook in self.hooks:
+            try:
+                follow_up = hook(event)
+            except Exception:
+                log.exception("hook failed on %s", ch.uri)
+                continue
+            if follow_up is not None:
+                follow_ups.append(follow_up)
+        return event
+
+    # ─── Other processes ─────────────────────────────────────────────────
+
+    async def _catch_up(self, ch: _Channel, follow_ups: FollowUps, *, behind: bool = False) -> None:
+        """Apply what other processes appended after ``ch.seq`` (lock held):
+        the announced entries while they follow on, then the store's log
+        when some are still missing (or ``behind``: a conflict said so)."""
+        while (raw := ch.hints.pop(ch.seq + 1, None)) is not None:
+            self._apply_entry(ch, raw, follow_ups)
+        ch.hints = {seq: raw for seq, raw in ch.hints.items() if seq > ch.seq}
+        if ch.remote_head <= ch.seq and not behind:
+            return
+        entries = await self.store.read_log(ch.uri, ch.seq, ch.epoch)
+        if entries is None:
+            await self._reload(ch)
+            return
+        for raw in entries:
+            self._apply_entry(ch, raw, follow_ups)
+
+    def _apply_entry(self, ch: _Channel, raw: bytes, follow_ups: FollowUps) -> None:
+        entry = decode_entry(raw)
+        if entry.envelope.server_seq != ch.seq + 1:
+            return
+        after = reduce(ch.state, entry.envelope.action, entry.time)
+        result = Step(entry.envelope, entry.data, after)
+        self._apply(ch, result, entry.sender, local=False, follow_ups=follow_ups)
+
+    async def _restore(self, ch: _Channel) -> None:
+        """The store is behind what this process saw: it lost acknowledged
+        appends. Give it back the state we hold, under a new epoch; every
+        other process then reloads it, and its subscribers start over."""
+        epoch = await self.store.restore(ch.uri, ch.seq, encode(ch.state))
+        log.warning("%s: the store lost appends up to %d; restored them", ch.uri, ch.seq)
+        if epoch is not None:
+            ch.epoch = epoch
+            ch.hints.clear()
+
+    async def _reload(self, ch: _Channel) -> None:
+        """The log we knew is gone (epoch changed or trimmed past us): load
+        afresh and make every subscriber start over."""
+        fresh = await self._load(ch.uri)
+        ch.state, ch.seq, ch.epoch = fresh.state, fresh.seq, fresh.epoch
+        ch.hints.clear()
+        for subscriber in list(ch.subscribers):
+            subscriber.resync(ch.uri)
+        ch.subscribers.clear()
+
+    def envelope_appended(self, channel: str, seq: int, envelope: bytes) -> None:
+        ch = self._channels.get(channel)
+        if ch is None or seq <= ch.seq:
+            return
+        if len(ch.hints) < MAX_HINTS:
+            ch.hints[seq] = envelope  # kept even now: a conflict uses it
+        if ch.appending and seq == ch.seq + 1:
+            return  # most likely our own append; a conflict would catch us up
+        ch.remote_head = max(ch.remote_head, seq)
+        if not ch.catching_up:
+            ch.catching_up = True
+            self.spawn(self._follow(ch))
+
+    async def _follow(self, ch: _Channel) -> None:
+        follow_ups: FollowUps = []
+        try:
+            async with ch.lock:
+                if ch.remote_head > ch.seq:
+                    await self._catch_up(ch, follow_ups)
+        finally:
+            ch.catching_up = False
+            await _await_all(follow_ups, f"catching up {ch.uri}")
+
+    async def _check_idle_channels(self) -> None:
+        """Now and then, compare every watched channel with the store's head:
+        an append whose hint was lost is applied within one interval."""
+        while True:
+            await asyncio.sleep(self.idle_check_interval)
+            try:
+                await self.check_heads()
+            except StoreError as error:
+                log.warning("idle check failed: %s", error)
+
+    async def check_heads(self) -> None:
+        """Catch up every channel served here (with subscribers, or pinned)
+        that is behind the store (or whose log changed its epoch: then
+        subscribers start over)."""
+        watched = [uri for uri, ch in self._channels.items() if ch.subscribers or ch.pins]
+        if not watched:
+            return
+        heads = await self.store.heads(watched)
+        for uri in watched:
+            ch = self._channels.get(uri)
+            head = heads.get(uri)
+            if ch is None or head is None:
+                continue
+            epoch, seq = head
+            if epoch == ch.epoch and seq <= ch.seq:
+                continue
+            follow_ups: FollowUps = []
+            try:
+                async with ch.lock:
+                    if epoch != ch.epoch:
+                        await self._reload(ch)
+                    else:
+                        await self._catch_up(ch, follow_ups, behind=True)
+            finally:
+                await _await_all(follow_ups, f"catching up {uri}")
+
+    def store_reconnected(self) -> None:
+        self.spawn(self.check_heads())
+
+    def notice(self, topic: str, payload: bytes) -> None:
+        root = self._channels.get(ROOT_URI)
+        if topic != ROOT_URI or root is None:
+            return
+        frame = OutFrame(payload)
+        session = _notice_session(payload)
+        for subscriber in list(root.subscribers):
+            subscriber.send_frame(frame, session)
+
+    async def publish_notice(self, method: str, params: object) -> None:
+        """Send a root-channel notification to every process's subscribers."""
+        payload = encode({"jsonrpc": "2.0", "method": method, "params": params})
+        await self.store.publish(ROOT_URI, payload)
+
+    # ─── Subscriptions ───────────────────────────────────────────────────
+
+    async def subscribe(self, uri: str, subscriber: Subscriber) -> Snapshot:
+        """Add ``subscriber`` to ``uri`` and return the snapshot it starts
+        from: every later envelope has a greater seq."""
+        ch = await self._channel(uri)
+        async with ch.lock:
+            ch.subscribers.add(subscriber)
+            return Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
+
+    async def pin(self, uri: str) -> ChannelView:
+        """Keep ``uri`` current here until :meth:`unpin` (as a subscriber
+        would), for a caller waiting on its envelopes."""
+        ch = await self._channel(uri)
+        ch.pins += 1
+        return ch.view()
+
+    def unpin(self, uri: str) -> None:
+        ch = self._channels.get(uri)
+        if ch is not None and ch.pins > 0:
+            ch.pins -= 1
+
+    def subscribers(self, uri: str) -> frozenset[Subscriber]:
+        """Who is subscribed to ``uri`` here now."""
+        ch = self._channels.get(uri)
+        return frozenset(ch.subscribers) if ch is not None else frozenset()
+
+    def unsubscribe(self, uri: str, subscriber: Subscriber) -> None:
+        ch = self._channels.get(uri)
+        if ch is not None:
+            ch.subscribers.discard(subscriber)
+
+    async def resume(self, uri: str, last_seen: int, subscriber: Subscriber) -> Resume:
+        """Resubscribe after a drop: the envelopes after ``last_seen`` when
+        the store still holds them all, else a snapshot; missing when the
+        channel is gone."""
+        try:
+            ch = await self._channel(uri)
+        except ChannelGone:
+            return MissingResume(channel=uri)
+        async with ch.lock:
+            entries = None
+            if last_seen <= ch.seq:
+                entries = await self.store.read_log(uri, last_seen, ch.epoch)
+            ch.subscribers.add(subscriber)
+            if entries is None or len(entries) != ch.seq - last_seen:
+                snapshot = Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
+                return SnapshotResume(channel=uri, snapshot=snapshot)
+            return ReplayResume(channel=uri, actions=[decode_entry(e).envelope for e in entries])
+
+
+async def _await_all(follow_ups: FollowUps, what: str) -> None:
+    """Await hooks' follow-ups in order; one that fails is logged and the
+    others still run."""
+    for follow_up in follow_ups:
+        try:
+            await follow_up
+        except Exception:
+            log.exception("side effect of %s failed", what)
+
+
+def _notice_session(payload: bytes) -> str | None:
+    """The session a sessions-list notice is about."""
+    params = msgspec.json.decode(payload).get("params") or {}
+    summary = params.get("summary")
+    if isinstance(summary, dict) and isinstance(summary.get("resource"), str):
+        return str(summary["resource"])
+    session = params.get("session")
+    return session if isinstance(session, str) else None

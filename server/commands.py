@@ -1,0 +1,257 @@
+"""The commands of the server, one layer for every edge.
+
+JSON-RPC over the WebSocket (:mod:`server.rpc`) and the HTTP API
+(:mod:`server.app`) both call these, with the caller's grant: each command
+asks the policy (:mod:`server.policy`), then the host. A command raises
+
+- :class:`~protocol.codec.MalformedFrame` for a bad argument (a channel URI
+  that does not parse, a cursor that names nothing), its path relative to
+  the command's arguments (``$.channel``; the WebSocket edge puts it under
+  ``$.params``);
+- :class:`~server.errors.CommandError` when it cannot be done (not found,
+  permission, already exists), with an AHP error code;
+- :class:`~server.errors.ActionRejected` for an action refused by the
+  policy or the validation rules (:meth:`Commands.dispatch`);
+
+and each edge answers them in its own transport's shape.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.actions import StateAction, action_type
+from protocol.chat import Message, Turn
+from protocol.codec import MalformedFrame
+from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode
+from protocol.session import SessionSummary
+from protocol.uris import BadChannelUri, channel_kind
+from server.auth import ROLES, Grant, Role, TokenAuthority
+from server.channels import ChannelView
+from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
+from server.host import Host
+from server.metrics import Metrics
+from server.policy import Command, command_refusal, dispatch_refusal
+from server.waiters import InputOutcome
+
+
+@dataclass(frozen=True)
+class Page:
+    """A page of the sessions list and the cursor of the next one."""
+
+    items: list[SessionSummary]
+    next_cursor: str | None
+
+
+class Commands:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        host: Host,
+        authority: TokenAuthority,
+        *,
+        metrics: Metrics,
+        clock: Callable[[], float],
+        default_ttl: float,
+    ) -> None:
+        self.host = host
+        self.authority = authority
+        self.metrics = metrics
+        self.clock = clock
+        self.default_ttl = default_ttl
+
+    # ─── Reaching channels ───────────────────────────────────────────────
+
+    async def reach(self, grant: Grant, uri: str, path: str = "$.channel") -> str | None:
+        """The session of channel ``uri``, if this token reaches it. Raises
+        MalformedFrame for a URI that does not parse, CommandError when the
+        channel does not exist or the token does not reach it."""
+        session = await self._session_of(uri, path)
+        refusal = command_refusal(grant, Command.READ, uri, session)
+        if refusal is not None:
+            raise CommandError(ErrorCode.PERMISSION_DENIED, refusal)
+        return session
+
+    async def _session_of(self, uri: str, path: str) -> str | None:
+        try:
+            return await self.host.session_of(uri)
+        except BadChannelUri as error:
+            raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), path) from None
+        except ChannelGone:
+            raise not_found(uri) from None
+
+    def _allow(self, grant: Grant, command: Command, uri: str | None = None) -> None:
+        refusal = command_refusal(grant, command, uri, uri)
+        if refusal is not None:
+            raise CommandError(ErrorCode.PERMISSION_DENIED, refusal)
+
+    async def snapshot(self, grant: Grant, uri: str) -> ChannelView:
+        await self.reach(grant, uri)
+        try:
+            return await self.host.view(uri)
+        except ChannelGone:
+            raise not_found(uri) from None
+
+    # ─── Sessions and chats ──────────────────────────────────────────────
+
+    async def create_session(
+        self,
+        grant: Grant,
+        uri: str,
+        *,
+        provider: str | None = None,
+        title: str | None = None,
+        path: str = "$.channel",
+    ) -> str:
+        """Create session ``uri``; returns its default chat."""
+        self._allow(grant, Command.CREATE_SESSION)
+        expect_kind(uri, "session", path)
+        return await self.host.create_session(uri, provider=provider, title=title)
+
+    async def dispose_session(self, grant: Grant, uri: str) -> None:
+        self._allow(grant, Command.DISPOSE_SESSION)
+        expect_kind(uri, "session")
+        await self.reach(grant, uri)
+        try:
+            await self.host.dispose_session(uri)
+        except ChannelGone:
+            raise not_found(uri) from None
+
+    async def create_chat(
+        self,
+        grant: Grant,
+        session: str,
+        chat: str,
+        *,
+        title: str | None = None,
+        initial_message: Message | None = None,
+    ) -> None:
+        self._allow(grant, Command.CREATE_CHAT)
+        expect_kind(session, "session")
+        expect_kind(chat, "chat", "$.chat")
+        await self.reach(grant, session)
+        await self.host.sessions.create_chat(
+            session, chat, title=title, initial_message=initial_message
+        )
+
+    async def list_sessions(self, grant: Grant, cursor: str | None, limit: int | None) -> Page:
+        """The sessions this token reaches, most recent first, a page at a
+        time."""
+        items = [s for s in await self.host.aggregate.summaries() if grant.may_touch(s.resource)]
+        start = _offset(cursor)
+        size = limit if limit and limit > 0 else len(items)
+        more = start + size < len(items)
+        return Page(items[start : start + size], _cursor(start + size) if more else None)
+
+    async def fetch_turns(
+        self, grant: Grant, chat: str, cursor: str | None, limit: int | None
+    ) -> tuple[list[Turn], str | None]:
+        expect_kind(chat, "chat")
+        await self.reach(grant, chat)
+        return await self.host.sessions.older_turns(
+            chat, cursor, limit if limit and limit > 0 else 50
+        )
+
+    # ─── Actions ─────────────────────────────────────────────────────────
+
+    async def dispatch(
+        self,
+        grant: Grant,
+        uri: str,
+        action: StateAction,
+        *,
+        origin: ActionOrigin | None = None,
+        client_id: str | None = None,
+    ) -> ActionEnvelope:
+        """Dispatch ``action`` for ``grant``; returns the accepted envelope.
+        Raises ActionRejected (refused by the policy or the rules),
+        ChannelGone, StoreUnavailable, MalformedFrame for a bad URI."""
+        try:
+            try:
+                session = await self.host.session_of(uri)
+                state = (await self.host.view(uri)).state
+            except BadChannelUri as error:
+                raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), "$.channel") from None
+            refusal = dispatch_refusal(grant, uri, session, action, state, client_id)
+            if refusal is not None:
+                raise ActionRejected.of(refusal)
+            return await self.host.dispatch(uri, action, origin=origin, sender=grant.identity)
+        except (ActionRejected, StoreUnavailable):
+            self.metrics.rejected(action_type(action))
+            raise
+
+    async def wait_input(self, grant: Grant, chat: str, request_id: str) -> InputOutcome:
+        """Wait for an input request's outcome (bound it with a timeout)."""
+        await self.reach(grant, chat, "$.chat")
+        return await self.host.wait_input(chat, request_id)
+
+    # ─── Tokens ──────────────────────────────────────────────────────────
+
+    def mint_token(
+        self,
+        grant: Grant,
+        role: Any,
+        *,
+        sessions: Any = None,
+        name: Any = None,
+        ttl: Any = None,
+    ) -> str:
+        """A token for ``role`` on ``sessions`` (all when None); arguments
+        as they came (MalformedFrame names the one at fault)."""
+        self._allow(grant, Command.MINT_TOKEN)
+        if role not in ROLES:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS, f"role must be one of {', '.join(ROLES)}", "$.role"
+            )
+        if sessions is not None and not (
+            isinstance(sessions, list) and all(isinstance(s, str) for s in sessions)
+        ):
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS, "sessions must be a list of URIs", "$.sessions"
+            )
+        ttl = self.default_ttl if ttl is None else ttl
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < float("inf"):
+            raise MalformedFrame(ErrorCode.INVALID_PARAMS, "ttl must be a positive number", "$.ttl")
+        chosen: Role = role
+        return self.authority.mint(
+            chosen,
+            sessions=sessions,
+            name=name if isinstance(name, str) else None,
+            expires_at=self.clock() + float(ttl),
+        )
+
+
+def expect_kind(uri: str, kind: str, path: str = "$.channel") -> None:
+    """MalformedFrame unless ``uri`` is a channel URI of ``kind``."""
+    try:
+        found = channel_kind(uri)
+    except BadChannelUri as error:
+        raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), path) from None
+    if found != kind:
+        raise MalformedFrame(ErrorCode.INVALID_PARAMS, f"expected a {kind} URI", path)
+
+
+def not_found(uri: str) -> CommandError:
+    if channel_kind(uri) == "session":
+        return CommandError(ErrorCode.SESSION_NOT_FOUND, f"no session {uri}")
+    return CommandError(ErrorCode.NOT_FOUND, f"no channel {uri}")
+
+
+def _cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"offset:{offset}".encode()).decode()
+
+
+def _offset(cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    try:
+        prefix, _, number = base64.urlsafe_b64decode(cursor.encode()).decode().partition(":")
+        if prefix == "offset" and number.isdigit():
+            return int(number)
+    except (ValueError, UnicodeDecodeError):
+        pass
+    raise MalformedFrame(ErrorCode.INVALID_PARAMS, "unknown cursor", "$.cursor")

@@ -1,0 +1,158 @@
+"""The form registry: the JSON Schemas frozen with input requests, and the
+schema checks the validation rules call.
+
+An input request made from a JSON Schema form keeps that schema for good (a
+store record, so every process checks an accept against the same one): an
+accept must fit it, and the accepted answers become data with the schema's
+types. A tool call's edited input must fit the input schema of the tool of
+that name among the session's tools. jsonschema lives here, not in the pure
+rules: :mod:`reducers.validation` receives these checks as functions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from protocol.actions import ChatToolCallConfirmed, StateAction
+from protocol.chat import ChatState, InputAnswer, InputRequest, ToolCallPendingConfirmation
+from protocol.codec import encode
+from protocol.forms import FormError, FormSpec, form_data_from_answers, parse_form
+from protocol.messages import ChannelState
+from protocol.session import SessionState
+from reducers.validation import FormCheck, ToolInputCheck
+from server.cache import Lru
+from server.store.base import ChannelStore
+
+FORM_RECORDS = "form"
+HUDDLE_META = "huddle"
+CACHED_FORMS = 1024
+"""Frozen forms kept in memory (the store holds them all)."""
+
+
+def chat_session(chat: ChatState) -> str | None:
+    """The session a chat belongs to (Huddle's ``_meta.huddle.session``)."""
+    meta = (chat.meta or {}).get(HUDDLE_META)
+    return meta.get("session") if isinstance(meta, dict) else None
+
+
+@dataclass(frozen=True)
+class Form:
+    """A request's frozen form: the schema as given, its parsed spec and a
+    validator built once (checking the schema itself costs more than the
+    data)."""
+
+    schema: dict[str, Any]
+    spec: FormSpec
+    validator: jsonschema.protocols.Validator
+
+    @classmethod
+    def of(cls, schema: dict[str, Any], spec: FormSpec | None = None) -> Form:
+        validator_class = jsonschema.validators.validator_for(schema)
+        return cls(schema, spec or parse_form(schema), validator_class(schema))
+
+    def data(self, answers: dict[str, InputAnswer]) -> dict[str, Any]:
+        """The answers as form data, with the schema's types."""
+        return form_data_from_answers(self.spec, answers)
+
+
+class FormRegistry:
+    """Frozen forms by (chat, request id), and the checks that read them.
+    ``session_state`` gives the session state this process holds (for the
+    tools whose input schemas edited input must fit)."""
+
+    def __init__(
+        self, store: ChannelStore, session_state: Callable[[str], ChannelState | None]
+    ) -> None:
+        self.store = store
+        self.session_state = session_state
+        self._forms: Lru[tuple[str, str], Form | None] = Lru(CACHED_FORMS)
+
+    async def freeze(self, chat: str, request_id: str, schema: dict[str, Any]) -> Form:
+        """Freeze ``schema`` as the form of request ``request_id`` of ``chat``
+        (before the request is opened). Raises FormSchemaError for a schema
+        Huddle cannot ask."""
+        form = Form.of(schema)
+        await self.store.put_record(FORM_RECORDS, _record_key(chat, request_id), encode(schema))
+        self._forms.put((chat, request_id), form)
+        return form
+
+    async def load(self, chat: str, request_id: str) -> Form | None:
+        """The request's frozen form, or None when it was not made from one."""
+        key = (chat, request_id)
+        if key in self._forms:
+            return self._forms.get(key)
+        raw = await self.store.get_record(FORM_RECORDS, _record_key(chat, request_id))
+        form = None if raw is None else Form.of(json.loads(raw))
+        self._forms.put(key, form)
+        return form
+
+    async def data(
+        self, chat: str, request_id: str, answers: dict[str, InputAnswer]
+    ) -> dict[str, Any] | None:
+        """The data ``answers`` give for the request's frozen form (with the
+        schema's types), or None when the request had no form."""
+        form = await self.load(chat, request_id)
+        return None if form is None else form.data(answers)
+
+    @staticmethod
+    def form_check(form: Form | None) -> FormCheck:
+        """Checks an accept against ``form``, the request's frozen form
+        (None: the request has none)."""
+
+        def check(request: InputRequest, answers: dict[str, InputAnswer]) -> str | None:
+            if form is None:
+                return None
+            try:
+                form.validator.validate(form.data(answers))
+            except jsonschema.ValidationError as error:
+                # Name the field and the rule, never the value (form data
+                # can be sensitive; jsonschema's messages quote it).
+                where = "/".join(str(p) for p in error.absolute_path) or "the form"
+                return f"{where} fails the schema's `{error.validator}` rule"
+            except FormError as error:
+                return f"{error.property or 'the form'}: {error.reason}"
+            return None
+
+        return check
+
+    def tool_input_check(self, state: ChannelState) -> ToolInputCheck:
+        """Check edited tool input against the input schema of the tool of
+        that name among the session's server tools and its clients' tools."""
+
+        def check(call: ToolCallPendingConfirmation, edited: Any) -> str | None:
+            if not isinstance(state, ChatState):
+                return None
+            session_uri = chat_session(state)
+            session = self.session_state(session_uri) if session_uri else None
+            if not isinstance(session, SessionState):
+                return None
+            tools = list(session.server_tools or [])
+            for client in session.active_clients:
+                tools.extend(client.tools)
+            tool = next((t for t in tools if t.name == call.tool_name), None)
+            if tool is None or tool.input_schema is None:
+                return None
+            try:
+                jsonschema.validate(edited, tool.input_schema)
+            except jsonschema.ValidationError as error:
+                where = "/".join(str(p) for p in error.absolute_path) or "the input"
+                return f"{where} fails the schema's `{error.validator}` rule"
+            except jsonschema.SchemaError:
+                return None
+            return None
+
+        return check
+
+
+def needs_session(action: StateAction) -> bool:
+    """Whether checking ``action`` reads its chat's session (its tools)."""
+    return isinstance(action, ChatToolCallConfirmed) and action.edited_tool_input is not None
+
+
+def _record_key(chat: str, request_id: str) -> str:
+    return f"{chat} {request_id}"

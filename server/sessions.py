@@ -1,0 +1,198 @@
+"""Session and chat lifecycle: create, dispose, list, page through turns.
+
+A session is created with its default chat (``Main``); its entry joins the
+sessions list once both exist and the session is ready, and the root
+channel hears ``root/sessionAdded``. Disposing a session removes its chats,
+abandons whoever waits on them, and the root channel hears
+``root/sessionRemoved``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import secrets
+from collections.abc import Awaitable, Callable
+
+from msgspec.structs import replace
+
+from protocol.actions import (
+    ChatTurnStarted,
+    RootActiveSessionsChanged,
+    SessionChatAdded,
+    SessionChatRemoved,
+    SessionDefaultChatChanged,
+    SessionReady,
+    StateAction,
+)
+from protocol.chat import ChatState, Message, Turn, UserOrigin
+from protocol.messages import ErrorCode, SessionAddedParams, SessionRemovedParams
+from protocol.session import AgentInfo, SessionState
+from protocol.status import SessionStatus
+from protocol.uris import ROOT_URI, chat_uri
+from reducers.aggregate import chat_summary, session_summary
+from reducers.clock import iso_time
+from server.aggregate import SessionAggregate
+from server.channels import ChannelCore
+from server.errors import ChannelGone, CommandError
+from server.forms import HUDDLE_META
+from server.waiters import Waiters
+
+Dispatch = Callable[[str, StateAction], Awaitable[object]]
+
+
+class Sessions:
+    """Creates, disposes and lists sessions and chats; ``dispatch`` writes
+    the server's own actions."""
+
+    def __init__(
+        self,
+        core: ChannelCore,
+        aggregate: SessionAggregate,
+        waiters: Waiters,
+        dispatch: Dispatch,
+        agents: list[AgentInfo],
+    ) -> None:
+        self.core = core
+        self.aggregate = aggregate
+        self.waiters = waiters
+        self.dispatch = dispatch
+        self.agents = agents
+
+    async def create_session(
+        self, uri: str, *, provider: str | None = None, title: str | None = None
+    ) -> str:
+        """Create session ``uri`` with its default chat; returns the chat URI.
+
+        Raises CommandError (-32003) when the URI is taken, (-32002) for an
+        unknown provider.
+        """
+        agent = self._agent(provider)
+        now = self.core.now_ms()
+        state = SessionState(
+            provider=agent.provider,
+            title=title or "New session",
+            status=SessionStatus.IDLE,
+            lifecycle="creating",
+            active_clients=[],
+            chats=[],
+        )
+        if not await self.core.create(uri, state):
+            raise CommandError(ErrorCode.SESSION_ALREADY_EXISTS, f"session {uri} already exists")
+        chat = chat_uri(secrets.token_hex(8))
+        await self.create_chat(uri, chat, title="Main")
+        await self.dispatch(uri, SessionDefaultChatChanged(default_chat=chat))
+        await self.dispatch(uri, SessionReady())
+        view = await self.core.view(uri)
+        assert isinstance(view.state, SessionState)
+        summary = session_summary(uri, view.state, iso_time(now))
+        await self.aggregate.add(uri, summary)
+        await self._count_sessions()
+        params = SessionAddedParams(channel=ROOT_URI, summary=summary)
+        await self.core.publish_notice("root/sessionAdded", params)
+        return chat
+
+    def _agent(self, provider: str | None) -> AgentInfo:
+        for agent in self.agents:
+            if provider is None or agent.provider == provider:
+                return agent
+        raise CommandError(ErrorCode.PROVIDER_NOT_FOUND, f"no agent provider {provider!r}")
+
+    async def create_chat(
+        self,
+        session: str,
+        chat: str,
+        *,
+        title: str | None = None,
+        initial_message: Message | None = None,
+    ) -> None:
+        """Create chat ``chat`` in ``session`` and add it to the catalog."""
+        view = await self.core.view(session)
+        assert isinstance(view.state, SessionState)
+        state = ChatState(
+            resource=chat,
+            title=title or f"Chat {len(view.state.chats) + 1}",
+            status=SessionStatus.IDLE,
+            modified_at=iso_time(self.core.now_ms()),
+            origin=UserOrigin(),
+            turns=[],
+            meta={HUDDLE_META: {"session": session}},
+        )
+        if not await self.core.create(chat, state):
+            raise CommandError(ErrorCode.ALREADY_EXISTS, f"chat {chat} already exists")
+        await self.dispatch(session, SessionChatAdded(summary=chat_summary(state)))
+        if initial_message is not None:
+            await self.dispatch(
+                chat,
+                ChatTurnStarted(
+                    turn_id=secrets.token_hex(8),
+                    started_at=iso_time(self.core.now_ms()),
+                    message=initial_message,
+                ),
+            )
+
+    async def dispose_session(self, session: str) -> None:
+        """Remove the session and its chats; subscribers hear no more."""
+        view = await self.core.view(session)
+        assert isinstance(view.state, SessionState)
+        await self.aggregate.remove(session)
+        for summary in view.state.chats:
+            await self._drop(summary.resource, "the session was disposed")
+            with contextlib.suppress(ChannelGone):
+                await self.dispatch(session, SessionChatRemoved(chat=summary.resource))
+        await self._drop(session, "the session was disposed")
+        await self._count_sessions()
+        params = SessionRemovedParams(channel=ROOT_URI, session=session)
+        await self.core.publish_notice("root/sessionRemoved", params)
+
+    async def _drop(self, uri: str, why: str) -> None:
+        self.waiters.abandon(uri, why)
+        self.aggregate.forget(uri)
+        await self.core.drop(uri)
+
+    async def _count_sessions(self) -> None:
+        count = await self.aggregate.count()
+        await self.dispatch(ROOT_URI, RootActiveSessionsChanged(active_sessions=count))
+
+    # ─── Turn history ────────────────────────────────────────────────────
+
+    async def older_turns(
+        self, chat: str, cursor: str | None, limit: int
+    ) -> tuple[list[Turn], str | None]:
+        """A page of completed turns older than ``cursor`` (None: the
+        newest), oldest first, and the cursor for the page before it.
+        Raises CommandError (InvalidParams) for a cursor that names no turn."""
+        view = await self.core.view(chat)
+        assert isinstance(view.state, ChatState)
+        turns = view.state.turns
+        end = len(turns)
+        if cursor is not None:
+            end = _decode_cursor(cursor, [t.id for t in turns])
+        start = max(0, end - limit)
+        next_cursor = _encode_cursor(turns[start].id) if start > 0 else None
+        return turns[start:end], next_cursor
+
+
+def windowed(state: ChatState, turns: int) -> ChatState:
+    """A snapshot showing only the newest ``turns`` completed turns."""
+    if turns >= len(state.turns):
+        return state
+    kept = state.turns[len(state.turns) - turns :]
+    return replace(state, turns=kept, turns_next_cursor=_encode_cursor(kept[0].id))
+
+
+def _encode_cursor(turn_id: str) -> str:
+    return base64.urlsafe_b64encode(f"before:{turn_id}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, turn_ids: list[str]) -> int:
+    """The index of the turn a cursor names; CommandError if it names none."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        text = base64.urlsafe_b64decode(padded.encode()).decode()
+    except (ValueError, UnicodeDecodeError):
+        text = ""
+    prefix, _, turn_id = text.partition(":")
+    if prefix == "before" and turn_id in turn_ids:
+        return turn_ids.index(turn_id)
+    raise CommandError(ErrorCode.INVALID_PARAMS, "unknown turns cursor")

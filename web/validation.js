@@ -196,16 +196,33 @@ function notPendingReason(chat, action, call, wanted) {
   return reason('tool-call-not-pending', why);
 }
 
+/** A string or number token of valid JSON text (strings first, so none is read inside one). */
+const JSON_TOKEN = /"(?:[^"\\]|\\.)*"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?/g;
+const LONE_SURROGATE = /\p{Cs}/u;
+
 /**
+ * `text` as JSON, read as strictly as the server's decoder (msgspec) reads
+ * it. JSON.parse takes two things msgspec refuses: a number with a fraction
+ * or an exponent beyond the range of a double (JSON.parse makes it
+ * Infinity; an integer that long is fine, msgspec keeps it whole), and an
+ * unpaired surrogate escape in a string or a member name.
  * @param {string} text
  * @returns {{ok: true, value: unknown} | {ok: false}}
  */
 function parseJson(text) {
+  let value;
   try {
-    return { ok: true, value: JSON.parse(text) };
+    value = JSON.parse(text);
   } catch {
     return { ok: false };
   }
+  for (const [token] of text.matchAll(JSON_TOKEN)) {
+    const refused = token.startsWith('"')
+      ? LONE_SURROGATE.test(JSON.parse(token))
+      : /[.eE]/.test(token) && !Number.isFinite(Number(token));
+    if (refused) return { ok: false };
+  }
+  return { ok: true, value };
 }
 
 function toolCallConfirmedReason(/** @type {Json} */ chat, /** @type {Json} */ action) {
@@ -414,11 +431,28 @@ function textProblem(question, text) {
   return null;
 }
 
+/**
+ * `n` as Python's str() writes it, as the server's sentences do: below 1e-4
+ * in scientific notation with a two-digit exponent (1e-05), otherwise as
+ * JavaScript writes it. A whole number is written as an integer: JSON.parse
+ * cannot tell `1.0` from `1`, so a bound the server read as the float 1.0
+ * (and writes "1.0") reads as 1 here.
+ * @param {number} n
+ */
+function pythonNumber(n) {
+  if (Number.isInteger(n) || Math.abs(n) >= 1e-4) return String(n);
+  return n.toExponential().replace(/e([+-])([0-9])$/, 'e$10$2');
+}
+
 /** @param {Json} question @param {number} number */
 function numberProblem(question, number) {
   if (typeof number !== 'number' || !Number.isFinite(number)) return 'is not a finite number';
-  if (question.min != null && number < question.min) return `is below the minimum ${question.min}`;
-  if (question.max != null && number > question.max) return `is above the maximum ${question.max}`;
+  if (question.min != null && number < question.min) {
+    return `is below the minimum ${pythonNumber(question.min)}`;
+  }
+  if (question.max != null && number > question.max) {
+    return `is above the maximum ${pythonNumber(question.max)}`;
+  }
   // 3.0 is a whole number.
   if (question.kind === 'integer' && !Number.isInteger(number)) return 'is not a whole number';
   return null;

@@ -68,6 +68,12 @@ from reducers.clock import iso_time
 from server.errors import ActionRejected, ChannelGone, HuddleError
 from server.host import Host
 from server.runner.agent import Agent, ApprovalDecision, Tool
+from server.runner.ids import (
+    input_request_id,
+    markdown_part_id,
+    parse_input_request_id,
+    runner_turn_id,
+)
 from server.runner.runner import ResumeRejected, Runner
 from server.runner.turn import (
     ResumeCommand,
@@ -84,16 +90,6 @@ APPROVE = ConfirmationOption(id="approve", label="Approve", kind="approve")
 DENY = ConfirmationOption(id="deny", label="Deny", kind="deny")
 REPLY = "reply"
 """The question id of a plain-text suspension's one question."""
-
-
-def request_id(turn: Turn, call_id: str | None) -> str:
-    """The input request id of a turn's form (or plain-text question)."""
-    return f"{turn.chat_turn}:input:{call_id or 'text'}"
-
-
-def runner_turn_id(chat: str, chat_turn: str) -> str:
-    """The runner's turn id for an AHP turn (AHP turn ids are per chat)."""
-    return f"{chat.split('/', 1)[-1]}.{chat_turn}"
 
 
 class ChatBridge:
@@ -172,7 +168,7 @@ class ChatBridge:
         state = await self._chat(turn)
         if state is None or state.active_turn is None or not delta:
             return
-        part_id = f"{turn.chat_turn}:md:{turn.iterations}"
+        part_id = markdown_part_id(state.active_turn.id, turn.iterations)
         exists = any(
             isinstance(p, MarkdownPart) and p.id == part_id
             for p in state.active_turn.response_parts
@@ -301,11 +297,11 @@ class ChatBridge:
 
     async def input_requested(self, turn: Turn, suspension: Suspension) -> None:
         state = await self._chat(turn)
-        if state is None or turn.chat is None:
+        if state is None or turn.chat is None or turn.chat_turn is None:
             log.warning("turn %s waits for input but its chat turn is not active", turn.id)
             return
         form = suspension.form
-        rid = request_id(turn, suspension.correlation_id)
+        rid = input_request_id(turn.chat_turn, suspension.correlation_id)
         if form is None:
             request = InputRequest(
                 id=rid,
@@ -390,15 +386,15 @@ class ChatBridge:
         self, uri: str, action: ChatInputCompleted, audit: dict[str, Any]
     ) -> None:
         assert self.runner is not None
-        chat_turn, marker, call = action.request_id.partition(":input:")
-        if not marker:
+        opened = parse_input_request_id(action.request_id)
+        if opened is None:
             return  # not a request the runner opened
-        turn_id = runner_turn_id(uri, chat_turn)
+        turn_id, call = runner_turn_id(uri, opened.chat_turn), opened.call_id
         state = (await self.host.channel(uri)).state
         assert isinstance(state, ChatState)
         part = select_latest_input_part(state, action.request_id)
         answers = dict(part.request.answers or {}) if part else dict(action.answers or {})
-        if call == "text":
+        if call is None:
             answer = answers.get(REPLY)
             text = answer.value.value if answer and isinstance(answer.value, TextValue) else ""
             command = ResumeCommand.user_input(text if action.response == "accept" else "")
@@ -441,7 +437,10 @@ def _answered(state: ChatState, turn: Turn) -> ActionEnvelope | None:
     assert turn.chat is not None
     origin = ActionOrigin(client_id="reconcile", client_seq=0)
     if suspension.type == SuspensionType.USER_INPUT:
-        part = select_latest_input_part(state, request_id(turn, suspension.correlation_id))
+        if turn.chat_turn is None:
+            return None
+        request = input_request_id(turn.chat_turn, suspension.correlation_id)
+        part = select_latest_input_part(state, request)
         if part is None or part.response is None:
             return None
         action: Any = ChatInputCompleted(request_id=part.request.id, response=part.response)

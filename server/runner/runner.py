@@ -43,6 +43,7 @@ from server.runner.errors import Fenced, FormRequired, TransientError, UnknownAg
 from server.runner.errors import ResumeRejected as ResumeRejected
 from server.runner.errors import TurnBusy as TurnBusy
 from server.runner.events import EventType, Listener, RunnerEvent, notify
+from server.runner.ids import child_turn_id
 from server.runner.model import ToolSpec
 from server.runner.port import ChatPort, NullPort
 from server.runner.store import Lease, TurnStore
@@ -621,7 +622,7 @@ class Runner:
     async def _spawn_child(
         self, turn: Turn, lease: Lease, call: ToolCall, child: Agent
     ) -> NoReturn:
-        child_id = f"{turn.id}.{call.id}"
+        child_id = child_turn_id(turn.id, call.id)
         task = call.arguments.get("task")
         message = task if isinstance(task, str) else json.dumps(call.arguments)
         chat = await self.port.child_chat(turn, call, child_id)

@@ -116,10 +116,7 @@ def child_turn_id(parent_turn_id: str, call_id: str) -> str:
 def parse_child_turn_id(turn_id: str) -> CallRef | None:
     """The parent turn and the call of a child turn id; None when the id has
     no parent part."""
-    parent, dot, call_id = turn_id.rpartition(".")
-    if not dot or not parent or not call_id:
-        return None
-    return CallRef(parent, call_id)
+    return _split_call(turn_id, ".")
 
 
 def idempotency_key(turn_id: str, call_id: str) -> str:
@@ -131,10 +128,12 @@ def idempotency_key(turn_id: str, call_id: str) -> str:
 def parse_idempotency_key(key: str) -> CallRef | None:
     """The turn and the tool call an idempotency key names; None for a key
     with no call part."""
-    turn_id, colon, call_id = key.rpartition(":")
-    if not colon or not turn_id or not call_id:
-        return None
-    return CallRef(turn_id, call_id)
+    return _split_call(key, ":")
+
+
+def _split_call(text: str, separator: str) -> CallRef | None:
+    turn_id, found, call_id = text.rpartition(separator)
+    return CallRef(turn_id, call_id) if found and turn_id and call_id else None
 
 
 # ─── Chat parts ──────────────────────────────────────────────────────────────

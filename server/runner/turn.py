@@ -128,7 +128,15 @@ BLOCKED = frozenset(
         TurnStatus.RETRY_SCHEDULED,
     }
 )
-TERMINAL = frozenset(status for status, way_out in TRANSITIONS.items() if not way_out)
+TERMINAL = frozenset(
+    {
+        TurnStatus.COMPLETED,
+        TurnStatus.FAILED,
+        TurnStatus.CANCELLED,
+        TurnStatus.MAX_ITERATIONS_REACHED,
+        TurnStatus.BUDGET_EXCEEDED,
+    }
+)
 
 
 class Phase(enum.StrEnum):

@@ -90,8 +90,8 @@ from protocol.messages import ChannelState
 from protocol.session import SessionState
 from server.client import HuddleClient
 from server.runner.agent import Agent, FormDefinition, Tool, require_approval_for
-from server.runner.bridge import runner_turn_id
 from server.runner.context import ToolContext
+from server.runner.ids import runner_turn_id
 from server.runner.model import ModelReply, ScriptedModel, last_tool_result
 from server.runner.runner import REQUEST_USER_INPUT
 from server.runner.turn import ModelMessage, ToolCall

@@ -49,31 +49,11 @@ from protocol.rejections import RejectionCode
 from protocol.uris import ROOT_URI
 from reducers import reduce
 from reducers.chat import select_input_settlement
-from server.errors import ActionRejected, HuddleError, InputAbandoned
+from server.errors import ActionRejected, InputAbandoned
+from server.errors import Disconnected as Disconnected
+from server.errors import ProtocolError as ProtocolError
 
 log = logging.getLogger("huddle.client")
-
-
-class ProtocolError(HuddleError):
-    """The server answered a request with a JSON-RPC error."""
-
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(code, message, data)
-        self.code, self.message, self.data = code, message, data
-
-    def __str__(self) -> str:
-        return f"{self.message} ({self.code})"
-
-
-class Disconnected(HuddleError):
-    """The connection is gone and the client is closed (or was refused)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"disconnected: {self.reason}"
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,110 @@
-"""Exceptions of the server.
+"""Every exception Huddle raises, in one tree.
 
-The tree, and who sees what::
+The classes live where they are raised (the module is named on the right),
+and are drawn here whole: what each means, and who sees what. Imports point
+down: this module imports nothing from ``server.runner`` or ``server.mcp``::
 
-    HuddleError
-    ├── ActionRejected        a well-formed action that is invalid now: echoed
-    │                         to its sender with ``rejectionReason``; state
-    │                         untouched, connection kept
-    ├── CommandError          a command that cannot be done (unknown session,
-    │                         session exists, permission): JSON-RPC error with
-    │                         an AHP code; connection kept
-    ├── InputAbandoned        an awaited input request or tool confirmation
-    │                         will never be answered (turn ended, cancelled,
-    │                         truncated, or the chat is gone)
-    ├── StoreError            the store failed
-    │   ├── StoreUnavailable  unreachable (Redis down): fail fast, retry later
-    │   ├── SeqConflict       another writer appended first: catch up, retry
-    │   └── ChannelGone       the channel does not exist (any more)
-    └── AuthError             a token that is missing, forged, expired or
-                              not allowed here: HTTP 401/403 before accept
+    HuddleError                     server.errors
+    ├── ActionRejected              a well-formed action that is invalid now:
+    │                               echoed to its sender with
+    │                               ``rejectionReason``; state untouched,
+    │                               connection kept
+    ├── CommandError                a command that cannot be done (unknown
+    │                               session, session exists, permission):
+    │                               JSON-RPC error with an AHP code;
+    │                               connection kept (``server.connection``
+    │                               has a private subclass for -32005)
+    ├── InputAbandoned              an awaited input request or tool
+    │                               confirmation will never be answered (turn
+    │                               ended, cancelled, truncated, or the chat
+    │                               is gone)
+    ├── AuthError                   a token that is missing, forged, expired
+    │                               or not allowed here: HTTP 401/403 before
+    │                               accept
+    ├── ProtocolError               (client) the server answered a request
+    │                               with a JSON-RPC error
+    ├── Disconnected                (client) the connection is gone and the
+    │                               client closed, or it was refused
+    ├── StoreError                  the store failed
+    │   ├── StoreUnavailable        unreachable (Redis down): fail fast,
+    │   │                           retry later
+    │   ├── SeqConflict             another writer appended first: catch up,
+    │   │                           retry
+    │   ├── ChannelGone             the channel does not exist (any more)
+    │   ├── TurnNotFound            server.runner.errors: no such turn
+    │   ├── TurnExists              server.runner.errors: ``create`` of an id
+    │   │                           the turn store holds
+    │   ├── VersionConflict         server.runner.errors: the turn was saved
+    │   │                           since it was loaded: reload, decide again
+    │   └── Fenced                  server.runner.errors: the lease was taken
+    │                               over: stop working on the turn
+    ├── RunnerError                 server.runner.errors
+    │   ├── UnknownAgent            the runner has no agent of that name
+    │   ├── ResumeRejected          a late, duplicate or mismatched resume,
+    │   │                           or data that fails the frozen form;
+    │   │                           nothing changed
+    │   ├── TurnBusy                another worker holds the turn's lease
+    │   ├── FormRequired            raised by a tool before any side effect:
+    │   │                           the turn waits for a form, then the tool
+    │   │                           runs again with the data
+    │   ├── TransientError          raised by a model or a tool: the turn is
+    │   │   │                       retried later, with backoff
+    │   │   └── ModelUnavailable    429, 408 or 5xx; a timeout; a connection
+    │   │                           that failed or dropped; a stream that
+    │   │                           stopped early or reported an error
+    │   └── ModelError              not worth retrying: the turn fails
+    │       ├── ModelRequestRejected  any answer but 2xx (400, 401, 404...),
+    │       │                       with the API's own message
+    │       ├── ModelReplyInvalid   a reply that breaks the API (a tool call
+    │       │                       without a name or whose arguments are not
+    │       │                       a JSON object, no event stream)
+    │       └── ModelNotConfigured  ``OpenAIChatModel.from_env``: a variable
+    │                               is not set
+    └── McpBridgeError              server.mcp.errors: between an MCP server
+        │                           and the chat
+        ├── Unaskable               an elicitation Huddle cannot put to people
+        │                           (a schema outside MCP's flat subset, a URL
+        │                           that is not http(s)): the MCP server gets
+        │                           a JSON-RPC error (-32602) naming the reason
+        ├── LinkRefused             a URL elicitation that a call needs
+        │                           (-32042) was declined or dismissed: the
+        │                           call fails
+        └── McpToolFailed           an MCP tool answered with ``isError``: the
+                                    runner gives the model the tool's own text
 
-A malformed frame is :class:`protocol.codec.MalformedFrame` (the peer's
-fault: a JSON-RPC error). Anything else is our bug: logged with its
-traceback, the socket closed with 1011, the peer told nothing internal.
+    InternalError                   server.errors: our bug, never the peer's
+    └── IllegalTransition           server.runner.errors: a turn asked for a
+                                    status change its status does not allow
+
+The pure layer cannot import this module, so its exceptions form roots of
+their own::
+
+    MalformedFrame                  protocol.codec: a frame that is not valid
+                                    JSON-RPC or whose params do not fit: a
+                                    JSON-RPC error (HTTP 400)
+    ValueError
+    ├── BadChannelUri               protocol.uris: not a channel URI
+    └── FormError                   protocol.forms: a form problem
+        ├── FormSchemaError         the schema is outside the flat subset
+        └── FormDataError           answers or data do not fit the form
+
+A wrong argument or setting at start-up (``huddle`` flags, an agent token
+too short, ``--agent`` that names no agent) is a plain ``ValueError``.
+Errors of the MCP connection itself stay the SDK's (``MCPError``,
+``InputRequiredRoundsExceededError``); a person's decline or dismissal of a
+form is never an error.
+
+Three kinds, never mixed: a malformed or unauthorised frame is the peer's
+fault (JSON-RPC error, or close 1008); an action that is invalid now is
+:class:`ActionRejected`; anything else, :class:`InternalError` included, is
+our bug: logged with its traceback, the socket closed with 1011, the peer
+told nothing internal. Every class carries its facts as attributes and
+builds its message in ``__str__``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from protocol.rejections import Rejection
 
@@ -133,3 +213,30 @@ class AuthError(HuddleError):
 
     def __str__(self) -> str:
         return f"{self.status}: {self.reason}"
+
+
+class ProtocolError(HuddleError):
+    """The server answered a request with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(code, message, data)
+        self.code, self.message, self.data = code, message, data
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.code})"
+
+
+class Disconnected(HuddleError):
+    """The connection is gone and the client is closed (or was refused)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"disconnected: {self.reason}"
+
+
+class InternalError(Exception):
+    """Base of the errors that are our bug: a broken invariant. Nothing
+    catches them on purpose; they are logged with their traceback."""

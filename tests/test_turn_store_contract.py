@@ -132,7 +132,7 @@ async def test_by_status_follows_saves(store: TurnStore) -> None:
     await create(store, "b")
     assert sorted(await store.by_status(TurnStatus.READY)) == ["a", "b"]
     turn = await store.load("a")
-    turn.status = TurnStatus.RUNNING
+    turn.start()
     await store.save(turn)
     assert await store.by_status(TurnStatus.READY) == ["b"]
     assert await store.by_status(TurnStatus.RUNNING) == ["a"]

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -64,11 +63,9 @@ from protocol.forms import (
 from server.errors import HuddleError, InputAbandoned
 from server.mcp.errors import Unaskable
 from server.mcp.people import People, Reply
+from server.runner.ids import mcp_request_id
 
 log = logging.getLogger("huddle.mcp")
-
-REQUEST_PREFIX = "mcp:"
-"""Input requests this bridge opens are named ``mcp:<hex>``."""
 
 WITHDRAW_WITHIN = 5.0
 """Seconds a withdrawal may take while the MCP side is already gone."""
@@ -110,15 +107,11 @@ class Question:
         asked = (self.request.message or "").split("\n\n", 1)[0]
         request = msgspec.structs.replace(
             self.request,
-            id=new_request_id(),
+            id=mcp_request_id(),
             message=f"{asked}\n\n{note}",
             answers=answers or None,
         )
         return replace(self, request=request)
-
-
-def new_request_id() -> str:
-    return f"{REQUEST_PREFIX}{secrets.token_hex(8)}"
 
 
 def question_for(
@@ -132,7 +125,7 @@ def question_for(
     """The chat request for ``params``. ``prefill`` is form data to start
     from (an earlier accepted answer to the same question); ``note`` is a
     paragraph added to the message. Raises :class:`Unaskable`."""
-    rid = request_id or new_request_id()
+    rid = request_id or mcp_request_id()
     message = asked_by(server, params.message)
     if note:
         message = f"{message}\n\n{note}"

@@ -1,17 +1,6 @@
-"""Exceptions of the MCP bridge.
-
-The tree, and who sees what::
-
-    HuddleError
-    └── McpBridgeError          something between an MCP server and the chat
-        ├── Unaskable           an elicitation Huddle cannot put to people (a
-        │                       schema outside MCP's flat subset, a URL that
-        │                       is not http(s)): the MCP server gets a
-        │                       JSON-RPC error (-32602) naming the reason
-        ├── LinkRefused         a URL elicitation that a call needs (-32042)
-        │                       was declined or dismissed: the call fails
-        └── McpToolFailed       an MCP tool answered with ``isError``: the
-                                runner gives the model the tool's own text
+"""Exceptions of the MCP bridge: the ``McpBridgeError`` branch of the one
+tree that :mod:`server.errors` draws whole, with what the MCP server or the
+runner gets for each.
 
 Errors of the MCP connection itself stay the SDK's (``MCPError``,
 ``InputRequiredRoundsExceededError``); a person's decline or dismissal of a

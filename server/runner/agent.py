@@ -2,6 +2,10 @@
 approval policy and limits. Definitions live in code, never in a turn: a
 turn records the agent's name and version and, for a form it asked, the
 schema as it was then.
+
+``FormDefinition``, ``FormRequired`` and ``TransientError`` are at home in
+``server.runner.forms`` and ``server.runner.errors``; they are importable
+from here, next to what they are used with.
 """
 
 from __future__ import annotations
@@ -9,46 +13,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
-if TYPE_CHECKING:
-    from server.runner.model import ChatModel
-    from server.runner.turn import ToolCall, Turn
+from server.runner.errors import FormRequired as FormRequired
+from server.runner.errors import TransientError as TransientError
+from server.runner.forms import FormDefinition as FormDefinition
+from server.runner.model import ChatModel
+from server.runner.turn import ToolCall, Turn
 
 ToolFunction: TypeAlias = Callable[[dict[str, Any]], Any | Awaitable[Any]]
 """Takes the call's arguments; returns (or awaits) the result: a string, or
 anything JSON-encodable, given to the model as the tool message."""
-
-
-@dataclass(frozen=True)
-class FormDefinition:
-    """A form an agent may ask people to fill in. The model sees ``key`` and
-    ``description``; the ``schema`` (MCP's flat JSON Schema subset) is frozen
-    into the turn when it is asked."""
-
-    key: str
-    description: str
-    schema: dict[str, Any]
-
-
-class FormRequired(Exception):
-    """Raised by a tool, before any side effect, when it needs a form filled
-    in first. The turn waits for the people; then the tool runs again from
-    the start with ``ToolContext.current().submitted_form_data``. Raising it
-    again after data was submitted is a protocol error that fails the turn."""
-
-    def __init__(self, form: FormDefinition, message: str | None = None) -> None:
-        super().__init__(form.key)
-        self.form = form
-        self.message = message or form.description
-
-    def __str__(self) -> str:
-        return f"form {self.form.key!r} required"
-
-
-class TransientError(Exception):
-    """A model or tool failure worth retrying later (rate limits, timeouts):
-    the turn is scheduled for retry with backoff instead of failing."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +85,7 @@ class ApprovalDecision:
 
 ALLOW = ApprovalDecision(Outcome.ALLOW)
 
-ApprovalPolicy: TypeAlias = Callable[["Turn", "ToolCall", Tool], ApprovalDecision]
+ApprovalPolicy: TypeAlias = Callable[[Turn, ToolCall, Tool], ApprovalDecision]
 """Decides, deterministically and without side effects, whether a call may
 run; the default allows everything."""
 

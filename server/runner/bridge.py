@@ -74,6 +74,12 @@ from server.channels import Applied
 from server.errors import ActionRejected, ChannelGone, HuddleError
 from server.host import Host
 from server.runner.agent import Agent, ApprovalDecision, Tool
+from server.runner.ids import (
+    input_request_id,
+    markdown_part_id,
+    parse_input_request_id,
+    runner_turn_id,
+)
 from server.runner.runner import ResumeRejected, Runner
 from server.runner.turn import (
     ResumeCommand,
@@ -90,16 +96,6 @@ APPROVE = ConfirmationOption(id="approve", label="Approve", kind="approve")
 DENY = ConfirmationOption(id="deny", label="Deny", kind="deny")
 REPLY = "reply"
 """The question id of a plain-text suspension's one question."""
-
-
-def request_id(turn: Turn, call_id: str | None) -> str:
-    """The input request id of a turn's form (or plain-text question)."""
-    return f"{turn.chat_turn}:input:{call_id or 'text'}"
-
-
-def runner_turn_id(chat: str, chat_turn: str) -> str:
-    """The runner's turn id for an AHP turn (AHP turn ids are per chat)."""
-    return f"{chat.split('/', 1)[-1]}.{chat_turn}"
 
 
 class ChatBridge:
@@ -178,7 +174,7 @@ class ChatBridge:
         state = await self._chat(turn)
         if state is None or state.active_turn is None or not delta:
             return
-        part_id = f"{turn.chat_turn}:md:{turn.iterations}"
+        part_id = markdown_part_id(state.active_turn.id, turn.iterations)
         exists = any(
             isinstance(p, MarkdownPart) and p.id == part_id
             for p in state.active_turn.response_parts
@@ -307,11 +303,11 @@ class ChatBridge:
 
     async def input_requested(self, turn: Turn, suspension: Suspension) -> None:
         state = await self._chat(turn)
-        if state is None or turn.chat is None:
+        if state is None or turn.chat is None or turn.chat_turn is None:
             log.warning("turn %s waits for input but its chat turn is not active", turn.id)
             return
         form = suspension.form
-        rid = request_id(turn, suspension.correlation_id)
+        rid = input_request_id(turn.chat_turn, suspension.correlation_id)
         if form is None:
             request = InputRequest(
                 id=rid,
@@ -404,11 +400,12 @@ class ChatBridge:
         """Resume the turn that asked ``part``'s request (if the runner did)."""
         assert self.runner is not None
         assert part.response is not None
-        chat_turn, marker, call = part.request.id.partition(":input:")
-        if not marker:
+        opened = parse_input_request_id(part.request.id)
+        if opened is None:
             return  # not a request the runner opened
         answers = dict(part.request.answers or {})
-        if call == "text":
+        call = opened.call_id
+        if call is None:
             answer = answers.get(REPLY)
             text = answer.value.value if answer and isinstance(answer.value, TextValue) else ""
             command = ResumeCommand.user_input(text if part.response == "accept" else "")
@@ -417,7 +414,7 @@ class ChatBridge:
             command = ResumeCommand.user_input(call, data or {})
         else:
             command = ResumeCommand.user_input(call, None, response=part.response)
-        turn_id = runner_turn_id(uri, chat_turn)
+        turn_id = runner_turn_id(uri, opened.chat_turn)
         await self.runner.submit_resume(turn_id, command.with_metadata(**audit))
 
     async def reconcile(self) -> int:
@@ -449,7 +446,9 @@ class ChatBridge:
         assert self.runner is not None
         suspension = turn.suspension
         if suspension.type == SuspensionType.USER_INPUT:
-            rid = request_id(turn, suspension.correlation_id)
+            if turn.chat_turn is None:
+                return False
+            rid = input_request_id(turn.chat_turn, suspension.correlation_id)
             settled = select_input_settlement(state, rid)
             if settled.status != "resolved" or settled.part is None:
                 return False

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.runner.agent import Tool
+from server.runner.ids import idempotency_key
 from server.runner.port import ChatPort
 from server.runner.turn import ToolCall
 
@@ -45,7 +46,7 @@ class ToolContext:
         """``<turnId>:<toolCallId>``: the same every time this call runs (a
         retry, a replay after a form, another worker taking over), so an
         external side effect keyed on it happens once."""
-        return f"{self.turn_id}:{self.tool_call.id}"
+        return idempotency_key(self.turn_id, self.tool_call.id)
 
     @property
     def tool_call_id(self) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server.runner.agent import TransientError
+from server.runner.errors import TransientError
 from server.runner.turn import ModelMessage, ToolCall
 
 TextSink = Callable[[str], Awaitable[None]]

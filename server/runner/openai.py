@@ -5,20 +5,11 @@ Bearer key, to OpenAI or to any server that copies its API (vLLM, Ollama,
 llama.cpp, LiteLLM, ...). Text deltas reach ``on_text`` as they arrive;
 tool calls are put together from their deltas and returned whole.
 
-The exceptions, and what the runner does with them::
-
-    TransientError            (server.runner.agent) the turn is retried later
-    └── ModelUnavailable      429, 408 or 5xx; a timeout; a connection that
-                              failed or dropped; a stream that stopped early
-                              or reported an error
-    ModelError                not worth retrying: the turn fails
-    ├── ModelRequestRejected  any other answer than 2xx: 400 bad request,
-    │                         401 bad key, 404 unknown model; carries the
-    │                         API's own message
-    ├── ModelReplyInvalid     a reply that breaks the API: a tool call without
-    │                         a name or whose arguments are not a JSON object,
-    │                         a chunk that does not decode, no event stream
-    └── ModelNotConfigured    from_env: a variable is not set
+Failures raise the model errors of the tree in :mod:`server.errors`, all
+importable from here: ``ModelUnavailable``, a ``TransientError`` (429, 408
+or 5xx, a timeout, a dropped connection or stream: the turn is retried
+later), and the ``ModelError`` subclasses ``ModelRequestRejected``,
+``ModelReplyInvalid`` and ``ModelNotConfigured`` (the turn fails).
 
 No message here holds the API key, the conversation or a tool's arguments:
 they end up in the runner's log and in the turn's status.
@@ -37,7 +28,11 @@ from typing import Any
 import httpx
 import msgspec
 
-from server.runner.agent import TransientError
+from server.runner.errors import ModelError as ModelError
+from server.runner.errors import ModelNotConfigured as ModelNotConfigured
+from server.runner.errors import ModelReplyInvalid as ModelReplyInvalid
+from server.runner.errors import ModelRequestRejected as ModelRequestRejected
+from server.runner.errors import ModelUnavailable as ModelUnavailable
 from server.runner.model import ModelReply, TextSink, ToolSpec
 from server.runner.turn import ModelMessage, ToolCall
 
@@ -51,78 +46,6 @@ TRANSIENT_STATUS = frozenset({408, 429})
 
 _MESSAGE_LIMIT = 300
 """Characters of an API error message kept (a proxy may answer with a page)."""
-
-
-# ─── Errors ──────────────────────────────────────────────────────────────────
-
-
-class ModelUnavailable(TransientError):
-    """The model could not answer now; ``status`` is the HTTP status when
-    there was one, ``retry_after`` the API's ``Retry-After`` as sent."""
-
-    def __init__(
-        self, reason: str, *, status: int | None = None, retry_after: str | None = None
-    ) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.status = status
-        self.retry_after = retry_after
-
-    def __str__(self) -> str:
-        text = self.reason
-        if self.retry_after is not None:
-            unit = " s" if self.retry_after.isdigit() else ""
-            text += f" (retry after {self.retry_after}{unit})"
-        return text
-
-
-class ModelError(Exception):
-    """A model failure that retrying will not fix."""
-
-
-class ModelRequestRejected(ModelError):
-    """The API refused the request: ``status`` and the API's ``message``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(status, message)
-        self.status = status
-        self.message = message
-
-    def __str__(self) -> str:
-        return _answered(self.status, self.message)
-
-
-class ModelReplyInvalid(ModelError):
-    """The reply does not follow the API; ``tool`` names the tool whose
-    call is broken, when it is one."""
-
-    def __init__(self, reason: str, *, tool: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.tool = tool
-
-    def __str__(self) -> str:
-        if self.tool is None:
-            return f"the model's reply is invalid: {self.reason}"
-        return f"the model's call to tool {self.tool!r} is invalid: {self.reason}"
-
-
-class ModelNotConfigured(ModelError):
-    """``from_env`` found these variables unset or empty."""
-
-    def __init__(self, missing: Sequence[str]) -> None:
-        super().__init__(*missing)
-        self.missing = tuple(missing)
-
-    def __str__(self) -> str:
-        names = " and ".join(self.missing)
-        verb = "is" if len(self.missing) == 1 else "are"
-        return f"{names} {verb} not set: the OpenAI-compatible model needs {names}"
-
-
-def _answered(status: int, message: str) -> str:
-    text = f"the model API answered {status}"
-    return f"{text}: {message}" if message else text
 
 
 # ─── The request ─────────────────────────────────────────────────────────────
@@ -477,7 +400,7 @@ class OpenAIChatModel:
         message = self._redact(api_error_message(response.content))
         if status in TRANSIENT_STATUS or status >= 500:
             return ModelUnavailable(
-                _answered(status, message),
+                str(ModelRequestRejected(status, message)),  # worded alike
                 status=status,
                 retry_after=response.headers.get("retry-after"),
             )

@@ -63,8 +63,8 @@ from typing import Any
 
 import msgspec
 
-from server.errors import StoreError
-from server.runner.store import Fenced, Lease, TurnNotFound, TurnStore, VersionConflict
+from server.runner.errors import Fenced, TurnExists, TurnNotFound, VersionConflict
+from server.runner.store import Lease, TurnStore
 from server.runner.turn import Turn, TurnStatus
 from server.store.redis_link import UNAVAILABLE, Scripts, call, clients
 
@@ -221,7 +221,7 @@ class RedisTurnStore(TurnStore):
         keys = [self._turn_key(turn.id), self._status_key(turn.status)]
         args = [payload, turn.status.value, turn.phase.value, turn.id]
         if not await self._script("create", CREATE, keys, args):
-            raise StoreError(f"turn {turn.id} exists")
+            raise TurnExists(turn.id)
         return _decoder.decode(payload)
 
     async def load(self, turn_id: str) -> Turn:

@@ -37,21 +37,17 @@ import jsonschema
 import msgspec
 
 from server.errors import HuddleError
-from server.runner.agent import (
-    Agent,
-    ApprovalDecision,
-    FormRequired,
-    Outcome,
-    Tool,
-    TransientError,
-)
+from server.runner.agent import Agent, ApprovalDecision, Outcome, Tool
 from server.runner.context import ToolContext, enter, leave
+from server.runner.errors import Fenced, FormRequired, TransientError, UnknownAgent, VersionConflict
+from server.runner.errors import ResumeRejected as ResumeRejected
+from server.runner.errors import TurnBusy as TurnBusy
 from server.runner.events import EventType, Listener, RunnerEvent, notify
+from server.runner.ids import child_turn_id
 from server.runner.model import ToolSpec
 from server.runner.port import ChatPort, NullPort
-from server.runner.store import Fenced, Lease, TurnStore, VersionConflict
+from server.runner.store import Lease, TurnStore
 from server.runner.turn import (
-    WAITING_STATUS,
     Audit,
     FrozenForm,
     ModelMessage,
@@ -62,6 +58,7 @@ from server.runner.turn import (
     Suspension,
     SuspensionType,
     ToolCall,
+    Transition,
     Turn,
     TurnStatus,
 )
@@ -69,30 +66,6 @@ from server.runner.turn import (
 log = logging.getLogger("huddle.runner")
 
 REQUEST_USER_INPUT = "request_user_input"
-
-
-class ResumeRejected(HuddleError):
-    """A resume that does not fit the turn: late, duplicate, mismatched, not
-    due yet, or with data that fails the frozen form. Nothing changed."""
-
-    def __init__(self, turn_id: str, reason: str, errors: list[str] | None = None) -> None:
-        super().__init__(turn_id, reason)
-        self.turn_id, self.reason, self.errors = turn_id, reason, errors or []
-
-    def __str__(self) -> str:
-        extra = f" ({'; '.join(self.errors)})" if self.errors else ""
-        return f"turn {self.turn_id}: {self.reason}{extra}"
-
-
-class TurnBusy(HuddleError):
-    """Another worker holds the turn's lease."""
-
-    def __init__(self, turn_id: str) -> None:
-        super().__init__(turn_id)
-        self.turn_id = turn_id
-
-    def __str__(self) -> str:
-        return f"turn {self.turn_id} is being executed elsewhere"
 
 
 class _Stop(Exception):
@@ -131,7 +104,7 @@ class Runner:
     def agent(self, name: str) -> Agent:
         found = self.agents.get(name)
         if found is None:
-            raise HuddleError(f"no agent named {name!r} in this runner")
+            raise UnknownAgent(name)
         return found
 
     def _emit(self, type_: EventType, turn: Turn, **data: Any) -> None:
@@ -281,9 +254,7 @@ class Runner:
             pending = next(p for p in turn.pending if p.result is None)
             finished = {"status": command.child_status, "output": command.child_output}
             _set_call(turn, msgspec.structs.replace(pending, result=_dumps(finished)))
-        turn.phase = suspension.resume_phase
-        turn.suspension = None
-        turn.status = TurnStatus.READY
+        turn.unblock()
         turn.updated_at = self.clock()
 
     def _resume_form(
@@ -314,9 +285,9 @@ class Runner:
 
     async def suspend(self, turn: Turn, suspension: Suspension) -> Turn:
         """Block ``turn`` on ``suspension`` (custom control flow; the
-        plain-text ``Suspension.user_input(...)`` path). Returns it saved."""
-        turn.suspension = suspension
-        turn.status = WAITING_STATUS[suspension.type]
+        plain-text ``Suspension.user_input(...)`` path). Returns it saved.
+        Raises IllegalTransition unless the turn is READY or RUNNING."""
+        turn.block(suspension)
         turn.updated_at = self.clock()
         saved = await self.store.save(turn)
         self._emit(EventType.TURN_SUSPENDED, saved, type=suspension.type.value)
@@ -380,17 +351,16 @@ class Runner:
                 # off the queue: put it back for its time and keep the backoff.
                 await self.store.make_runnable(turn.id, due)
                 return turn
-            turn.suspension = None
         elif turn.is_blocked and not turn.cancel_requested:
             return turn
         try:
-            turn.status = TurnStatus.RUNNING
+            turn.start()
             turn = await self._save(turn, lease)
             self._emit(EventType.TURN_STARTED, turn)
             await self.port.turn_started(turn)
             while True:
                 if cancelled.is_set() or turn.cancel_requested:
-                    await self._finish(turn, lease, TurnStatus.CANCELLED)
+                    await self._finish(turn, lease, Transition.CANCEL)
                 if turn.phase == Phase.MODEL:
                     turn = await self._model_step(agent, turn, lease)
                 else:
@@ -403,16 +373,15 @@ class Runner:
         return await self.store.save(turn, lease=lease)
 
     async def _finish(
-        self, turn: Turn, lease: Lease, status: TurnStatus, error: str | None = None
+        self, turn: Turn, lease: Lease, ending: Transition, error: str | None = None
     ) -> NoReturn:
-        turn.status, turn.phase, turn.error = status, Phase.FINISHED, error
-        turn.suspension = None
+        turn.finish(ending, error)
         turn = await self._save(turn, lease)
         kind = {
-            TurnStatus.COMPLETED: EventType.TURN_COMPLETED,
-            TurnStatus.CANCELLED: EventType.TURN_CANCELLED,
-        }.get(status, EventType.TURN_FAILED)
-        self._emit(kind, turn, status=status.value)
+            Transition.COMPLETE: EventType.TURN_COMPLETED,
+            Transition.CANCEL: EventType.TURN_CANCELLED,
+        }.get(ending, EventType.TURN_FAILED)
+        self._emit(kind, turn, status=turn.status.value)
         await self.port.turn_finished(turn)
         if turn.parent is not None:
             await self._wake_parent(turn)
@@ -425,8 +394,7 @@ class Runner:
             await self.submit_resume(child.parent.turn_id, command)
 
     async def _block(self, turn: Turn, lease: Lease, suspension: Suspension) -> NoReturn:
-        turn.suspension = suspension
-        turn.status = WAITING_STATUS[suspension.type]
+        turn.block(suspension)
         turn = await self._save(turn, lease)
         self._emit(EventType.TURN_SUSPENDED, turn, type=suspension.type.value)
         if suspension.type == SuspensionType.RETRY and suspension.due_at is not None:
@@ -435,7 +403,7 @@ class Runner:
 
     async def _retry_later(self, agent: Agent, turn: Turn, lease: Lease, error: str) -> NoReturn:
         if turn.retry_attempts >= agent.max_retries:
-            await self._finish(turn, lease, TurnStatus.FAILED, f"gave up: {error}")
+            await self._finish(turn, lease, Transition.FAIL, f"gave up: {error}")
         delay = agent.retry_backoff * (2**turn.retry_attempts)
         turn.retry_attempts += 1
         self._emit(EventType.RETRY_SCHEDULED, turn, delay=delay, error=error)
@@ -452,7 +420,7 @@ class Runner:
 
     async def _model_step(self, agent: Agent, turn: Turn, lease: Lease) -> Turn:
         if turn.iterations >= agent.max_iterations:
-            await self._finish(turn, lease, TurnStatus.MAX_ITERATIONS_REACHED)
+            await self._finish(turn, lease, Transition.REACH_MAX_ITERATIONS)
 
         async def on_text(delta: str) -> None:
             await self.port.text(turn, delta)
@@ -463,7 +431,7 @@ class Runner:
             await self._retry_later(agent, turn, lease, f"model: {error}")
         except Exception as error:
             log.exception("model failed in turn %s", turn.id)
-            await self._finish(turn, lease, TurnStatus.FAILED, f"model failed: {error}")
+            await self._finish(turn, lease, Transition.FAIL, f"model failed: {error}")
         turn.iterations += 1
         turn.retry_attempts = 0
         turn.messages.append(
@@ -475,7 +443,7 @@ class Runner:
             turn.phase = Phase.TOOLS
             return await self._save(turn, lease)  # every call saved before any runs
         turn.output = reply.text
-        await self._finish(turn, lease, TurnStatus.COMPLETED)
+        await self._finish(turn, lease, Transition.COMPLETE)
 
     # ─── Tools ───────────────────────────────────────────────────────────
 
@@ -527,7 +495,7 @@ class Runner:
         if tool.child is not None:
             await self._spawn_child(turn, lease, call, tool.child)
         if turn.tool_calls_made >= agent.max_tool_calls:
-            await self._finish(turn, lease, TurnStatus.BUDGET_EXCEEDED)
+            await self._finish(turn, lease, Transition.EXCEED_BUDGET)
         await self.port.tool_started(turn, call, tool)
         self._emit(EventType.TOOL_STARTED, turn, call_id=call.id, tool=tool.name)
         return await self._run_tool(agent, turn, lease, pending, tool, cancelled)
@@ -575,7 +543,7 @@ class Runner:
                 await self._finish(
                     turn,
                     lease,
-                    TurnStatus.FAILED,
+                    Transition.FAIL,
                     f"tool {tool.name} asked for form {needed.form.key!r} again after it "
                     "was submitted (a protocol error)",
                 )
@@ -654,7 +622,7 @@ class Runner:
     async def _spawn_child(
         self, turn: Turn, lease: Lease, call: ToolCall, child: Agent
     ) -> NoReturn:
-        child_id = f"{turn.id}.{call.id}"
+        child_id = child_turn_id(turn.id, call.id)
         task = call.arguments.get("task")
         message = task if isinstance(task, str) else json.dumps(call.arguments)
         chat = await self.port.child_chat(turn, call, child_id)

@@ -24,39 +24,11 @@ from dataclasses import dataclass
 
 import msgspec
 
-from server.errors import StoreError
+from server.runner.errors import Fenced as Fenced
+from server.runner.errors import TurnExists as TurnExists
+from server.runner.errors import TurnNotFound as TurnNotFound
+from server.runner.errors import VersionConflict as VersionConflict
 from server.runner.turn import Turn, TurnStatus, copy_turn
-
-
-class TurnNotFound(StoreError):
-    def __init__(self, turn_id: str) -> None:
-        super().__init__(turn_id)
-        self.turn_id = turn_id
-
-    def __str__(self) -> str:
-        return f"no turn {self.turn_id}"
-
-
-class VersionConflict(StoreError):
-    """Someone saved the turn since it was loaded: reload and decide again."""
-
-    def __init__(self, turn_id: str, expected: int, current: int) -> None:
-        super().__init__(turn_id, expected, current)
-        self.turn_id, self.expected, self.current = turn_id, expected, current
-
-    def __str__(self) -> str:
-        return f"turn {self.turn_id} is at version {self.current}, not {self.expected}"
-
-
-class Fenced(StoreError):
-    """The lease was taken over: this worker must stop working on the turn."""
-
-    def __init__(self, turn_id: str, token: int) -> None:
-        super().__init__(turn_id, token)
-        self.turn_id, self.token = turn_id, token
-
-    def __str__(self) -> str:
-        return f"turn {self.turn_id}: lease token {self.token} is no longer current"
 
 
 @dataclass(frozen=True)
@@ -70,7 +42,7 @@ class Lease:
 class TurnStore(ABC):
     @abstractmethod
     async def create(self, turn: Turn) -> Turn:
-        """Save a new turn at version 1; raises StoreError if the id exists."""
+        """Save a new turn at version 1; raises TurnExists if the id exists."""
 
     @abstractmethod
     async def load(self, turn_id: str) -> Turn:
@@ -144,7 +116,7 @@ class MemoryTurnStore(TurnStore):
 
     async def create(self, turn: Turn) -> Turn:
         if turn.id in self._turns:
-            raise StoreError(f"turn {turn.id} exists")
+            raise TurnExists(turn.id)
         turn = copy_turn(turn)
         turn.version = 1
         self._turns[turn.id] = _Held(msgspec.json.encode(turn), 1, turn.status)

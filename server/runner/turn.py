@@ -2,19 +2,22 @@
 waits. Everything here is a msgspec Struct so that a turn is one JSON
 document in any turn store; nothing here holds a callback.
 
-Status, and what moves it::
-
-    READY ------------> RUNNING ---------------> COMPLETED
-      ^                   |  |  \\                FAILED, CANCELLED,
-      |  submit_resume    |  |   `-------------> MAX_ITERATIONS_REACHED,
-      |  (or retry due)   |  |                   BUDGET_EXCEEDED
-      +-------------------+  +-> WAITING_FOR_USER      (USER_INPUT)
-                             +-> WAITING_FOR_APPROVAL  (TOOL_APPROVAL)
-                             +-> WAITING_FOR_CHILD     (CHILD_AGENT)
-                             +-> RETRY_SCHEDULED       (RETRY)
+A turn's status changes only by a named :class:`Transition` that the table
+:data:`TRANSITIONS` (below the statuses) allows from the status it is in,
+through the turn's transition methods (:meth:`Turn.start`,
+:meth:`Turn.block`, :meth:`Turn.unblock`, :meth:`Turn.finish`); any other
+pair raises :class:`~server.runner.errors.IllegalTransition` (a bug) and
+leaves the turn as it was. In short: a READY turn is RUN (or blocked by
+``Runner.suspend``); a RUNNING one blocks (WAIT_FOR_USER, WAIT_FOR_APPROVAL,
+WAIT_FOR_CHILD, SCHEDULE_RETRY), ends (COMPLETE, FAIL, CANCEL,
+REACH_MAX_ITERATIONS, EXCEED_BUDGET), or is RUN again by the runner that
+takes it over after a crash; a blocked one is RESUMEd to READY, or run again
+to be cancelled (RUN_TO_CANCEL) or, a retry, when it is due (RUN); a
+terminal one never changes.
 
 A blocked turn holds a :class:`Suspension`; a :class:`ResumeCommand` of the
-matching type (and correlation id) is the only way out.
+matching type (and correlation id) is the only way out, but for a retry
+that is due and a cancel.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import enum
 from typing import Any, Literal
 
 import msgspec
+
+from server.runner.errors import IllegalTransition
 
 
 class TurnStatus(enum.StrEnum):
@@ -37,6 +42,82 @@ class TurnStatus(enum.StrEnum):
     CANCELLED = "CANCELLED"
     MAX_ITERATIONS_REACHED = "MAX_ITERATIONS_REACHED"
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+
+
+class Transition(enum.StrEnum):
+    """What may happen to a turn's status; :data:`TRANSITIONS` says from
+    which status, and to which."""
+
+    RUN = "RUN"
+    """A runner takes the turn up: a new or resumed one, one whose runner
+    died (it is RUNNING still), or a retry that is due."""
+    RUN_TO_CANCEL = "RUN_TO_CANCEL"
+    """A runner takes a blocked turn up because its cancel was requested:
+    its next step ends it."""
+    WAIT_FOR_USER = "WAIT_FOR_USER"
+    WAIT_FOR_APPROVAL = "WAIT_FOR_APPROVAL"
+    WAIT_FOR_CHILD = "WAIT_FOR_CHILD"
+    SCHEDULE_RETRY = "SCHEDULE_RETRY"
+    RESUME = "RESUME"
+    """A resume command fit the suspension: the turn is runnable again."""
+    COMPLETE = "COMPLETE"
+    FAIL = "FAIL"
+    CANCEL = "CANCEL"
+    REACH_MAX_ITERATIONS = "REACH_MAX_ITERATIONS"
+    EXCEED_BUDGET = "EXCEED_BUDGET"
+
+
+_S, _T = TurnStatus, Transition
+
+TRANSITIONS: dict[TurnStatus, dict[Transition, TurnStatus]] = {
+    _S.READY: {
+        _T.RUN: _S.RUNNING,
+        # Runner.suspend may block a turn that has not run yet.
+        _T.WAIT_FOR_USER: _S.WAITING_FOR_USER,
+        _T.WAIT_FOR_APPROVAL: _S.WAITING_FOR_APPROVAL,
+        _T.WAIT_FOR_CHILD: _S.WAITING_FOR_CHILD,
+        _T.SCHEDULE_RETRY: _S.RETRY_SCHEDULED,
+    },
+    _S.RUNNING: {
+        _T.RUN: _S.RUNNING,
+        _T.WAIT_FOR_USER: _S.WAITING_FOR_USER,
+        _T.WAIT_FOR_APPROVAL: _S.WAITING_FOR_APPROVAL,
+        _T.WAIT_FOR_CHILD: _S.WAITING_FOR_CHILD,
+        _T.SCHEDULE_RETRY: _S.RETRY_SCHEDULED,
+        _T.COMPLETE: _S.COMPLETED,
+        _T.FAIL: _S.FAILED,
+        _T.CANCEL: _S.CANCELLED,
+        _T.REACH_MAX_ITERATIONS: _S.MAX_ITERATIONS_REACHED,
+        _T.EXCEED_BUDGET: _S.BUDGET_EXCEEDED,
+    },
+    _S.WAITING_FOR_USER: {_T.RESUME: _S.READY, _T.RUN_TO_CANCEL: _S.RUNNING},
+    _S.WAITING_FOR_APPROVAL: {_T.RESUME: _S.READY, _T.RUN_TO_CANCEL: _S.RUNNING},
+    _S.WAITING_FOR_CHILD: {_T.RESUME: _S.READY, _T.RUN_TO_CANCEL: _S.RUNNING},
+    _S.RETRY_SCHEDULED: {
+        _T.RESUME: _S.READY,
+        _T.RUN: _S.RUNNING,
+        _T.RUN_TO_CANCEL: _S.RUNNING,
+    },
+    _S.COMPLETED: {},
+    _S.FAILED: {},
+    _S.CANCELLED: {},
+    _S.MAX_ITERATIONS_REACHED: {},
+    _S.BUDGET_EXCEEDED: {},
+}
+"""status -> transition -> the status it leads to; a pair not listed is
+refused. A terminal status has no way out."""
+
+ENDINGS = frozenset({_T.COMPLETE, _T.FAIL, _T.CANCEL, _T.REACH_MAX_ITERATIONS, _T.EXCEED_BUDGET})
+"""The transitions :meth:`Turn.finish` takes."""
+
+
+def next_status(turn_id: str, status: TurnStatus, transition: Transition) -> TurnStatus:
+    """The status ``transition`` leads to from ``status``; raises
+    IllegalTransition when the table does not allow it."""
+    to = TRANSITIONS[status].get(transition)
+    if to is None:
+        raise IllegalTransition(turn_id, status, transition)
+    return to
 
 
 BLOCKED = frozenset(
@@ -71,12 +152,13 @@ class SuspensionType(enum.StrEnum):
     RETRY = "RETRY"
 
 
-WAITING_STATUS = {
-    SuspensionType.USER_INPUT: TurnStatus.WAITING_FOR_USER,
-    SuspensionType.TOOL_APPROVAL: TurnStatus.WAITING_FOR_APPROVAL,
-    SuspensionType.CHILD_AGENT: TurnStatus.WAITING_FOR_CHILD,
-    SuspensionType.RETRY: TurnStatus.RETRY_SCHEDULED,
+WAIT_FOR = {
+    SuspensionType.USER_INPUT: Transition.WAIT_FOR_USER,
+    SuspensionType.TOOL_APPROVAL: Transition.WAIT_FOR_APPROVAL,
+    SuspensionType.CHILD_AGENT: Transition.WAIT_FOR_CHILD,
+    SuspensionType.RETRY: Transition.SCHEDULE_RETRY,
 }
+"""The transition that blocks a turn on a suspension of each type."""
 
 
 class Record(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -287,6 +369,39 @@ class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     def call(self, call_id: str) -> PendingCall | None:
         return next((p for p in self.pending if p.call.id == call_id), None)
+
+    # ─── Transitions (the only writers of ``status``) ───────────────────
+
+    def start(self) -> None:
+        """RUNNING, holding no suspension: RUN, or RUN_TO_CANCEL for a
+        blocked turn whose cancel was requested. The caller checks that a
+        retry is due."""
+        blocked_to_cancel = self.is_blocked and self.cancel_requested
+        self._move(Transition.RUN_TO_CANCEL if blocked_to_cancel else Transition.RUN)
+        self.suspension = None
+
+    def block(self, suspension: Suspension) -> None:
+        """Wait on ``suspension``: the WAIT_FOR transition of its type."""
+        self._move(WAIT_FOR[suspension.type])
+        self.suspension = suspension
+
+    def unblock(self) -> None:
+        """RESUME: READY again, in the phase the suspension resumes in."""
+        suspension = self.suspension
+        self._move(Transition.RESUME)
+        assert suspension is not None, f"turn {self.id} is blocked without a suspension"
+        self.phase = suspension.resume_phase
+        self.suspension = None
+
+    def finish(self, ending: Transition, error: str | None = None) -> None:
+        """End the turn by one of the ENDINGS, with ``error`` when it failed."""
+        if ending not in ENDINGS:
+            raise IllegalTransition(self.id, self.status, ending)
+        self._move(ending)
+        self.phase, self.error, self.suspension = Phase.FINISHED, error, None
+
+    def _move(self, transition: Transition) -> None:
+        self.status = next_status(self.id, self.status, transition)
 
 
 def copy_turn(turn: Turn) -> Turn:

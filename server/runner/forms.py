@@ -1,0 +1,22 @@
+"""Forms an agent may ask people to fill in, as defined in code.
+
+A turn never holds a definition: when it asks, the form is frozen into its
+suspension (:class:`server.runner.turn.FrozenForm`), so later changes to the
+definition affect only new turns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FormDefinition:
+    """A form an agent may ask people to fill in. The model sees ``key`` and
+    ``description``; the ``schema`` (MCP's flat JSON Schema subset) is frozen
+    into the turn when it is asked."""
+
+    key: str
+    description: str
+    schema: dict[str, Any]

@@ -1,0 +1,178 @@
+"""Ids with structure: each built by one function and parsed by one.
+
+=============================  ===============================  ==========================
+id                             looks like                       built by / parsed by
+=============================  ===============================  ==========================
+a turn's input request         ``<chatTurn>:input:<callId>``,   :func:`input_request_id`
+                               ``<chatTurn>:input:text`` for    :func:`parse_input_request_id`
+                               a plain-text question
+the runner's turn for an AHP   ``<chatId>.<chatTurn>``          :func:`runner_turn_id`
+turn (AHP turn ids are unique                                   :func:`parse_runner_turn_id`
+per chat only)
+a child turn                   ``<parentTurnId>.<callId>``      :func:`child_turn_id`
+                                                                :func:`parse_child_turn_id`
+a tool call's idempotency key  ``<turnId>:<toolCallId>``        :func:`idempotency_key`
+                                                                :func:`parse_idempotency_key`
+a model reply's markdown part  ``<chatTurn>:md:<n>``            :func:`markdown_part_id`
+                                                                :func:`parse_markdown_part_id`
+an MCP elicitation's request   ``mcp:<16 hex digits>``          :func:`mcp_request_id`
+                                                                :func:`parse_mcp_request_id`
+=============================  ===============================  ==========================
+
+A parser returns None for an id its builder could not have made (a foreign
+id: another kind, another agent's request, a hand-made one). The parts are
+joined as they are, not escaped, so the formats stay what chats and stores
+already hold; a parser splits at the separator a part is least likely to
+contain, and the round trip holds as long as that part does not contain it:
+the call id of an input request (split at the first ``:input:``; a call id
+``text`` reads as a plain-text question), the chat id of a runner turn id
+(at the first ``.``), the call id of a child turn id or idempotency key (at
+the last ``.`` or ``:``). Markdown part and MCP request ids always round-trip.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import NamedTuple
+
+from protocol.uris import BadChannelUri, channel_id, channel_kind, chat_uri
+
+_INPUT = ":input:"
+_TEXT = "text"
+"""The call part of a plain-text question's request id."""
+_MARKDOWN = ":md:"
+_MCP = "mcp:"
+_MCP_TOKEN = re.compile(r"[0-9a-f]{16}")
+
+
+# ─── Input requests ──────────────────────────────────────────────────────────
+
+
+class InputRequestRef(NamedTuple):
+    chat_turn: str
+    call_id: str | None
+    """The tool call the form answers; None for a plain-text question."""
+
+
+def input_request_id(chat_turn: str, call_id: str | None) -> str:
+    """The id of the input request a turn opens in its chat for the form of
+    ``call_id`` (or, with None, for a plain-text question)."""
+    return f"{chat_turn}{_INPUT}{_TEXT if call_id is None else call_id}"
+
+
+def parse_input_request_id(request_id: str) -> InputRequestRef | None:
+    """The chat turn and call of a request the runner opened; None for any
+    other request (an MCP server's, an agent's own)."""
+    chat_turn, marker, call = request_id.partition(_INPUT)
+    if not marker or not chat_turn or not call:
+        return None
+    return InputRequestRef(chat_turn, None if call == _TEXT else call)
+
+
+# ─── Turns ───────────────────────────────────────────────────────────────────
+
+
+class ChatTurnRef(NamedTuple):
+    chat: str
+    """The chat's URI."""
+    chat_turn: str
+
+
+def runner_turn_id(chat: str, chat_turn: str) -> str:
+    """The runner's turn id for the AHP turn ``chat_turn`` of the chat whose
+    URI is ``chat``; raises BadChannelUri for a URI that names no chat."""
+    if channel_kind(chat) != "chat":
+        raise BadChannelUri(chat)
+    return f"{channel_id(chat)}.{chat_turn}"
+
+
+def parse_runner_turn_id(turn_id: str) -> ChatTurnRef | None:
+    """The chat URI and AHP turn a runner turn id was made of; None for a
+    turn id that is not one (a random one, a child's may look like one)."""
+    chat, dot, chat_turn = turn_id.partition(".")
+    if not dot or not chat_turn:
+        return None
+    try:
+        uri = chat_uri(chat)
+        channel_kind(uri)
+    except BadChannelUri:
+        return None
+    return ChatTurnRef(uri, chat_turn)
+
+
+class CallRef(NamedTuple):
+    turn_id: str
+    call_id: str
+
+
+def child_turn_id(parent_turn_id: str, call_id: str) -> str:
+    """The id of the child turn that the tool call ``call_id`` of the parent
+    turn runs: the same every time the call runs, so a replay after a crash
+    finds the child it started."""
+    return f"{parent_turn_id}.{call_id}"
+
+
+def parse_child_turn_id(turn_id: str) -> CallRef | None:
+    """The parent turn and the call of a child turn id; None when the id has
+    no parent part."""
+    return _split_call(turn_id, ".")
+
+
+def idempotency_key(turn_id: str, call_id: str) -> str:
+    """The key of a tool call's external side effects: the same every time
+    the call runs (a retry, a replay after a form, another worker)."""
+    return f"{turn_id}:{call_id}"
+
+
+def parse_idempotency_key(key: str) -> CallRef | None:
+    """The turn and the tool call an idempotency key names; None for a key
+    with no call part."""
+    return _split_call(key, ":")
+
+
+def _split_call(text: str, separator: str) -> CallRef | None:
+    turn_id, found, call_id = text.rpartition(separator)
+    return CallRef(turn_id, call_id) if found and turn_id and call_id else None
+
+
+# ─── Chat parts ──────────────────────────────────────────────────────────────
+
+
+class MarkdownPartRef(NamedTuple):
+    chat_turn: str
+    iteration: int
+    """The turn's model iteration whose reply the part shows."""
+
+
+def markdown_part_id(chat_turn: str, iteration: int) -> str:
+    """The id of the markdown part that shows the model's reply in
+    ``iteration`` of the AHP turn ``chat_turn``."""
+    return f"{chat_turn}{_MARKDOWN}{iteration}"
+
+
+def parse_markdown_part_id(part_id: str) -> MarkdownPartRef | None:
+    chat_turn, marker, iteration = part_id.rpartition(_MARKDOWN)
+    if not marker or not chat_turn or not iteration.isdecimal():
+        return None
+    if str(int(iteration)) != iteration:
+        return None  # "007" is no iteration the builder writes
+    return MarkdownPartRef(chat_turn, int(iteration))
+
+
+# ─── MCP ─────────────────────────────────────────────────────────────────────
+
+
+def mcp_request_id(token: str | None = None) -> str:
+    """The id of an input request that asks an MCP server's elicitation:
+    ``token`` (16 hex digits), a new random one by default."""
+    token = secrets.token_hex(8) if token is None else token
+    if not _MCP_TOKEN.fullmatch(token):
+        raise ValueError(f"an MCP request token is 16 hex digits, not {token!r}")
+    return f"{_MCP}{token}"
+
+
+def parse_mcp_request_id(request_id: str) -> str | None:
+    """The token of an MCP elicitation's request id; None for any other."""
+    prefix, token = request_id[: len(_MCP)], request_id[len(_MCP) :]
+    return token if prefix == _MCP and _MCP_TOKEN.fullmatch(token) else None

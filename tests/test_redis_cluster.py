@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import signal
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
@@ -292,6 +294,52 @@ async def test_subscriptions_come_back_after_redis_restarts(redis_server: RedisS
         await heard.until(1)
         assert heard.appends == [(chat, 1, b"after the restart")]
         assert "ahp-chat:/while-down" not in {c for c, _, _ in heard.appends}
+
+
+class Logged(logging.Handler):
+    """Sets ``seen`` when a record containing ``text`` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+async def test_a_redis_gone_silent_is_noticed_by_a_ping(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis that hangs (here: SIGSTOP) keeps its connections open; the
+    ping notices, and the subscription is made again once it answers."""
+    reader = RedisStore(redis_server.url, timeout=0.5 * UNIT)
+    reader.topics.ping_every = 0.2 * UNIT
+    writer = RedisStore(redis_server.url)
+    caplog.set_level(logging.INFO, logger="huddle.store.redis")
+    logger = logging.getLogger("huddle.store.redis")
+    silent = Logged("silent past a ping")
+    logger.addHandler(silent)
+    async with opened(reader, writer):
+        heard = Listener()
+        reader.add_listener(heard)
+        chat = "ahp-chat:/hung"
+        await writer.create(chat, b"{}")
+        await reader.watch(chat)
+        assert redis_server.process is not None
+        redis_server.process.send_signal(signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(5 * UNIT):
+                await silent.seen.wait()
+        finally:
+            redis_server.process.send_signal(signal.SIGCONT)
+            logger.removeHandler(silent)
+        async with asyncio.timeout(5 * UNIT):
+            await heard.back.wait()
+        await writer.append(chat, 0, b"awake")
+        await heard.until(1)
+        assert heard.appends == [(chat, 1, b"awake")]
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ task then reads the slot map again, subscribes every such topic on the node
 that serves it now, retrying with backoff, and once every watched topic is
 confirmed again calls ``resubscribed``: messages may have been lost in
 between, so the caller compares with the store. A node connection that
-stays silent is pinged every ``PING_EVERY`` seconds and dropped when the
-answer does not come within the timeout.
+stays silent is pinged after ``PING_EVERY`` seconds of quiet and dropped
+when the answer does not come within the timeout (a node that hangs, or a
+network that drops packets without closing the connection).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class Topics:
     ) -> None:
         self.link = link
         self.timeout = link.timeout
+        self.ping_every = PING_EVERY
         self.on_message = on_message
         self.resubscribed = resubscribed
         self._wanted: dict[str, _Want] = {}
@@ -144,6 +146,11 @@ class Topics:
         node.topics.add(topic)
         node.joining[topic] += 1
         await self._send(node, "SSUBSCRIBE", topic)
+        if node.lost and want.node is node:
+            # Lost before we sent (a loss while sending hands the topic to
+            # the repair): this attempt failed.
+            want.node = None
+            raise StoreUnavailable(f"redis: the connection to {node.name} was lost")
 
     async def _node(self, name: str, connect: Callable[[], AbstractConnection]) -> _Node:
         async with self._connecting:
@@ -236,8 +243,8 @@ class Topics:
         """Drop ``node`` when it stays silent past a ping."""
         loop = asyncio.get_running_loop()
         while not node.lost:
-            await asyncio.sleep(max(0.0, node.heard_at + PING_EVERY - loop.time()))
-            if loop.time() - node.heard_at < PING_EVERY * 0.99:
+            await asyncio.sleep(max(0.0, node.heard_at + self.ping_every - loop.time()))
+            if loop.time() - node.heard_at < self.ping_every * 0.99:
                 continue  # heard from meanwhile
             sent = loop.time()
             await self._send(node, "PING")

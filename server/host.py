@@ -356,11 +356,14 @@ class Host(Listener):
         future: asyncio.Future[Channel] = asyncio.get_running_loop().create_future()
         self._loading[uri] = future
         try:
+            await self.store.watch(uri)  # first: no append falls between load and hints
             ch = await self._load(uri)
             self.channels[uri] = ch
             future.set_result(ch)
             return ch
         except BaseException as error:
+            if isinstance(error, Exception):  # gone, malformed, store down
+                await self.store.unwatch(uri)
             future.set_exception(error)
             future.exception()  # consumed here: waiters re-raise it
             raise
@@ -811,6 +814,7 @@ class Host(Listener):
         self._chat_shadows.pop(uri, None)
         self._cancel_flush(uri)
         await self.store.delete(uri)
+        await self.store.unwatch(uri)
 
     async def _count_sessions(self) -> None:
         count = len(await self.store.records(SESSION_RECORDS))

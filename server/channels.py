@@ -252,11 +252,15 @@ class ChannelCore(Listener):
         future: asyncio.Future[_Channel] = asyncio.get_running_loop().create_future()
         self._loading[uri] = future
         try:
+            # Watch first: no append falls between the load and its hints.
+            await self.store.watch(uri)
             ch = await self._load(uri)
             self._channels[uri] = ch
             future.set_result(ch)
             return ch
         except BaseException as error:
+            if isinstance(error, Exception):  # gone, malformed, store down
+                await self.store.unwatch(uri)
             future.set_exception(error)
             future.exception()  # consumed here: waiters re-raise it
             raise
@@ -285,6 +289,7 @@ class ChannelCore(Listener):
         if ch is not None:
             ch.subscribers.clear()
         await self.store.delete(uri)
+        await self.store.unwatch(uri)
 
     # ─── Writing ─────────────────────────────────────────────────────────
 

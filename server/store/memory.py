@@ -2,8 +2,9 @@
 
 It keeps the last ``retention`` envelopes of each channel for replay, and
 never drops one newer than the channel's latest snapshot, so that a channel
-can always be loaded. Listeners hear every append and notice, so several
-hosts in one process (as tests run them) behave like several processes.
+can always be loaded. Listeners hear every append and notice, watched or
+not, so several hosts in one process (as tests run them) behave like
+several processes.
 """
 
 from __future__ import annotations
@@ -126,6 +127,12 @@ class MemoryStore(ChannelStore):
                 self._listeners.remove(listener)
 
         return remove
+
+    async def watch(self, channel: str) -> None:
+        return None  # every listener hears everything
+
+    async def unwatch(self, channel: str) -> None:
+        return None
 
     async def ready(self) -> bool:
         return True

@@ -125,7 +125,6 @@ from protocol.chat import (
     BooleanQuestion,
     BooleanValue,
     ChatState,
-    ClientContributor,
     InputAnswer,
     InputAnswerValue,
     InputQuestion,
@@ -246,27 +245,6 @@ def reject_reason(
             return None
         case _:
             assert_never(action)
-
-
-def client_action_problem(
-    state: ChannelState, action: StateAction, client_id: str | None
-) -> Rejection | None:
-    """Why a client (a participant, not the agent) may not dispatch
-    ``action``, or None. AHP lets clients dispatch ``chat/toolCallComplete``
-    and ``chat/toolCallContentChanged`` for the tool calls they execute: the
-    call's contributor must be that client. Any other would let a person
-    skip an approval or invent a tool's result."""
-    if not isinstance(action, ChatToolCallComplete | ChatToolCallContentChanged):
-        return None
-    call = select_tool_call(state, action.tool_call_id) if isinstance(state, ChatState) else None
-    contributor = call.contributor if call is not None else None
-    if isinstance(contributor, ClientContributor) and contributor.client_id == client_id:
-        return None
-    return _reason(
-        RejectionCode.FORBIDDEN,
-        f"tool call '{action.tool_call_id}' is not executed by this client, "
-        "so it may not complete or update it",
-    )
 
 
 def answer_problem(

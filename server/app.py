@@ -51,7 +51,8 @@ from server.errors import (
 from server.frames import WRITE_EXTENSION
 from server.host import Host
 from server.metrics import ServerMetrics
-from server.rpc import Rpc
+from server.ratelimit import Budget, Budgets
+from server.rpc import LiveClients, Rpc
 
 log = logging.getLogger("huddle.app")
 
@@ -72,6 +73,8 @@ class Server:
     commands: Commands
     connections: set[Rpc] = field(default_factory=set)
     """The open WebSocket connections (their JSON-RPC side)."""
+    clients: LiveClients = field(default_factory=LiveClients)
+    """The initialized ones by client id."""
 
     @property
     def settings(self) -> Settings:
@@ -160,7 +163,7 @@ async def ahp_socket(websocket: WebSocket) -> None:
         limits=server.settings.limits,
         metrics=server.metrics,
     )
-    rpc = Rpc(connection, server.commands, grant, server_info=SERVER_INFO)
+    rpc = Rpc(connection, server.commands, grant, clients=server.clients, server_info=SERVER_INFO)
     server.connections.add(rpc)
     server.metrics.connections.inc()
     writer = connection.start_writer()
@@ -385,12 +388,19 @@ def create_app(
     are closed when it stops)."""
     metrics = ServerMetrics()
     parts.host.add_hook(metrics.hook)
+    limits = parts.settings.limits
+    budgets = Budgets(
+        Budget(limits.actions_per_second, limits.action_burst),
+        Budget(limits.agent_actions_per_second, limits.agent_action_burst),
+    )
     commands = Commands(
         parts.host,
         authority,
         metrics=metrics,
+        budgets=budgets,
         clock=parts.clock,
         default_ttl=parts.settings.participant_ttl,
+        max_ttl=parts.settings.max_token_ttl,
     )
     server = Server(parts=parts, authority=authority, metrics=metrics, commands=commands)
 

@@ -13,10 +13,14 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-connection limits (see ``huddle serve --help``)."""
+    """Limits on what clients send (see ``huddle serve --help``)."""
 
     actions_per_second: float = 50.0
+    """Per participant or observer token, over all its connections and HTTP."""
     action_burst: int = 100
+    agent_actions_per_second: float = 2000.0
+    """Per agent token: agents stream into many chats at once."""
+    agent_action_burst: int = 4000
     max_subscriptions: int = 100
     send_buffer: int = 4 << 20
     """Bytes a client may leave unread before it is cut off."""
@@ -48,7 +52,10 @@ class Settings:
     """Seconds between two comparisons of the served channels' heads with
     the store's (how late an append whose pub/sub hint was lost arrives)."""
     participant_ttl: float = 7 * 24 * 3600.0
-    """Lifetime of the participant token in the printed link (seconds)."""
+    """Lifetime of the participant token in the printed link (seconds), and
+    of minted tokens that ask for none."""
+    max_token_ttl: float = 90 * 24 * 3600.0
+    """The longest lifetime a minted token may ask for (seconds)."""
     open_browser: bool = False
 
 
@@ -113,10 +120,15 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
             max_subscriptions=src.integer("max_subscriptions", limits.max_subscriptions),
             send_buffer=src.integer("send_buffer", limits.send_buffer),
             flood_close_after=src.integer("flood_close_after", limits.flood_close_after),
+            agent_actions_per_second=src.number(
+                "agent_actions_per_second", limits.agent_actions_per_second
+            ),
+            agent_action_burst=src.integer("agent_action_burst", limits.agent_action_burst),
         ),
         replay_window=src.integer("replay_window", base.replay_window),
         snapshot_every=src.integer("snapshot_every", base.snapshot_every),
         idle_check_interval=src.number("idle_check_interval", base.idle_check_interval),
         participant_ttl=src.number("participant_ttl", base.participant_ttl),
+        max_token_ttl=src.number("max_token_ttl", base.max_token_ttl),
         open_browser=src.flag("open_browser", base.open_browser),
     )

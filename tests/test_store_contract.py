@@ -159,6 +159,15 @@ async def test_records_are_set_read_listed_and_deleted(store: ChannelStore) -> N
     assert await store.records("other") == {}
 
 
+async def test_a_claim_is_held_by_one_owner_until_it_expires(store: ChannelStore) -> None:
+    assert await store.claim("client:web-1", "token-a", 60) is None
+    assert await store.claim("client:web-1", "token-a", 60) is None  # renewed
+    assert await store.claim("client:web-1", "token-b", 60) == "token-a"
+    assert await store.claim("client:web-2", "token-b", 0.05) is None
+    await asyncio.sleep(0.2)  # the time it takes a claim to lapse
+    assert await store.claim("client:web-2", "token-a", 60) is None
+
+
 async def test_listeners_hear_appends_and_notices(store: ChannelStore) -> None:
     heard = Heard()
     remove = store.add_listener(heard)

@@ -166,6 +166,13 @@ class ChannelStore(ABC):
         """Every record of ``kind`` by key."""
 
     @abstractmethod
+    async def claim(self, key: str, owner: str, ttl: float) -> str | None:
+        """Claim ``key`` for ``owner`` for ``ttl`` seconds, atomically across
+        processes: None when it is ``owner``'s now (it was free, expired, or
+        already ``owner``'s; the claim is renewed), else the owner that holds
+        it. Claims expire by themselves, so they stay bounded."""
+
+    @abstractmethod
     async def publish(self, topic: str, payload: bytes) -> None:
         """Send a notice to the listeners of every process that watches
         ``topic`` (this one's included)."""

@@ -10,6 +10,7 @@ several processes.
 from __future__ import annotations
 
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,9 @@ class MemoryStore(ChannelStore):
         self._channels: dict[str, _Channel] = {}
         self._records: dict[str, dict[str, bytes]] = {}
         self._listeners: list[Listener] = []
+        self._claims: dict[str, tuple[str, float]] = {}
+        self._claims_seen = 1024
+        """Expired claims are swept when the map doubles past this."""
 
     def _get(self, channel: str) -> _Channel:
         found = self._channels.get(channel)
@@ -114,6 +118,17 @@ class MemoryStore(ChannelStore):
 
     async def records(self, kind: str) -> dict[str, bytes]:
         return dict(self._records.get(kind, {}))
+
+    async def claim(self, key: str, owner: str, ttl: float) -> str | None:
+        now = time.monotonic()
+        held = self._claims.get(key)
+        if held is not None and held[1] > now and held[0] != owner:
+            return held[0]
+        self._claims[key] = (owner, now + ttl)
+        if len(self._claims) > 2 * self._claims_seen:
+            self._claims = {k: v for k, v in self._claims.items() if v[1] > now}
+            self._claims_seen = max(1024, len(self._claims))
+        return None
 
     async def publish(self, topic: str, payload: bytes) -> None:
         for listener in list(self._listeners):

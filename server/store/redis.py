@@ -185,7 +185,17 @@ return 1
 """
 
 
+# KEYS: the claim.  ARGV: owner, ttl (ms).  Returns nil when it is the
+# owner's now (renewed), else the owner that holds it.
+CLAIM = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then return held end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+"""
+
 _CREATE, _LOAD, _APPEND = Script(CREATE), Script(LOAD), Script(APPEND)
+_CLAIM = Script(CLAIM)
 _READ_LOG, _SNAPSHOT, _RESTORE = Script(READ_LOG), Script(SNAPSHOT), Script(RESTORE)
 
 
@@ -336,6 +346,11 @@ class RedisStore(ChannelStore):
     async def delete_record(self, kind: str, key: str) -> None:
         name = f"huddle:rec:{kind}"
         await self.link.write(name, lambda pipe: pipe.hdel(name, key))
+
+    async def claim(self, key: str, owner: str, ttl: float) -> str | None:
+        name = "huddle:claim:{" + key + "}"
+        held = await self.link.run(_CLAIM, [name], [owner, max(1, int(ttl * 1000))])
+        return None if held is None else _text(held)
 
     async def records(self, kind: str) -> dict[str, bytes]:
         raw: dict[Any, Any] = await self.link.call(self.client.hgetall(f"huddle:rec:{kind}"))

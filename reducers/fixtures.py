@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from protocol.actions import ACTION_TYPES, StateAction
-from protocol.codec import STATE_TYPES, MalformedFrame, convert_state, state_to_builtins
+from protocol.codec import STATE_TYPES, MalformedFrame, convert_state, to_builtins
 from reducers import reduce
 from reducers.validation import reject_reason
 
@@ -84,7 +84,7 @@ def run_fixture(path: Path, data: dict[str, Any], now_ms: int) -> Outcome:
             if rejection is not None:
                 continue
         state = reduce(state, action, now_ms)
-    actual = strip_nulls(state_to_builtins(state))
+    actual = strip_nulls(to_builtins(state))
     expected = strip_nulls(data["expected"])
     if actual != expected:
         return fail(

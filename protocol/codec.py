@@ -111,6 +111,11 @@ def _spot_unknown_parts(value: Any) -> Any:
 
 
 _encoder: Final = msgspec.json.Encoder(enc_hook=_spot_unknown_parts)
+_NUL: Final = b"\x00"
+_HOLE: Final = msgspec.Raw(_NUL)
+"""Written where an unknown part's JSON goes: JSON text never holds a raw NUL."""
+_WRAPPER: Final = msgspec.json.encode(UnknownPart(raw=AsRead({})), enc_hook=lambda _: _HOLE)
+_WRAPPER_OPENING, _WRAPPER_CLOSING = _WRAPPER.split(_NUL)
 
 
 def encode(value: Any) -> bytes:
@@ -121,7 +126,7 @@ def encode(value: Any) -> bytes:
     try:
         return _encoder.encode(value)
     except _HoldsUnknownParts:
-        return _encoder.encode(_as_read(value))
+        return _encode_as_read(value)
 
 
 def to_builtins(value: Any) -> Any:
@@ -130,35 +135,29 @@ def to_builtins(value: Any) -> Any:
     try:
         return msgspec.to_builtins(value, enc_hook=_spot_unknown_parts)
     except _HoldsUnknownParts:
-        return msgspec.to_builtins(_as_read(value))
+        return msgspec.json.decode(_encode_as_read(value))
 
 
-def _as_read(value: Any) -> Any:
-    """``value`` with every unknown part replaced by the JSON it was read
-    from; what holds none is returned as it is."""
-    if isinstance(value, UnknownPart):
-        return value.raw.json
-    if isinstance(value, AsRead):
-        return value.json
-    if isinstance(value, msgspec.Struct):
-        changed = {}
-        for name in value.__struct_fields__:
-            member = getattr(value, name)
-            written = _as_read(member)
-            if written is not member:
-                changed[name] = written
-        return msgspec.structs.replace(value, **changed) if changed else value
-    if isinstance(value, list | tuple):
-        items = [_as_read(item) for item in value]
-        if any(new is not old for new, old in zip(items, value, strict=True)):
-            return items
-        return value
-    if isinstance(value, dict):
-        pairs = {key: _as_read(item) for key, item in value.items()}
-        if any(pairs[key] is not item for key, item in value.items()):
-            return pairs
-        return value
-    return value
+def _encode_as_read(value: Any) -> bytes:
+    """``value`` as JSON, each unknown part written as the JSON it was read
+    from: encoded with a hole in its place, then the hole and the wrapper
+    around it replaced by the part."""
+    held: list[bytes] = []
+
+    def hold(member: Any) -> Any:
+        if isinstance(member, AsRead):
+            held.append(_encoder.encode(member.json))
+            return _HOLE
+        return _spot_unknown_parts(member)
+
+    before, *after = msgspec.json.encode(value, enc_hook=hold).split(_NUL)
+    out = [before]
+    for part, rest in zip(held, after, strict=True):
+        if out[-1].endswith(_WRAPPER_OPENING) and rest.startswith(_WRAPPER_CLOSING):
+            out[-1] = out[-1].removesuffix(_WRAPPER_OPENING)
+            rest = rest.removeprefix(_WRAPPER_CLOSING)
+        out += (part, rest)
+    return b"".join(out)
 
 
 def decode_request(data: bytes | str) -> Request:

@@ -1083,6 +1083,8 @@ def test_encoding_does_not_depend_on_what_was_decoded_before() -> None:
     convert_state(STORED_CHAT, "chat")  # a state with parts of unknown kinds
     assert encode(call) == written
     assert to_builtins(call) == json.loads(written)
+    beside_a_part = {"call": call, "part": UnknownPart(raw=AsRead(POLL))}
+    assert json.loads(encode(beside_a_part)) == {"call": json.loads(written), "part": POLL}
 
 
 def test_unknown_part_is_written_as_the_part_it_holds_wherever_it_is() -> None:
@@ -1111,9 +1113,16 @@ def test_unknown_part_shows_and_compares_by_the_json_it_holds() -> None:
     assert AsRead(POLL) != POLL
 
 
-def test_encoder_still_refuses_a_type_it_does_not_know() -> None:
-    with pytest.raises(TypeError, match="unsupported"):
-        encode({"when": object()})
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param({"when": object()}, id="alone"),
+        pytest.param({"part": UnknownPart(raw=AsRead(POLL)), "when": object()}, id="after-a-part"),
+    ],
+)
+def test_encoder_still_refuses_a_type_it_does_not_know(value: object) -> None:
+    with pytest.raises(TypeError, match="Encoding objects of type object is unsupported"):
+        encode(value)
 
 
 @STATE_ROUND_TRIP

@@ -13,7 +13,7 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from protocol.actions import StateAction
-from protocol.chat import KNOWN_PART_KINDS, ChatState, UnknownPart
+from protocol.chat import KNOWN_PART_KINDS, AsRead, ChatState, UnknownPart
 from protocol.messages import (
     ActionEnvelope,
     ChannelParams,
@@ -72,7 +72,6 @@ def _decode(decoder: msgspec.json.Decoder[T], data: bytes | str, prefix: str, co
         raise MalformedFrame(ErrorCode.PARSE_ERROR, f"invalid JSON: {error}") from None
 
 
-_encoder: Final = msgspec.json.Encoder()
 UNKNOWN_KIND: Final = str(UnknownPart.__struct_config__.tag)
 _request: Final = msgspec.json.Decoder(Request)
 _response: Final = msgspec.json.Decoder(IncomingResponse)
@@ -101,32 +100,64 @@ PARAMS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
 """The params decoder of every method the host serves."""
 
 
-_unknown_parts_seen = False
-"""Set once a state with an unknown part was read: from then on encoding
-writes such parts back as they were read (a slower path, for a rare case)."""
+class _HoldsUnknownParts(Exception):
+    """Raised by the encoders' hook on meeting an unknown part's JSON."""
+
+
+def _spot_unknown_parts(value: Any) -> Any:
+    if isinstance(value, AsRead):
+        raise _HoldsUnknownParts
+    raise TypeError(f"Encoding objects of type {type(value).__name__} is unsupported")
+
+
+_encoder: Final = msgspec.json.Encoder(enc_hook=_spot_unknown_parts)
+_NUL: Final = b"\x00"
+_HOLE: Final = msgspec.Raw(_NUL)
+"""Written where an unknown part's JSON goes: JSON text never holds a raw NUL."""
+_WRAPPER: Final = msgspec.json.encode(UnknownPart(raw=AsRead({})), enc_hook=lambda _: _HOLE)
+_WRAPPER_OPENING, _WRAPPER_CLOSING = _WRAPPER.split(_NUL)
 
 
 def encode(value: Any) -> bytes:
-    """Encode any wire value as JSON (absent optional fields left out)."""
-    if _unknown_parts_seen:
-        plain = msgspec.to_builtins(value, builtin_types=(msgspec.Raw,))
-        return _encoder.encode(_unwrap_everywhere(plain))
-    return _encoder.encode(value)
-
-
-def _unwrap_everywhere(value: Any) -> Any:
-    if isinstance(value, dict):
-        if value.get("kind") == UNKNOWN_KIND and "raw" in value:
-            return value["raw"]
-        return {k: _unwrap_everywhere(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_unwrap_everywhere(v) for v in value]
-    return value
+    """Encode any wire value as JSON (absent optional fields left out), a
+    part of an unknown kind written back as it was read."""
+    # msgspec calls the hook only for a type it does not know, so a value
+    # without unknown parts costs nothing more than a plain encode.
+    try:
+        return _encoder.encode(value)
+    except _HoldsUnknownParts:
+        return _encode_as_read(value)
 
 
 def to_builtins(value: Any) -> Any:
-    """A wire value as plain JSON-compatible Python objects."""
-    return msgspec.to_builtins(value)
+    """A wire value as plain JSON-compatible Python objects: what
+    :func:`encode` writes, parsed."""
+    try:
+        return msgspec.to_builtins(value, enc_hook=_spot_unknown_parts)
+    except _HoldsUnknownParts:
+        return msgspec.json.decode(_encode_as_read(value))
+
+
+def _encode_as_read(value: Any) -> bytes:
+    """``value`` as JSON, each unknown part written as the JSON it was read
+    from: encoded with a hole in its place, then the hole and the wrapper
+    around it replaced by the part."""
+    held: list[bytes] = []
+
+    def hold(member: Any) -> Any:
+        if isinstance(member, AsRead):
+            held.append(_encoder.encode(member.json))
+            return _HOLE
+        return _spot_unknown_parts(member)
+
+    before, *after = msgspec.json.encode(value, enc_hook=hold).split(_NUL)
+    out = [before]
+    for part, rest in zip(held, after, strict=True):
+        if out[-1].endswith(_WRAPPER_OPENING) and rest.startswith(_WRAPPER_CLOSING):
+            out[-1] = out[-1].removesuffix(_WRAPPER_OPENING)
+            rest = rest.removeprefix(_WRAPPER_CLOSING)
+        out += (part, rest)
+    return b"".join(out)
 
 
 def decode_request(data: bytes | str) -> Request:
@@ -191,16 +222,8 @@ def _map_parts(state: Any, mapper: Any) -> Any:
 
 
 def _wrap_unknown(part: Any) -> Any:
-    global _unknown_parts_seen
     if isinstance(part, dict) and part.get("kind") not in KNOWN_PART_KINDS:
-        _unknown_parts_seen = True
-        return {"kind": UNKNOWN_KIND, "raw": part}
-    return part
-
-
-def _unwrap_unknown(part: Any) -> Any:
-    if isinstance(part, dict) and part.get("kind") == UNKNOWN_KIND:
-        return part.get("raw")
+        return {"kind": UNKNOWN_KIND, "raw": AsRead(part)}
     return part
 
 
@@ -209,18 +232,12 @@ def convert_state(value: Any, kind: str, path: str = "$") -> ChannelState:
 
     Lenient where AHP expects growth: a response part of an unknown kind
     is kept as an :class:`~protocol.chat.UnknownPart` (and written back as
-    read by :func:`encode` and :func:`state_to_builtins`).
+    read by :func:`encode` and :func:`to_builtins`).
     """
     if kind == "chat":
         value = _map_parts(value, _wrap_unknown)
     state: ChannelState = convert(value, STATE_TYPES[kind], path)
     return state
-
-
-def state_to_builtins(state: ChannelState) -> Any:
-    """A state as plain JSON objects, unknown parts written back as read."""
-    value = msgspec.to_builtins(state)
-    return _map_parts(value, _unwrap_unknown) if isinstance(state, ChatState) else value
 
 
 def convert(value: Any, type_: type[T], path: str = "$") -> T:

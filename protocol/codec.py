@@ -8,6 +8,7 @@ way JSON-RPC clients see it (``$.params.action.turnId``).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -62,14 +63,82 @@ def _split(error: msgspec.ValidationError, prefix: str) -> tuple[str, str | None
     return reason, prefix + path.rstrip("`")[1:]
 
 
-def _decode(decoder: msgspec.json.Decoder[T], data: bytes | str, prefix: str, code: int) -> T:
+MAX_DEPTH: Final = 64
+"""How deeply JSON may nest in anything a peer sends (arrays and objects).
+AHP's own messages nest far less; anything deeper is refused before it is
+decoded, so that nothing stored can be too deep to read back."""
+
+_STRINGS: Final = re.compile(r'"(?:[^"\\]|\\.)*"')
+_PAIRS: Final = re.compile(r"\[\]|\{\}")
+_NOT_BRACKETS: Final = re.compile(r"[^\[\]{}]+")
+_LONE_SURROGATE: Final = re.compile(
+    r"(?<!\\)(?:\\\\)*\\u([dD][89abAB][0-9a-fA-F]{2})(?!\\u[dD][c-fC-F])"
+    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})(?<!\\)(?:\\\\)*\\u([dD][c-fC-F][0-9a-fA-F]{2})"
+)
+
+
+def nested_too_deep(data: bytes | str | msgspec.Raw, limit: int = MAX_DEPTH) -> bool:
+    """Whether JSON text ``data`` nests arrays and objects deeper than
+    ``limit`` (brackets inside strings do not count). Cheap for ordinary
+    text: it looks closer only when there are more than ``limit`` brackets."""
+    text = _text(data)
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))
+    for _ in range(limit):
+        shorter = _PAIRS.sub("", brackets)
+        if shorter == brackets:
+            return False  # unbalanced: not deep, just malformed
+        brackets = shorter
+        if not brackets:
+            return False
+    return True
+
+
+def _text(data: bytes | str | msgspec.Raw) -> str:
+    return data if isinstance(data, str) else bytes(data).decode(errors="replace")
+
+
+def _decode(
+    decoder: msgspec.json.Decoder[T], data: bytes | str | msgspec.Raw, prefix: str, code: int
+) -> T:
+    if nested_too_deep(data):
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, f"JSON nested deeper than {MAX_DEPTH} levels")
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as error:
         reason, path = _split(error, prefix)
         raise MalformedFrame(code, reason, path) from None
     except msgspec.DecodeError as error:
-        raise MalformedFrame(ErrorCode.PARSE_ERROR, f"invalid JSON: {error}") from None
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, _invalid_json(data, error)) from None
+    except RecursionError:  # pragma: no cover - refused above
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, "JSON nested too deeply to read") from None
+
+
+def _invalid_json(data: bytes | str | msgspec.Raw, error: msgspec.DecodeError) -> str:
+    """What is wrong with JSON that does not parse, in words."""
+    lone = _LONE_SURROGATE.search(_text(data))
+    if lone is not None:
+        code = lone.group(1) or lone.group(2)
+        return (
+            f"invalid JSON: \\u{code} is half of a UTF-16 surrogate pair with no other half, "
+            "so it is no character"
+        )
+    return f"invalid JSON: {error}"
+
+
+def decode_json(data: bytes | str) -> Any:
+    """Any JSON a peer sent (an HTTP body), as plain values; raises
+    MalformedFrame (parse error) for JSON that does not parse or nests too
+    deeply."""
+    if nested_too_deep(data):
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, f"JSON nested deeper than {MAX_DEPTH} levels")
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError as error:
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, _invalid_json(data, error)) from None
+    except RecursionError:  # pragma: no cover - refused above
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, "JSON nested too deeply to read") from None
 
 
 UNKNOWN_KIND: Final = str(UnknownPart.__struct_config__.tag)

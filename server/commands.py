@@ -37,10 +37,14 @@ from server.channels import ChannelView
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
 from server.host import Host
 from server.metrics import Metrics
-from server.policy import Command, command_refusal, dispatch_refusal, reaches
+from server.policy import Command, admission_refusal, command_refusal, dispatch_refusal, reaches
 from server.ratelimit import Budgets
 from server.waiters import InputOutcome
 
+PAGE_SIZE = 100
+"""Sessions in a page of ``listSessions`` that does not ask for a size."""
+MAX_PAGE = 500
+"""The largest page of ``listSessions`` (a page always fits in a frame)."""
 AGENT_CLAIM_TTL = 24 * 3600.0
 """How long the agent token holds a client id it used (renewed on use)."""
 
@@ -97,10 +101,25 @@ class Commands:
             raise ChannelGone(uri)
         return session
 
-    def _allow(self, grant: Grant, command: Command) -> None:
+    def allow(self, grant: Grant, command: Command) -> None:
+        """CommandError (permission denied) unless ``grant`` may run
+        ``command``: asked before anything else of the request is read."""
         refusal = command_refusal(grant, command)
         if refusal is not None:
             raise CommandError(ErrorCode.PERMISSION_DENIED, refusal)
+
+    def admit(self, grant: Grant) -> None:
+        """ActionRejected unless ``grant`` may send an action now (not an
+        observer, within its token's rate limit): asked before the action is
+        read."""
+        refusal = admission_refusal(grant)
+        if refusal is not None:
+            raise ActionRejected.of(refusal)
+        if not self.budgets.take(grant):
+            rate = self.budgets.budget_of(grant).rate
+            raise ActionRejected(
+                RejectionCode.RATE_LIMITED, f"at most {rate:g} actions a second per token"
+            )
 
     async def visible_seq(self, grant: Grant, uri: str) -> int | None:
         """The seq of ``uri`` if this token reaches it, else None (a rejection
@@ -110,6 +129,15 @@ class Commands:
             return (await self.host.view(uri)).seq
         except (ChannelGone, MalformedFrame):
             return None
+
+    def _check_title(self, title: str | None) -> None:
+        limit = self.host.sizes.title
+        if title is not None and (size := len(title.encode())) > limit:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                f"the title is {size:,} bytes; the limit is {limit:,}",
+                "$.title",
+            )
 
     async def snapshot(self, grant: Grant, uri: str) -> ChannelView:
         await self.reach(grant, uri)
@@ -130,12 +158,13 @@ class Commands:
         path: str = "$.channel",
     ) -> str:
         """Create session ``uri``; returns its default chat."""
-        self._allow(grant, Command.CREATE_SESSION)
+        self.allow(grant, Command.CREATE_SESSION)
         expect_kind(uri, "session", path)
+        self._check_title(title)
         return await self.host.create_session(uri, provider=provider, title=title)
 
     async def dispose_session(self, grant: Grant, uri: str) -> None:
-        self._allow(grant, Command.DISPOSE_SESSION)
+        self.allow(grant, Command.DISPOSE_SESSION)
         expect_kind(uri, "session")
         await self.reach(grant, uri)
         try:
@@ -152,20 +181,22 @@ class Commands:
         title: str | None = None,
         initial_message: Message | None = None,
     ) -> None:
-        self._allow(grant, Command.CREATE_CHAT)
+        self.allow(grant, Command.CREATE_CHAT)
         expect_kind(session, "session")
         expect_kind(chat, "chat", "$.chat")
+        self._check_title(title)
         await self.reach(grant, session)
         await self.host.sessions.create_chat(
             session, chat, title=title, initial_message=initial_message
         )
 
     async def list_sessions(self, grant: Grant, cursor: str | None, limit: int | None) -> Page:
-        """The sessions this token reaches, most recent first, a page at a
+        """The sessions this token reaches, most recent first, a page of at
+        most ``limit`` (PAGE_SIZE when None; never more than MAX_PAGE) at a
         time."""
         items = [s for s in await self.host.aggregate.summaries() if reaches(grant, s.resource)]
         start = _offset(cursor)
-        size = limit if limit and limit > 0 else len(items)
+        size = min(MAX_PAGE, limit) if limit and limit > 0 else PAGE_SIZE
         more = start + size < len(items)
         return Page(items[start : start + size], _cursor(start + size) if more else None)
 
@@ -188,17 +219,16 @@ class Commands:
         *,
         origin: ActionOrigin | None = None,
         client_id: str | None = None,
+        admitted: bool = False,
     ) -> ActionEnvelope:
-        """Dispatch ``action`` for ``grant``; returns the accepted envelope.
-        Raises ActionRejected (over the token's rate limit, refused by the
-        policy or the rules), ChannelGone (also for a channel the token does
-        not reach), StoreUnavailable, MalformedFrame for a bad URI."""
+        """Dispatch ``action`` for ``grant`` (:meth:`admit` first, unless the
+        caller did); returns the accepted envelope. Raises ActionRejected
+        (not admitted, refused by the policy or the rules), ChannelGone (also
+        for a channel the token does not reach), StoreUnavailable,
+        MalformedFrame for a bad URI."""
         try:
-            if not self.budgets.take(grant):
-                rate = self.budgets.budget_of(grant).rate
-                raise ActionRejected(
-                    RejectionCode.RATE_LIMITED, f"at most {rate:g} actions a second per token"
-                )
+            if not admitted:
+                self.admit(grant)
             await self._reachable(grant, uri, "$.channel")
             state = (await self.host.view(uri)).state
             refusal = dispatch_refusal(grant, uri, action, state, client_id)
@@ -242,7 +272,7 @@ class Commands:
     ) -> str:
         """A token for ``role`` on ``sessions`` (all when None); arguments
         as they came (MalformedFrame names the one at fault)."""
-        self._allow(grant, Command.MINT_TOKEN)
+        self.allow(grant, Command.MINT_TOKEN)
         if role not in ROLES:
             raise MalformedFrame(
                 ErrorCode.INVALID_PARAMS, f"role must be one of {', '.join(ROLES)}", "$.role"

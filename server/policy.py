@@ -95,6 +95,14 @@ def command_refusal(grant: Grant, command: Command) -> str | None:
             return None if grant.role == "agent" else "only an agent token may mint tokens"
 
 
+def admission_refusal(grant: Grant) -> Rejection | None:
+    """Why ``grant`` may send no action at all (asked before an action is
+    read), or None."""
+    if not grant.may_dispatch:
+        return _refusal(RejectionCode.FORBIDDEN, "observers may not dispatch actions")
+    return None
+
+
 def dispatch_refusal(
     grant: Grant,
     uri: str,
@@ -110,8 +118,9 @@ def dispatch_refusal(
         return _refusal(
             RejectionCode.WRONG_CHANNEL, f"a {family} action cannot go to a {kind} channel"
         )
-    if not grant.may_dispatch:
-        return _refusal(RejectionCode.FORBIDDEN, "observers may not dispatch actions")
+    admission = admission_refusal(grant)
+    if admission is not None:
+        return admission
     if kind == "root" and grant.sessions is not None:
         return _refusal(
             RejectionCode.FORBIDDEN, "a token scoped to sessions may not change the root channel"

@@ -47,6 +47,7 @@ from protocol.messages import (
     Request,
     Resume,
     Snapshot,
+    SnapshotResume,
     SubscribeParams,
     SubscribeResult,
 )
@@ -54,6 +55,7 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import ROOT_URI
 from server.auth import Grant
 from server.commands import Commands, not_found
+from server.config import Limits
 from server.connection import Connection
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
 from server.frames import action_frame
@@ -124,7 +126,7 @@ class Rpc:
         connection.may_see = lambda session: reaches(grant, session)
 
     @property
-    def limits(self) -> Any:
+    def limits(self) -> Limits:
         return self.connection.limits
 
     # ─── Frames ──────────────────────────────────────────────────────────
@@ -195,7 +197,8 @@ class Rpc:
         await self.commands.claim_client(self.grant, params.client_id)
         try:
             snapshots = [
-                await self._subscribe_to(uri) for uri in params.initial_subscriptions or []
+                await self._subscribe_to(uri, share=len(params.initial_subscriptions or []))
+                for uri in params.initial_subscriptions or []
             ]
         except BaseException:
             # A failed initialize changes nothing: the client may try again.
@@ -229,7 +232,15 @@ class Rpc:
         turns = params.view.turns if params.view is not None else None
         return SubscribeResult(snapshot=await self._subscribe_to(params.channel, turns))
 
-    async def _subscribe_to(self, uri: str, turns: int | None = None) -> Snapshot:
+    @property
+    def _frame_budget(self) -> int:
+        """The bytes one answer may take: half of what the client may leave
+        unread, so that an answer never cuts its own connection off."""
+        return self.limits.send_buffer // 2
+
+    async def _subscribe_to(self, uri: str, turns: int | None = None, share: int = 1) -> Snapshot:
+        """Subscribe and return the snapshot, a chat's windowed to fit its
+        ``share`` of one answer's budget."""
         await self.commands.reach(self.grant, uri)
         self._count_subscription(uri)
         try:
@@ -238,10 +249,15 @@ class Rpc:
         except ChannelGone:
             raise not_found(uri) from None
         self._add_subscription(uri)
-        if turns is not None and isinstance(snapshot.state, ChatState):
-            state = windowed(snapshot.state, max(0, turns))
-            snapshot = Snapshot(resource=uri, state=state, from_seq=snapshot.from_seq)
-        return snapshot
+        return self._fitted(snapshot, turns, share)
+
+    def _fitted(self, snapshot: Snapshot, turns: int | None = None, share: int = 1) -> Snapshot:
+        if not isinstance(snapshot.state, ChatState):
+            return snapshot
+        state = windowed(snapshot.state, turns, self._frame_budget // max(1, share))
+        if state is snapshot.state:
+            return snapshot
+        return Snapshot(resource=snapshot.resource, state=state, from_seq=snapshot.from_seq)
 
     def _count_subscription(self, uri: str) -> None:
         """CommandError when one more subscription would be too many."""
@@ -283,9 +299,15 @@ class Rpc:
             self._count_subscription(uri)
             self._add_subscription(uri)
             self.connection.park(uri)
-            resumes.append(
-                await self.host.core.resume(uri, cursor.last_seen_server_seq, self.connection)
+            share = self._frame_budget // max(1, len(params.cursors))
+            resume = await self.host.core.resume(
+                uri, cursor.last_seen_server_seq, self.connection, max_bytes=share
             )
+            if isinstance(resume, SnapshotResume):
+                resume = SnapshotResume(
+                    channel=uri, snapshot=self._fitted(resume.snapshot, share=len(params.cursors))
+                )
+            resumes.append(resume)
         return ReconnectResult(channels=resumes)
 
     def closed(self) -> None:

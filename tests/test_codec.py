@@ -46,12 +46,14 @@ from protocol.codec import (
     convert_state,
     decode_action,
     decode_envelope,
+    decode_json,
     decode_params,
     decode_request,
     decode_response,
     decode_snapshot,
     decode_state,
     encode,
+    nested_too_deep,
     to_builtins,
 )
 from protocol.messages import (
@@ -1134,3 +1136,66 @@ def test_builtins_are_what_the_encoder_writes(value: Wire) -> None:
 def test_decode_state_refuses_json_that_does_not_parse() -> None:
     error = malformed(decode_state, "ahp-chat:/c", b"{not json")
     assert error.code == ErrorCode.PARSE_ERROR
+
+
+# ─── What a peer may send: depth and surrogates ──────────────────────────────
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [65, 1000, 100_000])
+def test_a_frame_nested_too_deeply_is_a_parse_error(depth: int) -> None:
+    frame = '{"jsonrpc":"2.0","method":"ping","id":1,"params":' + nested(depth) + "}"
+    with pytest.raises(MalformedFrame) as error:
+        decode_request(frame)
+    assert error.value.code == ErrorCode.PARSE_ERROR
+    assert str(error.value) == "JSON nested deeper than 64 levels"
+
+
+def test_depth_counts_arrays_and_objects_but_not_brackets_in_strings() -> None:
+    assert not nested_too_deep(nested(64))
+    assert nested_too_deep(nested(65))
+    assert nested_too_deep('{"a":' * 65 + "1" + "}" * 65)
+    assert not nested_too_deep('["' + "[" * 500 + '"]')
+    assert not nested_too_deep("[" * 100)  # unbalanced: malformed, not deep
+    assert not nested_too_deep(("[" + nested(3) + "]").encode())
+
+
+def test_many_shallow_brackets_are_not_deep() -> None:
+    assert not nested_too_deep("[" + ",".join(["{}"] * 10_000) + "]")
+
+
+@pytest.mark.parametrize(
+    ("escape", "half"),
+    [pytest.param("\\ud800", "d800", id="high"), pytest.param("\\udc00x", "dc00", id="low")],
+)
+def test_a_lone_surrogate_is_named_as_such(escape: str, half: str) -> None:
+    frame = '{"jsonrpc":"2.0","method":"ping","id":1,"params":{"channel":"' + escape + '"}}'
+    with pytest.raises(MalformedFrame) as error:
+        decode_request(frame)
+    assert error.value.code == ErrorCode.PARSE_ERROR
+    assert str(error.value) == (
+        f"invalid JSON: \\u{half} is half of a UTF-16 surrogate pair with no other half, "
+        "so it is no character"
+    )
+
+
+def test_a_surrogate_pair_and_an_escaped_backslash_are_fine() -> None:
+    assert decode_json('{"a": "\\ud83d\\ude00", "b": "\\\\ud800"}') == {
+        "a": "\U0001f600",
+        "b": "\\ud800",
+    }
+
+
+def test_decode_json_refuses_what_peers_may_not_send() -> None:
+    cases: list[tuple[str | bytes, str]] = [
+        (nested(65), "JSON nested deeper than 64 levels"),
+        (b"{not json", "invalid JSON: "),
+    ]
+    for text, why in cases:
+        with pytest.raises(MalformedFrame) as error:
+            decode_json(text)
+        assert error.value.code == ErrorCode.PARSE_ERROR
+        assert str(error.value).startswith(why)

@@ -371,12 +371,10 @@ BAD_BODIES: list[Any] = [
     pytest.param(
         "/api/tokens",
         b'{"role": "participant", "ttl": 1e999}',
-        "$.ttl",
+        None,  # a number no double holds: not JSON Huddle reads
         id="token-ttl-infinite",
     ),
-    pytest.param(
-        "/api/tokens", b'{"role": "participant", "ttl": NaN}', "$.ttl", id="token-ttl-nan"
-    ),
+    pytest.param("/api/tokens", b'{"role": "participant", "ttl": NaN}', None, id="token-ttl-nan"),
     pytest.param("/api/sessions", {"id": "no spaces/here"}, "$.id", id="session-id-not-an-id"),
     pytest.param(
         "/api/dispatch",
@@ -477,7 +475,7 @@ async def test_metrics_show_connections_and_actions_by_type(huddle: RunningServe
     await dispatch(huddle, chat, TURN)
     await dispatch(huddle, chat, TURN)
 
-    reply = await http("GET", huddle.http + "/metrics")
+    reply = await http("GET", huddle.http + "/metrics", token=AGENT_TOKEN)
 
     assert reply.status == 200
     lines = reply.body.decode().splitlines()

@@ -37,7 +37,7 @@ from protocol.chat import (
     ToolCallPart,
     ToolCallPendingConfirmation,
 )
-from protocol.codec import convert_state, state_to_builtins
+from protocol.codec import convert_state, to_builtins
 from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
 from reducers.fixtures import AHP_FIXTURE_NOW_MS, run_fixture, strip_nulls
@@ -151,7 +151,7 @@ def test_shared_case(case: Case) -> None:
         got = reject_reason(state, action)
         # Read back after the check: the rule left both as they were (the
         # host keeps this state when it rejects), and the decode lost nothing.
-        assert state_to_builtins(state) == strip_nulls(case.state)
+        assert to_builtins(state) == strip_nulls(case.state)
         assert msgspec.to_builtins(action) == strip_nulls(raw["action"])
         carriers = [case.state, raw["action"]]
     else:

@@ -1,7 +1,8 @@
 """The embedded store: everything in this process's memory.
 
-It keeps the last ``retention`` envelopes of each channel for replay, and
-never drops one newer than the channel's latest snapshot, so that a channel
+It keeps the last ``retention`` envelopes of each channel for replay (at
+most ``retention_bytes`` of them), and never drops one newer than the
+channel's latest snapshot, so that a channel
 can always be loaded. Listeners hear every append and notice, watched or
 not, so several hosts in one process (as tests run them) behave like
 several processes.
@@ -26,6 +27,7 @@ class _Channel:
     snapshot_seq: int
     snapshot: bytes
     log: deque[bytes] = field(default_factory=deque)  # seqs seq-len(log)+1 .. seq
+    log_bytes: int = 0
 
     @property
     def first_seq(self) -> int:
@@ -33,8 +35,9 @@ class _Channel:
 
 
 class MemoryStore(ChannelStore):
-    def __init__(self, retention: int = 1000) -> None:
+    def __init__(self, retention: int = 1000, retention_bytes: int = 8 << 20) -> None:
         self.retention = retention
+        self.retention_bytes = retention_bytes
         self._channels: dict[str, _Channel] = {}
         self._records: dict[str, dict[str, bytes]] = {}
         self._listeners: list[Listener] = []
@@ -72,14 +75,18 @@ class MemoryStore(ChannelStore):
             raise SeqConflict(channel, expected_seq, ch.seq)
         ch.seq += 1
         ch.log.append(envelope)
+        ch.log_bytes += len(envelope)
         self._trim(ch)
         for listener in list(self._listeners):
             listener.envelope_appended(channel, ch.seq, envelope)
 
     def _trim(self, ch: _Channel) -> None:
-        # Keep `retention` envelopes, and always everything after the snapshot.
-        while len(ch.log) > self.retention and ch.first_seq <= ch.snapshot_seq:
-            ch.log.popleft()
+        # Keep `retention` envelopes and `retention_bytes`, and always
+        # everything after the snapshot.
+        while (
+            len(ch.log) > self.retention or ch.log_bytes > self.retention_bytes
+        ) and ch.first_seq <= ch.snapshot_seq:
+            ch.log_bytes -= len(ch.log.popleft())
 
     async def read_log(self, channel: str, after_seq: int, epoch: str) -> list[bytes] | None:
         ch = self._get(channel)
@@ -93,6 +100,7 @@ class MemoryStore(ChannelStore):
             return None
         ch.epoch, ch.seq, ch.snapshot_seq, ch.snapshot = secrets.token_hex(8), seq, seq, state
         ch.log.clear()
+        ch.log_bytes = 0
         return ch.epoch
 
     async def heads(self, channels: list[str]) -> dict[str, tuple[str, int]]:

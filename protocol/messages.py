@@ -14,7 +14,7 @@ import msgspec
 from protocol.actions import StateAction
 from protocol.chat import ChatState, Message, Turn
 from protocol.session import ActiveClient, RootState, SessionState, SessionSummary
-from protocol.wire import URI, JsonObject, Wire
+from protocol.wire import URI, JsonObject, Wire, meta_field
 
 PROTOCOL_VERSION: Final = "0.7.0"
 SUPPORTED_PROTOCOL_VERSIONS: Final = (PROTOCOL_VERSION,)
@@ -159,6 +159,9 @@ class InitializeResult(Wire, frozen=True, kw_only=True):
     server_seq: int
     server_info: Implementation | None = None
     snapshots: list[Snapshot]
+    meta: JsonObject | None = meta_field()
+    """Huddle: which of the extensions the client asked for it serves
+    (``{"huddle": {"extensions": [...]}}``); absent for plain AHP clients."""
 
 
 class ChannelParams(Wire, frozen=True, kw_only=True):
@@ -200,15 +203,18 @@ class ChannelCursor(Wire, frozen=True, kw_only=True):
 
 
 class ReconnectParams(Wire, frozen=True, kw_only=True):
-    """Resume after a dropped connection, one cursor per channel.
+    """Resume after a dropped connection.
 
-    Per-channel cursors come from newer AHP; Huddle's seqs are per channel,
-    so one global ``lastSeenServerSeq`` could not say where to resume.
+    AHP's form: the last ``serverSeq`` the client saw and the channels it
+    was subscribed to. Huddle's extension (``huddle.channelSeqs``): one
+    cursor per channel, since Huddle's channel seqs are per channel.
     """
 
     channel: URI
     client_id: str
-    cursors: list[ChannelCursor]
+    last_seen_server_seq: int | None = None
+    subscriptions: list[URI] | None = None
+    cursors: list[ChannelCursor] | None = None
 
 
 class ChannelResume(Wire, frozen=True, kw_only=True, tag_field="type"):
@@ -237,7 +243,28 @@ Resume: TypeAlias = ReplayResume | SnapshotResume | MissingResume
 
 
 class ReconnectResult(Wire, frozen=True, kw_only=True):
+    """Huddle's answer to per-channel cursors: how each channel resumes."""
+
     channels: list[Resume]
+
+
+class ReconnectReplay(Wire, frozen=True, kw_only=True, tag_field="type", tag="replay"):
+    """AHP: the envelopes missed since ``lastSeenServerSeq`` (every
+    subscribed channel's, in order), and the subscriptions that are gone or
+    no longer permitted."""
+
+    actions: list[ActionEnvelope]
+    missing: list[URI]
+
+
+class ReconnectSnapshots(Wire, frozen=True, kw_only=True, tag_field="type", tag="snapshot"):
+    """AHP: a fresh snapshot of every subscription that still exists."""
+
+    snapshots: list[Snapshot]
+
+
+class EmptyResult(Wire, frozen=True, kw_only=True):
+    """AHP's ``{}`` result (``fetchTurns``)."""
 
 
 class CreateSessionParams(Wire, frozen=True, kw_only=True):
@@ -277,7 +304,8 @@ class FetchTurnsParams(Wire, frozen=True, kw_only=True):
 
 
 class FetchTurnsResult(Wire, frozen=True, kw_only=True):
-    """The page of older turns the host inserted into the chat's state."""
+    """Huddle's ``fetchTurns`` page (extension ``huddle.turnsPage``): the
+    older turns, returned to the caller, and the cursor before them."""
 
     turns: list[Turn]
     turns_next_cursor: str | None = None

@@ -433,7 +433,7 @@ class ChannelCore(Listener):
         """Make ``result`` current: state, seq, subscribers, snapshot, hooks."""
         before = ch.state
         ch.state, ch.seq = result.after, result.envelope.server_seq
-        frame = action_frame(result.data)
+        frame = action_frame(result.data, ch.uri, result.envelope.server_seq)
         for subscriber in list(ch.subscribers):
             subscriber.send_frame(frame, channel=ch.uri)
         ch.since_snapshot += 1

@@ -53,6 +53,10 @@ from server.errors import ActionRejected, InputAbandoned
 from server.errors import Disconnected as Disconnected
 from server.errors import ProtocolError as ProtocolError
 
+EXTENSIONS = ("huddle.channelSeqs", "huddle.turnWindows", "huddle.titles")
+"""The Huddle extensions this client asks for (see server.rpc.EXTENSIONS):
+per-channel seqs and cursors, tail windows, titles."""
+
 log = logging.getLogger("huddle.client")
 
 
@@ -172,7 +176,10 @@ class HuddleClient:
         self._lost.clear()
         self._reader = asyncio.create_task(self._read(ws))
         params = InitializeParams(
-            channel=ROOT_URI, protocol_versions=[PROTOCOL_VERSION], client_id=self.client_id
+            channel=ROOT_URI,
+            protocol_versions=[PROTOCOL_VERSION],
+            client_id=self.client_id,
+            capabilities={key: {} for key in EXTENSIONS},
         )
         raw = await self.call("initialize", params)
         self.protocol_version: str = raw["protocolVersion"]

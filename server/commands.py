@@ -190,6 +190,15 @@ class Commands:
             session, chat, title=title, initial_message=initial_message
         )
 
+    async def dispose_chat(self, grant: Grant, chat: str) -> None:
+        """Dispose chat ``chat`` (not its session's default chat)."""
+        self.allow(grant, Command.DISPOSE_CHAT)
+        expect_kind(chat, "chat")
+        session = await self.reach(grant, chat)
+        if session is None:
+            raise not_found(chat)
+        await self.host.sessions.dispose_chat(session, chat)
+
     async def list_sessions(self, grant: Grant, cursor: str | None, limit: int | None) -> Page:
         """The sessions this token reaches, most recent first, a page of at
         most ``limit`` (PAGE_SIZE when None; never more than MAX_PAGE) at a
@@ -287,7 +296,7 @@ class Commands:
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= self.max_ttl:
             raise MalformedFrame(
                 ErrorCode.INVALID_PARAMS,
-                f"ttl must be a number of seconds above 0 and at most {self.max_ttl:g}",
+                f"ttl must be a number of seconds above 0 and at most {self.max_ttl:.0f}",
                 "$.ttl",
             )
         chosen: Role = role

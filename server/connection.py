@@ -21,8 +21,9 @@ from typing import Any, Protocol
 from protocol.codec import encode
 from protocol.messages import ErrorResponse, RequestId, Response, RpcError
 from server.config import Limits
-from server.frames import OVERLOADED, OutFrame
+from server.frames import OVERLOADED, ActionFrame, OutFrame
 from server.metrics import Metrics
+from server.numbering import Numbering
 
 log = logging.getLogger("huddle.connection")
 
@@ -72,6 +73,9 @@ class Connection:
         self.metrics = metrics or Metrics()
         self.may_see = may_see
         self.handler: Handler | None = None
+        self.numbering: Numbering | None = None
+        """A plain AHP client's own serverSeq sequence (None: the envelopes'
+        per-channel seqs go out as they are)."""
         self.queue: asyncio.Queue[OutFrame | None] = asyncio.Queue()
         self._parked: dict[str, list[OutFrame]] = {}
         self.queued_bytes = 0
@@ -101,6 +105,13 @@ class Connection:
         if channel is not None and channel in self._parked:
             self._parked[channel].append(frame)
             return
+        if self.numbering is not None and isinstance(frame, ActionFrame):
+            number = (
+                self.numbering.counter
+                if frame.rejected
+                else self.numbering.sent(frame.channel, frame.seq)
+            )
+            frame = frame.numbered(number)
         if self._direct is not None:
             if self._direct.write(frame.wire, self.limits.send_buffer) == OVERLOADED:
                 self._overflow()

@@ -12,8 +12,7 @@ down: this module imports nothing from ``server.runner`` or ``server.mcp``::
     ├── CommandError                a command that cannot be done (unknown
     │                               session, session exists, permission):
     │                               JSON-RPC error with an AHP code;
-    │                               connection kept (``server.connection``
-    │                               has a private subclass for -32005)
+    │                               connection kept
     ├── InputAbandoned              an awaited input request or tool
     │                               confirmation will never be answered (turn
     │                               ended, cancelled, truncated, or the chat
@@ -144,12 +143,14 @@ class ActionRejected(HuddleError):
 
 
 class CommandError(HuddleError):
-    """A command failed; ``code`` is the JSON-RPC/AHP error code."""
+    """A command failed; ``code`` is the JSON-RPC/AHP error code, ``data``
+    what AHP puts beside it for that code (or None)."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, data: object = None) -> None:
         super().__init__(code, message)
         self.code = code
         self.message = message
+        self.data = data
 
     def __str__(self) -> str:
         return f"{self.message} ({self.code})"

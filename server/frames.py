@@ -42,9 +42,36 @@ class OutFrame:
 ACTION_FRAME_HEAD = b'{"jsonrpc":"2.0","method":"action","params":'
 
 
-def action_frame(envelope: bytes) -> OutFrame:
+_SEQ_KEY = b'"serverSeq":'
+
+
+class ActionFrame(OutFrame):
+    """An ``action`` notification: its envelope's ``channel`` and per-channel
+    ``seq``, and whether it is a rejection (which uses no seq). A plain AHP
+    connection numbers what it receives itself (:mod:`server.numbering`):
+    :meth:`numbered` is the same frame with another ``serverSeq``."""
+
+    __slots__ = ("channel", "rejected", "seq")
+
+    def __init__(self, payload: bytes, channel: str, seq: int, rejected: bool = False) -> None:
+        super().__init__(payload)
+        self.channel, self.seq, self.rejected = channel, seq, rejected
+
+    def numbered(self, server_seq: int) -> OutFrame:
+        """This frame with ``serverSeq`` set to ``server_seq``. The envelope's
+        own key is the last one: msgspec writes ``channel, action,
+        serverSeq, origin, rejectionReason`` in that order, and a quote in a
+        string value is escaped, so the key cannot appear after it."""
+        start = self.payload.rindex(_SEQ_KEY) + len(_SEQ_KEY)
+        end = start
+        while self.payload[end : end + 1].isdigit():
+            end += 1
+        return OutFrame(self.payload[:start] + b"%d" % server_seq + self.payload[end:])
+
+
+def action_frame(envelope: bytes, channel: str, seq: int, rejected: bool = False) -> ActionFrame:
     """The ``action`` notification carrying an encoded envelope."""
-    return OutFrame(ACTION_FRAME_HEAD + envelope + b"}")
+    return ActionFrame(ACTION_FRAME_HEAD + envelope + b"}", channel, seq, rejected)
 
 
 def notification(method: str, params: Any) -> bytes:

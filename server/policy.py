@@ -24,6 +24,7 @@ Commands::
     create-session   agent; participant with an unscoped token
     dispose-session  agent
     create-chat      agent, participant (reaching the session)
+    dispose-chat     agent
     mint-token       agent
 
 Actions, checked top to bottom (the first refusal wins; a channel the token
@@ -67,6 +68,7 @@ class Command(StrEnum):
     CREATE_SESSION = "create-session"
     DISPOSE_SESSION = "dispose-session"
     CREATE_CHAT = "create-chat"
+    DISPOSE_CHAT = "dispose-chat"
     MINT_TOKEN = "mint-token"
 
 
@@ -91,6 +93,8 @@ def command_refusal(grant: Grant, command: Command) -> str | None:
             return None if grant.role == "agent" else "only an agent token may dispose sessions"
         case Command.CREATE_CHAT:
             return None if grant.may_dispatch else "observers may not create chats"
+        case Command.DISPOSE_CHAT:
+            return None if grant.role == "agent" else "only an agent token may dispose chats"
         case Command.MINT_TOKEN:
             return None if grant.role == "agent" else "only an agent token may mint tokens"
 

@@ -3,13 +3,20 @@
 :class:`Rpc` handles each frame its :class:`~server.connection.Connection`
 hands it: it decodes the request, runs the method through the command layer
 (:mod:`server.commands`) with the connection's grant, and answers. It holds
-what AHP makes per-connection state: the client id given at ``initialize``
-and the channels subscribed.
+what AHP makes per-connection state: the client id, the extensions the
+client asked for, the channels subscribed and, for a plain AHP client, the
+connection's own ``serverSeq`` numbering (:mod:`server.numbering`).
+
+Plain AHP by default: a client that asks for nothing gets exactly AHP 0.7.
+Huddle's extensions are asked for as ``initialize`` capabilities and
+announced back in the result's ``_meta.huddle.extensions`` (see
+:data:`EXTENSIONS`).
 
 Errors, by whose fault they are (see :mod:`server.errors`):
 
 - a malformed frame or bad params: a JSON-RPC error naming the field's path
-  (``id: null`` when the frame had no usable id, as for a notification);
+  (``id: null`` when the frame had no usable id); but an action that does
+  not decode comes back as a rejection envelope, as AHP requires;
 - an action that is invalid now, not allowed for the token, or over the
   rate limit: echoed back as an envelope with ``rejectionReason``;
 - a command that cannot be done: a JSON-RPC error with an AHP code;
@@ -20,9 +27,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
-from protocol.actions import StateAction
+import msgspec
+from msgspec.structs import replace
+
+from protocol.actions import ChatTurnsLoaded
 from protocol.chat import ChatState
 from protocol.codec import MalformedFrame, decode_params, decode_request, encode
 from protocol.messages import (
@@ -33,6 +43,7 @@ from protocol.messages import (
     CreateChatParams,
     CreateSessionParams,
     DispatchActionParams,
+    EmptyResult,
     ErrorCode,
     FetchTurnsParams,
     FetchTurnsResult,
@@ -41,13 +52,12 @@ from protocol.messages import (
     InitializeResult,
     ListSessionsParams,
     ListSessionsResult,
-    MissingResume,
     ReconnectParams,
+    ReconnectReplay,
     ReconnectResult,
+    ReconnectSnapshots,
     Request,
-    Resume,
     Snapshot,
-    SnapshotResume,
     SubscribeParams,
     SubscribeResult,
 )
@@ -56,22 +66,36 @@ from protocol.uris import ROOT_URI
 from server.auth import Grant
 from server.commands import Commands, not_found
 from server.config import Limits
-from server.connection import Connection
+from server.connection import CLOSE_NORMAL, Connection
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
 from server.frames import action_frame
+from server.numbering import Numbering, Retired
 from server.policy import reaches
+from server.reconnect import reconnect
 from server.sessions import windowed
 
+CHANNEL_SEQS: Final = "huddle.channelSeqs"
+TURN_WINDOWS: Final = "huddle.turnWindows"
+TITLES: Final = "huddle.titles"
+EXTENSIONS: Final = {
+    CHANNEL_SEQS: "serverSeq per channel (gapless, as the store orders it) everywhere; "
+    "reconnect with one cursor per channel; fetchTurns answers with the page",
+    TURN_WINDOWS: "subscribe's view.turns keeps a tail window of that many turns",
+    TITLES: "createSession and createChat take a title",
+}
+"""Huddle's extensions of AHP 0.7, by capability key."""
 CLOSE_REPLACED = 4001
 """Close code for a connection whose clientId a newer one of its token took."""
 
 
 class LiveClients:
     """This process's connections by client id (bounded by the connections:
-    each leaves when it closes)."""
+    each leaves when it closes), and the numberings of plain ones that
+    closed lately (for their reconnect)."""
 
     def __init__(self) -> None:
         self._by_id: dict[str, Rpc] = {}
+        self.retired = Retired()
 
     def bind(self, client_id: str, rpc: Rpc) -> Rpc | None:
         """Make ``rpc`` the connection of ``client_id``; the one it replaces."""
@@ -82,6 +106,15 @@ class LiveClients:
     def unbind(self, client_id: str, rpc: Rpc) -> None:
         if self._by_id.get(client_id) is rpc:
             del self._by_id[client_id]
+            if rpc.connection.numbering is not None:
+                self.retired.retire(client_id, rpc.connection.numbering)
+
+    def numbering_of(self, client_id: str) -> Numbering | None:
+        """The numbering a plain client left behind (live or lately closed)."""
+        live = self._by_id.get(client_id)
+        if live is not None and live.connection.numbering is not None:
+            return live.connection.numbering
+        return self.retired.take(client_id)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -106,6 +139,7 @@ class Rpc:
         self.grant = grant
         self.server_info = server_info
         self.client_id: str | None = None
+        self.extensions: frozenset[str] = frozenset()
         self.subscriptions: set[str] = set()
         self._requests: dict[str, Callable[[Any], Awaitable[Any]]] = {
             "initialize": self._initialize,
@@ -115,6 +149,7 @@ class Rpc:
             "createSession": self._create_session,
             "disposeSession": self._dispose_session,
             "createChat": self._create_chat,
+            "disposeChat": self._dispose_chat,
             "listSessions": self._list_sessions,
             "fetchTurns": self._fetch_turns,
         }
@@ -128,6 +163,11 @@ class Rpc:
     @property
     def limits(self) -> Limits:
         return self.connection.limits
+
+    @property
+    def numbering(self) -> Numbering | None:
+        """This connection's own serverSeq numbering (None: per channel)."""
+        return self.connection.numbering
 
     # ─── Frames ──────────────────────────────────────────────────────────
 
@@ -143,7 +183,9 @@ class Rpc:
         except MalformedFrame as error:
             self._malformed(request.id, error)
         except CommandError as error:
-            self.connection.error(request.id, error.code, error.message)
+            self.connection.error(request.id, error.code, error.message, error.data)
+            if error.code == ErrorCode.UNSUPPORTED_PROTOCOL_VERSION:
+                self.connection.shut(CLOSE_NORMAL, "no protocol version in common")
         except StoreUnavailable as error:
             # Fail fast and say so; the socket stays open for when it is back.
             self.connection.error(request.id, ErrorCode.INTERNAL_ERROR, str(error))
@@ -156,16 +198,20 @@ class Rpc:
         method = request.method
         if request.id is None:
             notification = self._notifications.get(method)
-            if notification is not None:
-                params = decode_params(method, request.params)
-                with _arguments_under_params():
-                    await notification(params)
-            elif method in self._requests:
-                raise MalformedFrame(
-                    ErrorCode.INVALID_REQUEST, f"{method} is a request: give it an id"
-                )
-            else:
+            if notification is None:
+                if method in self._requests:
+                    raise MalformedFrame(
+                        ErrorCode.INVALID_REQUEST, f"{method} is a request: give it an id"
+                    )
                 raise MalformedFrame(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method!r}")
+            try:
+                params = decode_params(method, request.params)
+            except MalformedFrame as error:
+                if method != "dispatchAction" or not await self._echo_undecodable(request, error):
+                    raise
+                return
+            with _arguments_under_params():
+                await notification(params)
             return
         handler = self._requests.get(method)
         if handler is None:
@@ -175,14 +221,42 @@ class Rpc:
                 )
             raise MalformedFrame(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method!r}")
         params = decode_params(method, request.params)
-        if self.client_id is None and method not in ("initialize", "ping"):
+        if self.client_id is None and method not in ("initialize", "ping", "reconnect"):
             raise MalformedFrame(ErrorCode.INVALID_REQUEST, "initialize first")
         try:
             with _arguments_under_params():
                 result = await handler(params)
-            self.connection.respond(request.id, result)
+            self.connection.respond(request.id, self._numbered(result))
         finally:
             self.connection.release_parked()
+
+    def _numbered(self, result: Any) -> Any:
+        """``result`` in this connection's numbering, as it goes out now:
+        a snapshot's ``fromSeq`` is the current number, a replayed envelope
+        takes the next one."""
+        numbering = self.numbering
+        if numbering is None:
+            return result
+
+        def mark(snapshot: Snapshot) -> Snapshot:
+            number = numbering.mark(snapshot.resource, snapshot.from_seq)
+            return replace(snapshot, from_seq=number)
+
+        match result:
+            case InitializeResult():
+                snapshots = [mark(s) for s in result.snapshots]
+                return replace(result, snapshots=snapshots, server_seq=numbering.counter)
+            case SubscribeResult(snapshot=Snapshot() as snapshot):
+                return replace(result, snapshot=mark(snapshot))
+            case ReconnectSnapshots():
+                return replace(result, snapshots=[mark(s) for s in result.snapshots])
+            case ReconnectReplay():
+                actions = [
+                    replace(e, server_seq=numbering.sent(e.channel, e.server_seq))
+                    for e in result.actions
+                ]
+                return replace(result, actions=actions)
+        return result
 
     # ─── Connecting ──────────────────────────────────────────────────────
 
@@ -193,28 +267,47 @@ class Rpc:
             (v for v in params.protocol_versions if v in SUPPORTED_PROTOCOL_VERSIONS), None
         )
         if version is None:
-            raise _UnsupportedVersion()
+            supported = ", ".join(SUPPORTED_PROTOCOL_VERSIONS)
+            raise CommandError(
+                ErrorCode.UNSUPPORTED_PROTOCOL_VERSION,
+                f"no protocol version in common; this server speaks {supported}",
+                {"supportedVersions": list(SUPPORTED_PROTOCOL_VERSIONS)},
+            )
         await self.commands.claim_client(self.grant, params.client_id)
+        asked = frozenset((params.capabilities or {}).keys()) & EXTENSIONS.keys()
+        self._set_extensions(asked, self.clients.numbering_of(params.client_id))
+        wanted = params.initial_subscriptions or []
+        snapshots: list[Snapshot] = []
         try:
-            snapshots = [
-                await self._subscribe_to(uri, share=len(params.initial_subscriptions or []))
-                for uri in params.initial_subscriptions or []
-            ]
+            for uri in wanted:
+                with contextlib.suppress(CommandError):  # gone or not ours: no snapshot
+                    snapshots.append(await self.subscribe_to(uri, share=len(wanted)))
         except BaseException:
             # A failed initialize changes nothing: the client may try again.
             for uri in list(self.subscriptions):
                 await self._unsubscribe(ChannelParams(channel=uri))
             raise
-        self._label(params.client_id)
+        self.label(params.client_id)
         root = await self.host.view(ROOT_URI)
+        extensions = {"huddle": {"extensions": sorted(asked)}} if asked else None
         return InitializeResult(
             protocol_version=version,
             server_seq=root.seq,
             server_info=self.server_info,
             snapshots=snapshots,
+            meta=extensions,
         )
 
-    def _label(self, client_id: str) -> None:
+    def _set_extensions(self, asked: frozenset[str], left: Numbering | None) -> None:
+        """Use ``asked``: without per-channel seqs, the connection numbers
+        what it sends itself, on from where this client's last one left."""
+        self.extensions = asked
+        if CHANNEL_SEQS in asked:
+            self.connection.numbering = None
+        else:
+            self.connection.numbering = Numbering(start=left.counter if left else 0)
+
+    def label(self, client_id: str) -> None:
         """Make ``client_id`` (claimed for this token) this connection's
         label; an older connection of the same id here is closed: this one
         takes its place."""
@@ -226,40 +319,47 @@ class Rpc:
     async def _ping(self, params: ChannelParams) -> None:
         return None
 
+    async def _reconnect(
+        self, params: ReconnectParams
+    ) -> ReconnectResult | ReconnectReplay | ReconnectSnapshots:
+        return await reconnect(self, params)
+
     # ─── Subscriptions ───────────────────────────────────────────────────
 
     async def _subscribe(self, params: SubscribeParams) -> SubscribeResult:
-        turns = params.view.turns if params.view is not None else None
-        return SubscribeResult(snapshot=await self._subscribe_to(params.channel, turns))
+        view = params.view if TURN_WINDOWS in self.extensions else None
+        turns = view.turns if view is not None else None
+        return SubscribeResult(snapshot=await self.subscribe_to(params.channel, turns))
 
     @property
-    def _frame_budget(self) -> int:
+    def frame_budget(self) -> int:
         """The bytes one answer may take: half of what the client may leave
         unread, so that an answer never cuts its own connection off."""
         return self.limits.send_buffer // 2
 
-    async def _subscribe_to(self, uri: str, turns: int | None = None, share: int = 1) -> Snapshot:
+    async def subscribe_to(self, uri: str, turns: int | None = None, share: int = 1) -> Snapshot:
         """Subscribe and return the snapshot, a chat's windowed to fit its
-        ``share`` of one answer's budget."""
+        ``share`` of one answer's budget. Raises CommandError (not found)."""
         await self.commands.reach(self.grant, uri)
-        self._count_subscription(uri)
+        self.count_subscription(uri)
         try:
             self.connection.park(uri)
             snapshot = await self.host.core.subscribe(uri, self.connection)
         except ChannelGone:
             raise not_found(uri) from None
-        self._add_subscription(uri)
-        return self._fitted(snapshot, turns, share)
+        self.add_subscription(uri)
+        return self.fitted(snapshot, turns, share)
 
-    def _fitted(self, snapshot: Snapshot, turns: int | None = None, share: int = 1) -> Snapshot:
+    def fitted(self, snapshot: Snapshot, turns: int | None = None, share: int = 1) -> Snapshot:
+        """``snapshot`` windowed to its ``share`` of the frame budget."""
         if not isinstance(snapshot.state, ChatState):
             return snapshot
-        state = windowed(snapshot.state, turns, self._frame_budget // max(1, share))
+        state = windowed(snapshot.state, turns, self.frame_budget // max(1, share))
         if state is snapshot.state:
             return snapshot
         return Snapshot(resource=snapshot.resource, state=state, from_seq=snapshot.from_seq)
 
-    def _count_subscription(self, uri: str) -> None:
+    def count_subscription(self, uri: str) -> None:
         """CommandError when one more subscription would be too many."""
         if (
             uri not in self.subscriptions
@@ -270,7 +370,7 @@ class Rpc:
                 f"at most {self.limits.max_subscriptions} subscriptions per connection",
             )
 
-    def _add_subscription(self, uri: str) -> None:
+    def add_subscription(self, uri: str) -> None:
         if uri not in self.subscriptions:
             self.subscriptions.add(uri)
             self.connection.metrics.subscribed(1)
@@ -280,50 +380,26 @@ class Rpc:
             self.subscriptions.discard(params.channel)
             self.connection.metrics.subscribed(-1)
             self.host.core.unsubscribe(params.channel, self.connection)
-
-    async def _reconnect(self, params: ReconnectParams) -> ReconnectResult:
-        if params.client_id != self.client_id:
-            raise MalformedFrame(
-                ErrorCode.INVALID_PARAMS, "clientId differs from initialize", "$.params.clientId"
-            )
-        resumes: list[Resume] = []
-        for index, cursor in enumerate(params.cursors):
-            uri = cursor.channel
-            try:
-                await self.commands.reach(self.grant, uri, f"$.cursors[{index}].channel")
-            except CommandError as error:
-                if error.code not in (ErrorCode.SESSION_NOT_FOUND, ErrorCode.NOT_FOUND):
-                    raise
-                resumes.append(MissingResume(channel=uri))
-                continue
-            self._count_subscription(uri)
-            self._add_subscription(uri)
-            self.connection.park(uri)
-            share = self._frame_budget // max(1, len(params.cursors))
-            resume = await self.host.core.resume(
-                uri, cursor.last_seen_server_seq, self.connection, max_bytes=share
-            )
-            if isinstance(resume, SnapshotResume):
-                resume = SnapshotResume(
-                    channel=uri, snapshot=self._fitted(resume.snapshot, share=len(params.cursors))
-                )
-            resumes.append(resume)
-        return ReconnectResult(channels=resumes)
+            if self.numbering is not None:
+                self.numbering.forget(params.channel)
 
     def closed(self) -> None:
         """Forget every subscription and the client id (the socket is gone)."""
-        if self.client_id is not None:
-            self.clients.unbind(self.client_id, self)
         for uri in self.subscriptions:
             self.host.core.unsubscribe(uri, self.connection)
         self.connection.metrics.subscribed(-len(self.subscriptions))
         self.subscriptions.clear()
+        if self.client_id is not None:
+            self.clients.unbind(self.client_id, self)
 
     # ─── Commands ────────────────────────────────────────────────────────
 
+    def _title(self, title: str | None) -> str | None:
+        return title if TITLES in self.extensions else None
+
     async def _create_session(self, params: CreateSessionParams) -> None:
         await self.commands.create_session(
-            self.grant, params.channel, provider=params.provider, title=params.title
+            self.grant, params.channel, provider=params.provider, title=self._title(params.title)
         )
 
     async def _dispose_session(self, params: ChannelParams) -> None:
@@ -334,19 +410,41 @@ class Rpc:
             self.grant,
             params.channel,
             params.chat,
-            title=params.title,
+            title=self._title(params.title),
             initial_message=params.initial_message,
         )
+
+    async def _dispose_chat(self, params: ChannelParams) -> None:
+        await self.commands.dispose_chat(self.grant, params.channel)
 
     async def _list_sessions(self, params: ListSessionsParams) -> ListSessionsResult:
         page = await self.commands.list_sessions(self.grant, params.cursor, params.limit)
         return ListSessionsResult(items=page.items, next_cursor=page.next_cursor)
 
-    async def _fetch_turns(self, params: FetchTurnsParams) -> FetchTurnsResult:
-        turns, cursor = await self.commands.fetch_turns(
-            self.grant, params.channel, params.cursor, params.limit
-        )
-        return FetchTurnsResult(turns=turns, turns_next_cursor=cursor)
+    async def _fetch_turns(self, params: FetchTurnsParams) -> FetchTurnsResult | EmptyResult:
+        if CHANNEL_SEQS in self.extensions:
+            turns, cursor = await self.commands.fetch_turns(
+                self.grant, params.channel, params.cursor, params.limit
+            )
+            return FetchTurnsResult(turns=turns, turns_next_cursor=cursor)
+        numbering = self.numbering
+        assert numbering is not None
+        if params.cursor is None:
+            # No cursor: the client holds every turn; nothing older to load.
+            await self.commands.reach(self.grant, params.channel)
+            turns, cursor = [], None
+        else:
+            turns, cursor = await self.commands.fetch_turns(
+                self.grant, params.channel, params.cursor, None
+            )
+        # AHP: chat/turnsLoaded before the answer. The window is this
+        # connection's (Huddle's chat state holds every turn), so the action
+        # goes to this connection, numbered in its own sequence.
+        loaded = ChatTurnsLoaded(turns=turns, turns_next_cursor=cursor)
+        seq = numbering.cursor(params.channel, numbering.counter) or 0
+        envelope = ActionEnvelope(channel=params.channel, action=loaded, server_seq=seq)
+        self.connection.send_frame(action_frame(encode(envelope), params.channel, seq))
+        return EmptyResult()
 
     # ─── Actions ─────────────────────────────────────────────────────────
 
@@ -364,27 +462,70 @@ class Rpc:
         except ActionRejected as rejected:
             # A flooder is closed before its last echo goes out.
             self.connection.count_action(limited=rejected.code == RejectionCode.RATE_LIMITED)
-            await self._echo_rejection(uri, action, origin, rejected.reason)
+            await self._echo_rejection(uri, encode(action), origin, rejected.reason)
             return
         except StoreUnavailable as error:
             reason = Rejection(RejectionCode.STORE_UNAVAILABLE, f"{error}; try again").reason
-            await self._echo_rejection(uri, action, origin, reason)
+            await self._echo_rejection(uri, encode(action), origin, reason)
         self.connection.count_action(limited=False)
 
-    async def _echo_rejection(
-        self, uri: str, action: StateAction, origin: ActionOrigin, reason: str
-    ) -> None:
-        """Echo the rejected action to its sender alone. Its serverSeq is the
-        channel's current one (no seq is used); 0 where the token does not
-        reach the channel or the store cannot say."""
+    async def _echo_undecodable(self, request: Request, error: MalformedFrame) -> bool:
+        """AHP: an invalid action comes back to its sender with a
+        ``rejectionReason``: one that does not decode too, as it was sent.
+        False when there is nothing to echo on (no channel or clientSeq)."""
+        if self.client_id is None:
+            return False
         try:
-            seq = await self.commands.visible_seq(self.grant, uri) or 0
+            loose = msgspec.json.decode(request.params, type=_LooseDispatch)
+        except msgspec.DecodeError:
+            return False
+        origin = ActionOrigin(client_id=self.client_id, client_seq=loose.clientSeq)
+        reason = Rejection(RejectionCode.INVALID_ACTION, f"the action does not decode: {error}")
+        reason_text = reason.reason
+        await self._echo_rejection(loose.channel, bytes(loose.action), origin, reason_text)
+        return True
+
+    async def _echo_rejection(
+        self, uri: str, action: bytes, origin: ActionOrigin, reason: str
+    ) -> None:
+        """Echo the rejected action (its JSON) to its sender alone. Its
+        serverSeq uses no number: the channel's current seq (0 where the token
+        does not reach the channel or the store cannot say), or for a plain
+        connection its current number. For a channel that does not exist
+        (or that this token does not reach) nothing comes back."""
+        try:
+            seq = await self.commands.visible_seq(self.grant, uri)
         except StoreUnavailable:
             seq = 0
-        envelope = ActionEnvelope(
-            channel=uri, action=action, server_seq=seq, origin=origin, rejection_reason=reason
+        if seq is None:
+            return  # AHP: an action for a channel that does not exist is ignored
+        echo = _Echo(
+            channel=uri,
+            action=msgspec.Raw(action),
+            serverSeq=seq,
+            origin=origin,
+            rejectionReason=reason,
         )
-        self.connection.send_frame(action_frame(encode(envelope)))
+        frame = action_frame(encode(echo), uri, seq, rejected=True)
+        self.connection.send_frame(frame)
+
+
+class _LooseDispatch(msgspec.Struct):
+    """The params of a ``dispatchAction`` whose action did not decode."""
+
+    channel: str
+    clientSeq: int  # noqa: N815 (the wire name)
+    action: msgspec.Raw
+
+
+class _Echo(msgspec.Struct):
+    """A rejection envelope carrying the action as it was sent."""
+
+    channel: str
+    action: msgspec.Raw
+    serverSeq: int  # noqa: N815
+    origin: ActionOrigin
+    rejectionReason: str  # noqa: N815
 
 
 @contextlib.contextmanager
@@ -397,12 +538,3 @@ def _arguments_under_params() -> Iterator[None]:
         if path is None or not path.startswith("$.") or path.startswith("$.params"):
             raise
         raise MalformedFrame(error.code, error.reason, "$.params." + path[2:]) from None
-
-
-class _UnsupportedVersion(CommandError):
-    def __init__(self) -> None:
-        supported = ", ".join(SUPPORTED_PROTOCOL_VERSIONS)
-        super().__init__(
-            ErrorCode.UNSUPPORTED_PROTOCOL_VERSION,
-            f"no protocol version in common; this server speaks {supported}",
-        )

@@ -146,6 +146,22 @@ class Sessions:
         params = SessionRemovedParams(channel=ROOT_URI, session=session)
         await self.core.publish_notice("root/sessionRemoved", params)
 
+    async def dispose_chat(self, session: str, chat: str) -> None:
+        """Remove ``chat`` from ``session``: its subscribers hear no more, the
+        session's catalog loses it (``session/chatRemoved``). Raises
+        CommandError (-32011) for the session's default chat: dispose the
+        session instead."""
+        view = await self.core.view(session)
+        assert isinstance(view.state, SessionState)
+        if view.state.default_chat == chat:
+            raise CommandError(
+                ErrorCode.CONFLICT,
+                f"{chat} is the default chat of {session}: dispose the session instead",
+            )
+        await self._drop(chat, "the chat was disposed")
+        with contextlib.suppress(ChannelGone):
+            await self.dispatch(session, SessionChatRemoved(chat=chat))
+
     async def _drop(self, uri: str, why: str) -> None:
         self.waiters.abandon(uri, why)
         self.aggregate.forget(uri)

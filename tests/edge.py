@@ -36,8 +36,20 @@ from tests.conftest import UNIT, RunningServer
 Frame = dict[str, Any]
 
 
-def initialize_params(client_id: str, versions: tuple[str, ...] = (PROTOCOL_VERSION,)) -> Frame:
-    return {"channel": ROOT_URI, "protocolVersions": list(versions), "clientId": client_id}
+HUDDLE = ("huddle.channelSeqs", "huddle.turnWindows", "huddle.titles")
+"""Huddle's extensions: what these tests' peers ask for unless told (the
+plain-AHP tests ask for none)."""
+
+
+def initialize_params(
+    client_id: str,
+    versions: tuple[str, ...] = (PROTOCOL_VERSION,),
+    extensions: tuple[str, ...] = HUDDLE,
+) -> Frame:
+    params: Frame = {"channel": ROOT_URI, "protocolVersions": list(versions), "clientId": client_id}
+    if extensions:
+        params["capabilities"] = {key: {} for key in extensions}
+    return params
 
 
 def rpc(method: str, params: Any, request_id: int | str | None = None) -> Frame:
@@ -74,10 +86,18 @@ class Peer:
         return cls(ws, client_id)
 
     @classmethod
-    async def ready(cls, url: str, token: str, client_id: str = "raw-peer") -> Self:
-        """Connect and initialize."""
+    async def ready(
+        cls,
+        url: str,
+        token: str,
+        client_id: str = "raw-peer",
+        extensions: tuple[str, ...] = HUDDLE,
+    ) -> Self:
+        """Connect and initialize (asking for ``extensions``)."""
         peer = await cls.open(url, token, client_id)
-        reply = await peer.request("initialize", initialize_params(client_id))
+        reply = await peer.request(
+            "initialize", initialize_params(client_id, extensions=extensions)
+        )
         assert "result" in reply, reply
         return peer
 

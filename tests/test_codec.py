@@ -256,6 +256,7 @@ HOLDS_A_SNAPSHOT = {
     messages.SubscribeResult,
     messages.SnapshotResume,
     messages.ReconnectResult,
+    messages.ReconnectSnapshots,
 }
 """Results whose snapshot ``state`` is the untagged union of the three channel
 states: msgspec encodes them but cannot build a decoder for them, so a client

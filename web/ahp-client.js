@@ -17,6 +17,9 @@ import { Replica } from './replica.js';
 import { rejectReason } from './validation.js';
 
 const PROTOCOL_VERSION = '0.7.0';
+/** The Huddle extensions this client asks for: per-channel seqs and cursors,
+ * tail windows, titles (the server announces what it serves). */
+const EXTENSIONS = ['huddle.channelSeqs', 'huddle.turnWindows', 'huddle.titles'];
 const ROOT = 'ahp-root://';
 const PING_EVERY_MS = 20000;
 const PING_TIMEOUT_MS = 10000;
@@ -113,6 +116,7 @@ export class AhpClient extends EventTarget {
           clientId: this.clientId,
           clientInfo: { name: 'huddle-web', version: '0.1.0' },
           initialSubscriptions: initial,
+          capabilities: Object.fromEntries(EXTENSIONS.map((key) => [key, {}])),
         },
         socket,
       );

@@ -1,0 +1,167 @@
+"""``reconnect``: resuming after a dropped connection, both ways.
+
+**AHP's way** (plain clients): ``{clientId, lastSeenServerSeq,
+subscriptions}``, as the first request on a new socket (no ``initialize``)
+or after one. The client's ``lastSeenServerSeq`` is a number of its last
+connection's own sequence (:mod:`server.numbering`); when this process
+still holds that numbering, it says exactly which seq the client had reached
+on each channel, and the answer is a ``replay`` of every envelope missed,
+renumbered on from ``lastSeenServerSeq``, with the subscriptions that are
+gone or no longer permitted as ``missing``. Otherwise (another process, a
+restart, a gap larger than the replay window or than the frame budget) the
+answer is ``snapshot``: a fresh snapshot of each subscription that still
+exists. Nothing is lost, nothing applied twice.
+
+**Huddle's way** (extension ``huddle.channelSeqs``, after ``initialize``):
+one cursor per channel, answered per channel with ``replay``,
+``snapshot`` or ``missing``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from protocol.codec import MalformedFrame
+from protocol.messages import (
+    ActionEnvelope,
+    ChannelCursor,
+    ErrorCode,
+    MissingResume,
+    ReconnectParams,
+    ReconnectReplay,
+    ReconnectResult,
+    ReconnectSnapshots,
+    ReplayResume,
+    Resume,
+    Snapshot,
+    SnapshotResume,
+)
+from server.errors import ChannelGone, CommandError
+from server.numbering import Numbering
+
+if TYPE_CHECKING:
+    from server.rpc import Rpc
+
+NOT_THERE = (ErrorCode.SESSION_NOT_FOUND, ErrorCode.NOT_FOUND)
+
+
+async def reconnect(
+    rpc: Rpc, params: ReconnectParams
+) -> ReconnectResult | ReconnectReplay | ReconnectSnapshots:
+    """Answer ``reconnect`` on ``rpc``'s connection (see the module docstring)."""
+    if params.cursors is not None:
+        if rpc.client_id is None or rpc.numbering is not None:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                "per-channel cursors need the huddle.channelSeqs extension at initialize",
+                "$.params.cursors",
+            )
+        _same_client(rpc, params)
+        return await resume_channels(rpc, params.cursors)
+    if params.last_seen_server_seq is None or params.subscriptions is None:
+        raise MalformedFrame(
+            ErrorCode.INVALID_PARAMS,
+            "reconnect needs lastSeenServerSeq and subscriptions",
+            "$.params",
+        )
+    if rpc.client_id is None:
+        await rpc.commands.claim_client(rpc.grant, params.client_id)
+        left = rpc.clients.numbering_of(params.client_id)
+        rpc.label(params.client_id)
+        rpc.extensions = frozenset()
+    else:
+        _same_client(rpc, params)
+        if rpc.numbering is None:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                "this connection counts serverSeq per channel: reconnect with cursors",
+                "$.params.lastSeenServerSeq",
+            )
+        left = rpc.numbering
+    return await resume_plain(rpc, left, params.last_seen_server_seq, params.subscriptions)
+
+
+def _same_client(rpc: Rpc, params: ReconnectParams) -> None:
+    if params.client_id != rpc.client_id:
+        raise MalformedFrame(
+            ErrorCode.INVALID_PARAMS, "clientId differs from initialize", "$.params.clientId"
+        )
+
+
+async def resume_plain(
+    rpc: Rpc, left: Numbering | None, seen: int, subscriptions: list[str]
+) -> ReconnectReplay | ReconnectSnapshots:
+    """AHP's reconnect from ``left`` (the client's last numbering, if this
+    process holds it) at number ``seen``."""
+    reachable: list[str] = []
+    missing: list[str] = []
+    for uri in dict.fromkeys(subscriptions):
+        try:
+            await rpc.commands.reach(rpc.grant, uri, "$.subscriptions")
+        except CommandError as error:
+            if error.code not in NOT_THERE:
+                raise
+            missing.append(uri)
+            continue
+        rpc.count_subscription(uri)
+        reachable.append(uri)
+    cursors = {uri: left.cursor(uri, seen) if left else None for uri in reachable}
+    share = rpc.frame_budget // max(1, len(reachable))
+    replayed: list[ActionEnvelope] = []
+    exact = all(cursor is not None for cursor in cursors.values())
+    for uri, cursor in cursors.items():
+        rpc.connection.park(uri)
+        if not exact or cursor is None:
+            continue
+        resume = await rpc.host.core.resume(uri, cursor, rpc.connection, max_bytes=share)
+        if isinstance(resume, ReplayResume):
+            replayed.extend(resume.actions)
+        elif isinstance(resume, MissingResume):
+            missing.append(uri)
+        else:
+            exact = False
+    # From here the client's numbers go on from what it has seen.
+    rpc.connection.numbering = (
+        left.rewound(seen) if left is not None and exact else Numbering(start=seen)
+    )
+    if exact:
+        for uri in reachable:
+            if uri not in missing:
+                rpc.add_subscription(uri)
+        return ReconnectReplay(actions=replayed, missing=missing)
+    snapshots: list[Snapshot] = []
+    for uri in reachable:
+        try:
+            snapshot = await rpc.host.core.subscribe(uri, rpc.connection)
+        except ChannelGone:
+            continue  # gone: no snapshot says so
+        rpc.add_subscription(uri)
+        snapshots.append(rpc.fitted(snapshot, share=len(reachable)))
+    return ReconnectSnapshots(snapshots=snapshots)
+
+
+async def resume_channels(rpc: Rpc, cursors: list[ChannelCursor]) -> ReconnectResult:
+    """Huddle's reconnect: per channel, the envelopes after its cursor, a
+    snapshot, or missing."""
+    resumes: list[Resume] = []
+    share = rpc.frame_budget // max(1, len(cursors))
+    for index, cursor in enumerate(cursors):
+        uri = cursor.channel
+        try:
+            await rpc.commands.reach(rpc.grant, uri, f"$.cursors[{index}].channel")
+        except CommandError as error:
+            if error.code not in NOT_THERE:
+                raise
+            resumes.append(MissingResume(channel=uri))
+            continue
+        rpc.count_subscription(uri)
+        rpc.add_subscription(uri)
+        rpc.connection.park(uri)
+        resume = await rpc.host.core.resume(
+            uri, cursor.last_seen_server_seq, rpc.connection, max_bytes=share
+        )
+        if isinstance(resume, SnapshotResume):
+            snapshot = rpc.fitted(resume.snapshot, share=len(cursors))
+            resume = SnapshotResume(channel=uri, snapshot=snapshot)
+        resumes.append(resume)
+    return ReconnectResult(channels=resumes)

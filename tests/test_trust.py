@@ -1,0 +1,280 @@
+"""Who did what is the server's word: tried as an attacker with a
+participant or observer token would, over real sockets.
+
+Every test here is a hole that was open: a forged tool result through a
+borrowed client id, an answer credited to the wrong person, an observer
+overwriting an identity, a scoped token writing the root channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from protocol.actions import (
+    ChatInputCompleted,
+    ChatInputRequested,
+    ChatToolCallComplete,
+    ChatToolCallReady,
+    ChatToolCallStart,
+    ChatTurnStarted,
+    RootConfigChanged,
+    SessionActiveClientRemoved,
+    SessionActiveClientSet,
+)
+from protocol.chat import (
+    ChatState,
+    ClientContributor,
+    InputAnswer,
+    InputRequest,
+    TextQuestion,
+    TextValue,
+    ToolCallResult,
+    ToolCallRunning,
+)
+from protocol.codec import encode
+from protocol.session import ActiveClient, SessionState
+from protocol.uris import ROOT_URI
+from reducers.chat import select_tool_call
+from tests.conftest import UNIT, RunningServer, user_message
+from tests.edge import Peer, eventually, http, initialize_params
+
+SESSION = "ahp-session:/trust"
+TURN = ChatTurnStarted(
+    turn_id="t1", started_at="2026-11-30T10:00:00.000Z", message=user_message("Go")
+)
+
+
+async def chat_of(huddle: RunningServer) -> str:
+    agent = await huddle.client("agent", name="agent")
+    await agent.create_session(SESSION)
+    mirror = await agent.subscribe(SESSION)
+    assert isinstance(mirror.state, SessionState)
+    assert mirror.state.default_chat is not None
+    await agent.dispatch_and_wait(mirror.state.default_chat, TURN)
+    return mirror.state.default_chat
+
+
+async def call_run_by(huddle: RunningServer, chat: str, client_id: str) -> None:
+    """Tool call ``open`` of turn t1, executed by the client ``client_id``."""
+    agent = huddle.clients[0]
+    await agent.dispatch_and_wait(
+        chat,
+        ChatToolCallStart(
+            turn_id="t1",
+            tool_call_id="open",
+            tool_name="open_browser",
+            display_name="Open browser",
+            contributor=ClientContributor(client_id=client_id),
+        ),
+    )
+    await agent.dispatch_and_wait(
+        chat,
+        ChatToolCallReady(
+            turn_id="t1", tool_call_id="open", invocation_message="Open it", confirmed="not-needed"
+        ),
+    )
+
+
+def complete(text: str) -> ChatToolCallComplete:
+    result = ToolCallResult(success=True, past_tense_message=text)
+    return ChatToolCallComplete(turn_id="t1", tool_call_id="open", result=result)
+
+
+async def test_a_client_id_another_token_holds_is_refused_at_initialize(
+    huddle: RunningServer,
+) -> None:
+    chat = await chat_of(huddle)
+    await call_run_by(huddle, chat, "laptop")
+    alice = await Peer.ready(huddle.ws, huddle.token(name="alice"), "laptop")
+
+    mallory = await Peer.open(huddle.ws, huddle.token(name="mallory"))
+    reply = await mallory.request("initialize", initialize_params("laptop"))
+
+    assert reply["error"]["code"] == -32009
+    assert reply["error"]["message"] == (
+        "clientId 'laptop' belongs to another token: choose another"
+    )
+    await alice.close()
+
+
+async def test_a_client_id_stays_its_tokens_after_the_connection_closed(
+    huddle: RunningServer,
+) -> None:
+    alice = await Peer.ready(huddle.ws, huddle.token(name="alice"), "laptop")
+    await alice.close()
+
+    mallory = await Peer.open(huddle.ws, huddle.token(name="mallory"))
+    reply = await mallory.request("initialize", initialize_params("laptop"))
+
+    assert reply["error"]["code"] == -32009
+
+
+async def test_an_observer_cannot_take_a_participants_client_id(huddle: RunningServer) -> None:
+    alice = await Peer.ready(huddle.ws, huddle.token(name="alice"), "laptop")
+
+    olga = await Peer.open(huddle.ws, huddle.token("observer", name="olga"))
+    reply = await olga.request("initialize", initialize_params("laptop"))
+
+    assert reply["error"]["code"] == -32009
+    await alice.close()
+
+
+async def test_the_same_token_reconnecting_with_its_client_id_takes_its_place(
+    huddle: RunningServer,
+) -> None:
+    token = huddle.token(name="alice")
+    old = await Peer.ready(huddle.ws, token, "laptop")
+
+    new = await Peer.ready(huddle.ws, token, "laptop")
+
+    assert await old.close_code() == 4001
+    assert "result" in await new.request("ping", {"channel": ROOT_URI})
+
+
+async def test_a_participant_cannot_forge_another_clients_tool_result(
+    huddle: RunningServer,
+) -> None:
+    chat = await chat_of(huddle)
+    await call_run_by(huddle, chat, "laptop")
+    mallory = await Peer.ready(huddle.ws, huddle.token(name="mallory"), "mallory-pc")
+    await mallory.subscribe(chat)
+
+    await mallory.dispatch(chat, complete("Opened (forged)"))
+
+    echo = await mallory.envelope()
+    assert echo["rejectionReason"] == (
+        "forbidden: tool call 'open' is not executed by this client, so it may not complete "
+        "or update it"
+    )
+    state = (await huddle.server.host.view(chat)).state
+    assert isinstance(state, ChatState)
+    assert isinstance(select_tool_call(state, "open"), ToolCallRunning)
+
+
+async def test_the_executing_client_completes_its_own_tool_call(huddle: RunningServer) -> None:
+    chat = await chat_of(huddle)
+    await call_run_by(huddle, chat, "laptop")
+    alice = await Peer.ready(huddle.ws, huddle.token(name="alice"), "laptop")
+    await alice.subscribe(chat)
+
+    await alice.dispatch(chat, complete("Opened"))
+
+    assert "rejectionReason" not in await alice.envelope()
+
+
+async def test_the_long_poll_credits_the_token_that_answered(huddle: RunningServer) -> None:
+    chat = await chat_of(huddle)
+    agent = huddle.clients[0]
+    question = InputRequest(id="q", questions=[TextQuestion(id="why", message="Why?")])
+    await agent.dispatch_and_wait(chat, ChatInputRequested(request=question))
+    poll = asyncio.create_task(
+        http(
+            "GET",
+            f"{huddle.http}/api/input/wait?chat={chat}&request=q&timeout={5 * UNIT}",
+            token=huddle.token(name="agent-poller"),
+        )
+    )
+    await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) > 0)
+    mallory = await huddle.client(name="mallory", client_id="alice")
+    answer = InputAnswer(state="submitted", value=TextValue(value="because"))
+
+    await mallory.dispatch_and_wait(
+        chat, ChatInputCompleted(request_id="q", response="accept", answers={"why": answer})
+    )
+
+    reply = await poll
+    assert reply.json()["by"] == "mallory"
+
+
+async def test_a_participant_sets_only_its_own_active_client_entry_under_its_tokens_name(
+    huddle: RunningServer,
+) -> None:
+    await chat_of(huddle)
+    dana = await Peer.ready(huddle.ws, huddle.token(name="dana"), "dana-phone")
+    await dana.subscribe(SESSION)
+    mine = ActiveClient(client_id="dana-phone", display_name="The CEO", tools=[])
+    theirs = ActiveClient(client_id="laptop", display_name="Dana", tools=[])
+
+    await dana.dispatch(SESSION, SessionActiveClientSet(active_client=mine))
+    await dana.dispatch(SESSION, SessionActiveClientSet(active_client=theirs))
+    await dana.dispatch(SESSION, SessionActiveClientRemoved(client_id="laptop"))
+
+    accepted, *refused = [await dana.envelope() for _ in range(3)]
+    assert accepted["action"]["activeClient"]["displayName"] == "dana"
+    assert [e["rejectionReason"] for e in refused] == [
+        "forbidden: a client may set only its own active-client entry, not 'laptop'",
+        "forbidden: a client may remove only its own active-client entry, not 'laptop'",
+    ]
+
+
+async def test_a_token_scoped_to_a_session_cannot_change_the_root_channel(
+    huddle: RunningServer,
+) -> None:
+    await chat_of(huddle)
+    scoped = await Peer.ready(huddle.ws, huddle.token(sessions=[SESSION], name="s"), "scoped")
+    await scoped.subscribe(ROOT_URI)
+    before = (await huddle.server.host.view(ROOT_URI)).seq
+
+    await scoped.dispatch(ROOT_URI, RootConfigChanged(config={"theme": "mine"}))
+
+    echo = await scoped.envelope()
+    assert echo["rejectionReason"] == (
+        "forbidden: a token scoped to sessions may not change the root channel"
+    )
+    assert (await huddle.server.host.view(ROOT_URI)).seq == before
+
+
+async def test_a_root_action_that_changes_nothing_is_not_stored(huddle: RunningServer) -> None:
+    # Huddle's root channel has no config schema: a config change is a no-op.
+    peer = await Peer.ready(huddle.ws, huddle.token(name="p"), "p")
+    await peer.subscribe(ROOT_URI)
+    seq = (await huddle.server.host.view(ROOT_URI)).seq
+
+    for _ in range(3):
+        await peer.dispatch(ROOT_URI, RootConfigChanged(config={"theme": "dark"}))
+
+    for _ in range(3):
+        echo = await peer.envelope()
+        assert echo["rejectionReason"] == "no-change: the root channel already holds that"
+    assert (await huddle.server.host.view(ROOT_URI)).seq == seq
+
+
+async def test_json_nested_too_deeply_is_a_parse_error_and_the_socket_stays(
+    huddle: RunningServer,
+) -> None:
+    peer = await Peer.ready(huddle.ws, huddle.token(), "deep")
+    nested = "[" * 5000 + "]" * 5000
+    await peer.send('{"jsonrpc":"2.0","id":7,"method":"ping","params":' + nested + "}")
+
+    reply = await peer.receive()
+
+    assert reply == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32700, "message": "JSON nested deeper than 64 levels"},
+    }
+    assert "result" in await peer.request("ping", {"channel": ROOT_URI})
+
+
+async def test_minted_token_lifetime_has_a_maximum(huddle: RunningServer) -> None:
+    reply = await http(
+        "POST",
+        f"{huddle.http}/api/tokens",
+        token=huddle.token("agent"),
+        body={"role": "participant", "ttl": 10 * 365 * 24 * 3600},
+    )
+
+    assert reply.status == 400
+    assert reply.json()["path"] == "$.ttl"
+    assert "at most 7776000" in reply.json()["error"]
+
+
+def test_encoded_frames_stay_plain_json() -> None:
+    # The frames the tests above send are what a client would send.
+    assert json.loads(encode(TURN)) == {
+        "type": "chat/turnStarted",
+        "turnId": "t1",
+        "startedAt": "2026-11-30T10:00:00.000Z",
+        "message": {"text": "Go", "origin": {"kind": "user"}},
+    }

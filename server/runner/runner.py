@@ -684,6 +684,7 @@ class Runner:
             submitted_form_data=dict(pending.form_data or {}),
             chat=turn.chat,
             port=self.port,
+            model=agent.model,
             _progress=progress,
             _cancelled=cancelled.is_set,
         )

@@ -292,6 +292,34 @@ class ChatElicitation:
             )
         return types.ElicitResult(action="cancel")
 
+    async def confirm_done(
+        self, context: ClientRequestContext, links: list[types.ElicitRequestURLParams]
+    ) -> str | None:
+        """Ask the people to say when they are done at ``links`` (which
+        they agreed to open): a confirm whose accept means done. Returns
+        ``accept``, ``decline`` or ``cancel``, or None when there is no chat
+        to ask in. Cancelled (the completion came first), it is withdrawn."""
+        people = self._route()
+        if people is None:
+            return None
+        server = server_label(context.session, self.server)
+        hosts = ", ".join(sorted({urlsplit(link.url).hostname or link.url for link in links}))
+        request = InputRequest(
+            id=mcp_request_id(),
+            message=asked_by(
+                server,
+                f"waiting until you are done at {hosts}. Accept once you have finished there "
+                "(decline if you will not).",
+            ),
+            questions=[],
+        )
+        result = await self.put(people, Question(request, DONE_SCHEMA, parse_form(DONE_SCHEMA)))
+        return result.action if isinstance(result, types.ElicitResult) else "cancel"
+
+
+DONE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+"""The form of a "done" confirm: nothing to fill in."""
+
 
 async def _ask_once(people: People, question: Question) -> Reply:
     """Ask once; a cancelled wait (the MCP side, or our caller, gave up)

@@ -13,10 +13,11 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from protocol.actions import ChatToolCallConfirmed, ChatTurnStarted
+from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed, ChatTurnStarted
 from protocol.chat import (
     ChatState,
     MarkdownPart,
+    TextValue,
     ToolCallPart,
     ToolCallPendingConfirmation,
 )
@@ -28,9 +29,11 @@ from server.runner.bridge import INTERRUPTED
 from server.runner.model import ModelReply, ScriptedModel, TextSink, ToolSpec
 from server.runner.runner import Runner
 from server.runner.store import MemoryTurnStore
-from server.runner.turn import ModelMessage, TurnStatus
+from server.runner.turn import ModelMessage, Suspension, TurnStatus
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, RunningServer, start_server, user_message
+from tests.edge import http
+from tests.mcp_kit import input_parts, submitted
 from tests.runner_kit import Runs, call, say, scripted, use
 
 WITHIN = 10 * UNIT
@@ -206,8 +209,11 @@ async def test_a_turn_whose_agent_version_is_gone_fails_with_the_reason_in_its_c
         mirror = await bob.subscribe(chat)
         await approve(bob, chat, "t1", "c1")
         done = await until(mirror, ended)
+        metrics = (await http("GET", f"{second.http}/metrics")).body.decode()
     finally:
         await second.stop()
+    assert 'huddle_runner_attempts_failed_total{kind="AgentVersionGone"} 2.0' in metrics
+    assert 'huddle_runner_turns_ended_total{status="FAILED"} 1.0' in metrics
     assert done.turns[-1].state == "error"
     error = done.turns[-1].error
     assert isinstance(error, ErrorInfo)
@@ -248,5 +254,34 @@ async def test_an_approval_the_chat_never_showed_is_shown_by_the_next_sweep() ->
         await approve(alice, chat, "t1", "c1")
         resumed: Any = await service.runner.store.load(turn_id)
         assert resumed.status == TurnStatus.READY
+    finally:
+        await huddle.stop()
+
+
+# ─── A plain-text question ───────────────────────────────────────────────────
+
+
+async def test_a_plain_text_question_is_asked_and_answered_under_its_own_id() -> None:
+    agent = Agent(name="clerk", instructions="Help.", model=scripted(say("Thanks.")))
+    huddle = await start_server(agent=agent, workers=0)
+    try:
+        service = huddle.server.parts.service
+        assert service is not None
+        alice, chat, mirror = await open_chat(huddle, "Where is my order?")
+        turn_id = await service.bridge.turn_of(chat, "t1")
+        assert turn_id is not None
+        turn = await service.runner.store.load(turn_id)
+        question = Suspension.user_input("Which order number?", question_id="text:0000beef")
+        await service.runner.suspend(turn, question)
+        state = await until(mirror, lambda s: bool(input_parts(s)))
+        part = input_parts(state)[-1]
+        assert part.request.id == "t1:input:text:0000beef"
+        answers = submitted(reply=TextValue(value="O-1001"))
+        await alice.dispatch_and_wait(
+            chat, ChatInputCompleted(request_id=part.request.id, response="accept", answers=answers)
+        )
+        resumed = await service.runner.store.load(turn_id)
+        assert resumed.status == TurnStatus.READY
+        assert resumed.messages[-1] == ModelMessage(role="user", content="O-1001")
     finally:
         await huddle.stop()

@@ -247,6 +247,9 @@ async def test_an_approval_the_chat_never_showed_is_shown_by_the_next_sweep() ->
         assert waiting.status == TurnStatus.WAITING_FOR_APPROVAL
         assert pending((await huddle.server.host.view(chat)).state) is None  # type: ignore[arg-type]
         await service.bridge.reconcile()
+        assert pending((await huddle.server.host.view(chat)).state) is None  # type: ignore[arg-type]
+        service.bridge.ask_again_after = 0.0  # as if it had gone unseen for long
+        await service.bridge.reconcile()
         shown = await until(mirror, lambda s: pending(s) is not None)
         call_ = pending(shown)
         assert call_ is not None

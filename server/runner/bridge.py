@@ -119,11 +119,14 @@ INTERRUPTED = "\n\n*(Interrupted: this reply was cut off and is being retried.)*
 class ChatBridge:
     """Shows a runner's turns in chats and feeds people's actions back."""
 
-    def __init__(self, host: Host, agent: Agent) -> None:
+    def __init__(self, host: Host, agent: Agent, *, ask_again_after: float = 10.0) -> None:
         self.host = host
         self.agent = agent
         self.runner: Runner | None = None
         self.started_at: dict[str, float] = {}
+        self.ask_again_after = ask_again_after
+        """Seconds a suspension may go unseen in its chat before a sweep
+        asks again (its worker may be showing it right now)."""
 
     def attach(self, runner: Runner) -> None:
         self.runner = runner
@@ -537,6 +540,9 @@ class ChatBridge:
         active = state.active_turn
         if suspension is None or active is None or active.id != turn.chat_turn:
             return
+        assert self.runner is not None
+        if self.runner.clock() - turn.updated_at < self.ask_again_after:
+            return  # just suspended: its worker is likely showing it now
         if suspension.type == SuspensionType.USER_INPUT:
             rid = input_request_id(active.id, suspension.correlation_id)
             if select_input_settlement(state, rid).part is None:

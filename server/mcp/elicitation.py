@@ -30,7 +30,9 @@ request is withdrawn: resolved as ``cancel``.
 The same callback serves the 2025-11-25 request flow (the server sends
 ``elicitation/create``) and the 2026-07-28 ``input_required`` flow (see
 :mod:`server.mcp.calls`, which drives the retries). :class:`UrlCompletions`
-records ``notifications/elicitation/complete``.
+records ``notifications/elicitation/complete``; while a call waits for
+one, :meth:`ChatElicitation.confirm_done` lets the people say they are done
+at the link instead (the notification may never come).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -119,6 +120,30 @@ def final_text(state: ChatState) -> str:
     return "".join(p.content for p in parts if isinstance(p, MarkdownPart))
 
 
+class WorkerFailure(logging.Handler):
+    """Set when a worker reports that a turn failed in it (its save could
+    not reach the store): something to await instead of a guess."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "failed in the worker" in record.getMessage():
+            self.seen.set()
+
+
+@contextlib.contextmanager
+def watching_worker_failures() -> Iterator[WorkerFailure]:
+    handler = WorkerFailure()
+    logger = logging.getLogger("huddle.runner.worker")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
 async def restart(redis_server: RedisServer) -> None:
     await redis_server.stop()  # as an operator would: SIGTERM, the AOF flushed
     async with asyncio.timeout(WITHIN):
@@ -170,7 +195,10 @@ async def test_a_tool_result_lost_to_a_redis_restart_is_replayed_once_under_its_
         async with asyncio.timeout(WITHIN):
             await ledger.in_charge.wait()
         await redis_server.stop()
-        ledger.let_go.set()  # the tool finishes while Redis is down: its result is not saved
+        with watching_worker_failures() as failure:
+            ledger.let_go.set()  # the tool finishes while Redis is down
+            async with asyncio.timeout(WITHIN):
+                await failure.seen.wait()  # its result could not be saved
         async with asyncio.timeout(WITHIN):
             await redis_server.start()
         done = await until(mirror, ended)

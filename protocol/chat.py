@@ -503,13 +503,37 @@ class InputRequestPart(Part, frozen=True, kw_only=True, tag="inputRequest"):
     response: InputResponseKind | None = None
 
 
+class AsRead:
+    """The JSON object of a part of an unknown kind, exactly as it was read.
+
+    Not a msgspec type on purpose: the codec's encoder calls its hook on
+    meeting one, which is how :func:`protocol.codec.encode` learns that a
+    value holds an unknown part without searching every value it encodes.
+    """
+
+    __slots__ = ("json",)
+
+    def __init__(self, json: JsonObject) -> None:
+        self.json = json
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AsRead) and other.json == self.json
+
+    __hash__ = None  # type: ignore[assignment]  # as unhashable as the dict it holds
+
+    def __repr__(self) -> str:
+        return f"AsRead({self.json!r})"
+
+
 class UnknownPart(Part, frozen=True, kw_only=True, tag="huddle/unknown"):
     """A part of a kind this version does not know, read from stored state
     written by a newer peer. ``raw`` is the part as it was; reducers leave it
-    alone and :func:`protocol.codec.state_to_builtins` writes it back as it
-    was. Inbound actions never carry one: they are decoded strictly."""
+    alone and :func:`protocol.codec.encode` and
+    :func:`protocol.codec.to_builtins` write it back as it was. Only
+    :func:`protocol.codec.convert_state` makes one: every other decoder
+    refuses a part of an unknown kind, and the ``huddle/unknown`` wrapper too."""
 
-    raw: JsonObject
+    raw: AsRead
 
 
 KNOWN_PART_KINDS = frozenset(

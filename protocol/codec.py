@@ -8,12 +8,13 @@ way JSON-RPC clients see it (``$.params.action.turnId``).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, TypeVar
 
 import msgspec
 
 from protocol.actions import StateAction
-from protocol.chat import KNOWN_PART_KINDS, ChatState, UnknownPart
+from protocol.chat import KNOWN_PART_KINDS, AsRead, ChatState, UnknownPart
 from protocol.messages import (
     ActionEnvelope,
     ChannelParams,
@@ -62,17 +63,84 @@ def _split(error: msgspec.ValidationError, prefix: str) -> tuple[str, str | None
     return reason, prefix + path.rstrip("`")[1:]
 
 
-def _decode(decoder: msgspec.json.Decoder[T], data: bytes | str, prefix: str, code: int) -> T:
+MAX_DEPTH: Final = 64
+"""How deeply JSON may nest in anything a peer sends (arrays and objects).
+AHP's own messages nest far less; anything deeper is refused before it is
+decoded, so that nothing stored can be too deep to read back."""
+
+_STRINGS: Final = re.compile(r'"(?:[^"\\]|\\.)*"')
+_PAIRS: Final = re.compile(r"\[\]|\{\}")
+_NOT_BRACKETS: Final = re.compile(r"[^\[\]{}]+")
+_LONE_SURROGATE: Final = re.compile(
+    r"(?<!\\)(?:\\\\)*\\u([dD][89abAB][0-9a-fA-F]{2})(?!\\u[dD][c-fC-F])"
+    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})(?<!\\)(?:\\\\)*\\u([dD][c-fC-F][0-9a-fA-F]{2})"
+)
+
+
+def nested_too_deep(data: bytes | str | msgspec.Raw, limit: int = MAX_DEPTH) -> bool:
+    """Whether JSON text ``data`` nests arrays and objects deeper than
+    ``limit`` (brackets inside strings do not count). Cheap for ordinary
+    text: it looks closer only when there are more than ``limit`` brackets."""
+    text = _text(data)
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))
+    for _ in range(limit):
+        shorter = _PAIRS.sub("", brackets)
+        if shorter == brackets:
+            return False  # unbalanced: not deep, just malformed
+        brackets = shorter
+        if not brackets:
+            return False
+    return True
+
+
+def _text(data: bytes | str | msgspec.Raw) -> str:
+    return data if isinstance(data, str) else bytes(data).decode(errors="replace")
+
+
+def _decode(
+    decoder: msgspec.json.Decoder[T], data: bytes | str | msgspec.Raw, prefix: str, code: int
+) -> T:
+    if nested_too_deep(data):
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, f"JSON nested deeper than {MAX_DEPTH} levels")
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as error:
         reason, path = _split(error, prefix)
         raise MalformedFrame(code, reason, path) from None
     except msgspec.DecodeError as error:
-        raise MalformedFrame(ErrorCode.PARSE_ERROR, f"invalid JSON: {error}") from None
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, _invalid_json(data, error)) from None
+    except RecursionError:  # pragma: no cover - refused above
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, "JSON nested too deeply to read") from None
 
 
-_encoder: Final = msgspec.json.Encoder()
+def _invalid_json(data: bytes | str | msgspec.Raw, error: msgspec.DecodeError) -> str:
+    """What is wrong with JSON that does not parse, in words."""
+    lone = _LONE_SURROGATE.search(_text(data))
+    if lone is not None:
+        code = lone.group(1) or lone.group(2)
+        return (
+            f"invalid JSON: \\u{code} is half of a UTF-16 surrogate pair with no other half, "
+            "so it is no character"
+        )
+    return f"invalid JSON: {error}"
+
+
+def decode_json(data: bytes | str) -> Any:
+    """Any JSON a peer sent (an HTTP body), as plain values; raises
+    MalformedFrame (parse error) for JSON that does not parse or nests too
+    deeply."""
+    if nested_too_deep(data):
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, f"JSON nested deeper than {MAX_DEPTH} levels")
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError as error:
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, _invalid_json(data, error)) from None
+    except RecursionError:  # pragma: no cover - refused above
+        raise MalformedFrame(ErrorCode.PARSE_ERROR, "JSON nested too deeply to read") from None
+
+
 UNKNOWN_KIND: Final = str(UnknownPart.__struct_config__.tag)
 _request: Final = msgspec.json.Decoder(Request)
 _response: Final = msgspec.json.Decoder(IncomingResponse)
@@ -101,32 +169,64 @@ PARAMS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
 """The params decoder of every method the host serves."""
 
 
-_unknown_parts_seen = False
-"""Set once a state with an unknown part was read: from then on encoding
-writes such parts back as they were read (a slower path, for a rare case)."""
+class _HoldsUnknownParts(Exception):
+    """Raised by the encoders' hook on meeting an unknown part's JSON."""
+
+
+def _spot_unknown_parts(value: Any) -> Any:
+    if isinstance(value, AsRead):
+        raise _HoldsUnknownParts
+    raise TypeError(f"Encoding objects of type {type(value).__name__} is unsupported")
+
+
+_encoder: Final = msgspec.json.Encoder(enc_hook=_spot_unknown_parts)
+_NUL: Final = b"\x00"
+_HOLE: Final = msgspec.Raw(_NUL)
+"""Written where an unknown part's JSON goes: JSON text never holds a raw NUL."""
+_WRAPPER: Final = msgspec.json.encode(UnknownPart(raw=AsRead({})), enc_hook=lambda _: _HOLE)
+_WRAPPER_OPENING, _WRAPPER_CLOSING = _WRAPPER.split(_NUL)
 
 
 def encode(value: Any) -> bytes:
-    """Encode any wire value as JSON (absent optional fields left out)."""
-    if _unknown_parts_seen:
-        plain = msgspec.to_builtins(value, builtin_types=(msgspec.Raw,))
-        return _encoder.encode(_unwrap_everywhere(plain))
-    return _encoder.encode(value)
-
-
-def _unwrap_everywhere(value: Any) -> Any:
-    if isinstance(value, dict):
-        if value.get("kind") == UNKNOWN_KIND and "raw" in value:
-            return value["raw"]
-        return {k: _unwrap_everywhere(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_unwrap_everywhere(v) for v in value]
-    return value
+    """Encode any wire value as JSON (absent optional fields left out), a
+    part of an unknown kind written back as it was read."""
+    # msgspec calls the hook only for a type it does not know, so a value
+    # without unknown parts costs nothing more than a plain encode.
+    try:
+        return _encoder.encode(value)
+    except _HoldsUnknownParts:
+        return _encode_as_read(value)
 
 
 def to_builtins(value: Any) -> Any:
-    """A wire value as plain JSON-compatible Python objects."""
-    return msgspec.to_builtins(value)
+    """A wire value as plain JSON-compatible Python objects: what
+    :func:`encode` writes, parsed."""
+    try:
+        return msgspec.to_builtins(value, enc_hook=_spot_unknown_parts)
+    except _HoldsUnknownParts:
+        return msgspec.json.decode(_encode_as_read(value))
+
+
+def _encode_as_read(value: Any) -> bytes:
+    """``value`` as JSON, each unknown part written as the JSON it was read
+    from: encoded with a hole in its place, then the hole and the wrapper
+    around it replaced by the part."""
+    held: list[bytes] = []
+
+    def hold(member: Any) -> Any:
+        if isinstance(member, AsRead):
+            held.append(_encoder.encode(member.json))
+            return _HOLE
+        return _spot_unknown_parts(member)
+
+    before, *after = msgspec.json.encode(value, enc_hook=hold).split(_NUL)
+    out = [before]
+    for part, rest in zip(held, after, strict=True):
+        if out[-1].endswith(_WRAPPER_OPENING) and rest.startswith(_WRAPPER_CLOSING):
+            out[-1] = out[-1].removesuffix(_WRAPPER_OPENING)
+            rest = rest.removeprefix(_WRAPPER_CLOSING)
+        out += (part, rest)
+    return b"".join(out)
 
 
 def decode_request(data: bytes | str) -> Request:
@@ -191,16 +291,8 @@ def _map_parts(state: Any, mapper: Any) -> Any:
 
 
 def _wrap_unknown(part: Any) -> Any:
-    global _unknown_parts_seen
     if isinstance(part, dict) and part.get("kind") not in KNOWN_PART_KINDS:
-        _unknown_parts_seen = True
-        return {"kind": UNKNOWN_KIND, "raw": part}
-    return part
-
-
-def _unwrap_unknown(part: Any) -> Any:
-    if isinstance(part, dict) and part.get("kind") == UNKNOWN_KIND:
-        return part.get("raw")
+        return {"kind": UNKNOWN_KIND, "raw": AsRead(part)}
     return part
 
 
@@ -209,18 +301,12 @@ def convert_state(value: Any, kind: str, path: str = "$") -> ChannelState:
 
     Lenient where AHP expects growth: a response part of an unknown kind
     is kept as an :class:`~protocol.chat.UnknownPart` (and written back as
-    read by :func:`encode` and :func:`state_to_builtins`).
+    read by :func:`encode` and :func:`to_builtins`).
     """
     if kind == "chat":
         value = _map_parts(value, _wrap_unknown)
     state: ChannelState = convert(value, STATE_TYPES[kind], path)
     return state
-
-
-def state_to_builtins(state: ChannelState) -> Any:
-    """A state as plain JSON objects, unknown parts written back as read."""
-    value = msgspec.to_builtins(state)
-    return _map_parts(value, _unwrap_unknown) if isinstance(state, ChatState) else value
 
 
 def convert(value: Any, type_: type[T], path: str = "$") -> T:

@@ -32,9 +32,15 @@ class RejectionCode(StrEnum):
     INVALID_TOOL_INPUT = "invalid-tool-input"
     NO_ACTIVE_TURN = "no-active-turn"
     TURN_IN_PROGRESS = "turn-in-progress"
+    TURN_ID_REUSED = "turn-id-reused"
     NO_PENDING_MESSAGE = "no-pending-message"
     UNKNOWN_CHAT = "unknown-chat"
     ANSWERED_QUESTION_DROPPED = "answered-question-dropped"
+    # The limits on what goes into state (reducers.limits).
+    TOO_LARGE = "too-large"
+    TOO_MANY = "too-many"
+    # The host.
+    NO_CHANGE = "no-change"
     # The authorisation policy (server.policy).
     FORBIDDEN = "forbidden"
     WRONG_CHANNEL = "wrong-channel"

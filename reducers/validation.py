@@ -18,6 +18,7 @@ Rules, per action, checked top to bottom; the first broken rule wins::
     action                        code                   rejected when
     ----------------------------  ---------------------  --------------------------------------
     chat/turnStarted              turn-in-progress       a turn is active
+                                  turn-id-reused         a completed turn has `turnId`
     chat/turnCancelled            no-active-turn         no turn is active, or another one is
     chat/toolCallConfirmed        tool-call-not-pending  the active turn `turnId` has no such
                                                          call in pending-confirmation
@@ -25,8 +26,9 @@ Rules, per action, checked top to bottom; the first broken rule wins::
                                                          call's `options`
                                   not-editable           `editedToolInput` on a call whose
                                                          `editable` is not true
-                                  invalid-tool-input     `editedToolInput` is not a JSON object,
-                                                         or the ToolInputCheck refuses it
+                                  invalid-tool-input     `editedToolInput` nests deeper than 64
+                                                         levels, is not a JSON object, or the
+                                                         ToolInputCheck refuses it
     chat/toolCallResultConfirmed  tool-call-not-pending  ... in pending-result-confirmation
     chat/inputAnswerChanged       no-open-input-request  the active turn has no unresolved
                                                          input request `requestId`
@@ -125,7 +127,6 @@ from protocol.chat import (
     BooleanQuestion,
     BooleanValue,
     ChatState,
-    ClientContributor,
     InputAnswer,
     InputAnswerValue,
     InputQuestion,
@@ -144,6 +145,7 @@ from protocol.chat import (
     ToolCallPendingResultConfirmation,
     ToolCallState,
 )
+from protocol.codec import MAX_DEPTH, nested_too_deep
 from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
 from protocol.session import SessionState
@@ -164,6 +166,7 @@ VALIDATION_CODES = frozenset(
         RejectionCode.INVALID_TOOL_INPUT,
         RejectionCode.NO_ACTIVE_TURN,
         RejectionCode.TURN_IN_PROGRESS,
+        RejectionCode.TURN_ID_REUSED,
         RejectionCode.NO_PENDING_MESSAGE,
         RejectionCode.UNKNOWN_CHAT,
         RejectionCode.ANSWERED_QUESTION_DROPPED,
@@ -248,27 +251,6 @@ def reject_reason(
             assert_never(action)
 
 
-def client_action_problem(
-    state: ChannelState, action: StateAction, client_id: str | None
-) -> Rejection | None:
-    """Why a client (a participant, not the agent) may not dispatch
-    ``action``, or None. AHP lets clients dispatch ``chat/toolCallComplete``
-    and ``chat/toolCallContentChanged`` for the tool calls they execute: the
-    call's contributor must be that client. Any other would let a person
-    skip an approval or invent a tool's result."""
-    if not isinstance(action, ChatToolCallComplete | ChatToolCallContentChanged):
-        return None
-    call = select_tool_call(state, action.tool_call_id) if isinstance(state, ChatState) else None
-    contributor = call.contributor if call is not None else None
-    if isinstance(contributor, ClientContributor) and contributor.client_id == client_id:
-        return None
-    return _reason(
-        RejectionCode.FORBIDDEN,
-        f"tool call '{action.tool_call_id}' is not executed by this client, "
-        "so it may not complete or update it",
-    )
-
-
 def answer_problem(
     question: InputQuestion, answer: InputAnswer, *, request_id: str | None = None
 ) -> Rejection | None:
@@ -340,6 +322,11 @@ def _default_chat_reason(
 def _turn_started_reason(state: ChatState, action: ChatTurnStarted) -> Rejection | None:
     active = state.active_turn
     if active is None:
+        if any(turn.id == action.turn_id for turn in state.turns):
+            return _reason(
+                RejectionCode.TURN_ID_REUSED,
+                f"turn '{action.turn_id}' already ran in this chat; a new turn needs a new id",
+            )
         return None
     return _reason(
         RejectionCode.TURN_IN_PROGRESS,
@@ -406,6 +393,11 @@ def _tool_call_confirmed_reason(
         return None
     if call.editable is not True:
         return _reason(RejectionCode.NOT_EDITABLE, f"the input of {name} is not editable")
+    if nested_too_deep(edited):
+        return _reason(
+            RejectionCode.INVALID_TOOL_INPUT,
+            f"the edited input of {name} nests deeper than {MAX_DEPTH} levels",
+        )
     try:
         tool_input = msgspec.json.decode(edited)
     except msgspec.DecodeError:

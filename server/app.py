@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import html
-import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -31,7 +32,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol.actions import StateAction
-from protocol.codec import MalformedFrame, convert, encode
+from protocol.codec import MalformedFrame, convert, decode_json, encode
 from protocol.messages import ErrorCode, Implementation
 from protocol.rejections import RejectionCode
 from protocol.uris import session_uri
@@ -43,15 +44,19 @@ from server.connection import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_UNSUPPORTE
 from server.errors import (
     ActionRejected,
     AuthError,
+    BodyTooLarge,
     ChannelGone,
     CommandError,
     InputAbandoned,
     StoreUnavailable,
 )
 from server.frames import WRITE_EXTENSION
+from server.headers import Guard, allowed_hosts
 from server.host import Host
 from server.metrics import ServerMetrics
-from server.rpc import Rpc
+from server.policy import Command
+from server.ratelimit import Budget, Budgets
+from server.rpc import LiveClients, Rpc
 
 log = logging.getLogger("huddle.app")
 
@@ -72,6 +77,8 @@ class Server:
     commands: Commands
     connections: set[Rpc] = field(default_factory=set)
     """The open WebSocket connections (their JSON-RPC side)."""
+    clients: LiveClients = field(default_factory=LiveClients)
+    """The initialized ones by client id."""
 
     @property
     def settings(self) -> Settings:
@@ -160,7 +167,7 @@ async def ahp_socket(websocket: WebSocket) -> None:
         limits=server.settings.limits,
         metrics=server.metrics,
     )
-    rpc = Rpc(connection, server.commands, grant, server_info=SERVER_INFO)
+    rpc = Rpc(connection, server.commands, grant, clients=server.clients, server_info=SERVER_INFO)
     server.connections.add(rpc)
     server.metrics.connections.inc()
     writer = connection.start_writer()
@@ -218,6 +225,8 @@ def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             return await handler(request, server, grant)
         except AuthError as error:
             return _problem(error.status, error.reason)
+        except BodyTooLarge as error:
+            return _problem(413, str(error))
         except MalformedFrame as error:
             return _problem(400, error.reason, path=error.path)
         except CommandError as error:
@@ -246,18 +255,29 @@ REJECTION_STATUS: dict[str, int] = {
 """The HTTP status of a rejected action by its code (409 for the others)."""
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body() or b"{}")
-    except ValueError:
-        raise MalformedFrame(ErrorCode.PARSE_ERROR, "the body is not JSON") from None
+async def _body(request: Request, server: Server) -> dict[str, Any]:
+    """The request's JSON object body, read only up to ``max_body_bytes``
+    (BodyTooLarge beyond, as soon as it is known: from Content-Length before
+    a byte is read)."""
+    limit = server.settings.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
+    body = decode_json(b"".join(chunks) or b"{}")
     if not isinstance(body, dict):
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "the body must be a JSON object", "$")
     return body
 
 
 async def create_session(request: Request, server: Server, grant: Grant) -> Response:
-    body = await _body(request)
+    server.commands.allow(grant, Command.CREATE_SESSION)
+    body = await _body(request, server)
     uri = session_uri(str(body.get("id") or secrets.token_hex(8)))
     title, provider = body.get("title"), body.get("provider")
     chat = await server.commands.create_session(
@@ -277,12 +297,13 @@ async def read_snapshot(request: Request, server: Server, grant: Grant) -> Respo
 
 
 async def dispatch_action(request: Request, server: Server, grant: Grant) -> Response:
-    body = await _body(request)
+    server.commands.admit(grant)
+    body = await _body(request, server)
     uri = body.get("channel")
     if not isinstance(uri, str):
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "Expected `str`", "$.channel")
     action: StateAction = convert(body.get("action"), StateAction, "$.action")  # type: ignore[arg-type]
-    envelope = await server.commands.dispatch(grant, uri, action)
+    envelope = await server.commands.dispatch(grant, uri, action, admitted=True)
     return _json(envelope)
 
 
@@ -347,7 +368,8 @@ async def _hang_up(request: Request) -> None:
 
 
 async def mint_token(request: Request, server: Server, grant: Grant) -> Response:
-    body = await _body(request)
+    server.commands.allow(grant, Command.MINT_TOKEN)
+    body = await _body(request, server)
     token = server.commands.mint_token(
         grant,
         body.get("role"),
@@ -377,7 +399,17 @@ async def readyz(request: Request) -> Response:
 
 
 async def read_metrics(request: Request) -> Response:
+    """Prometheus metrics, for the agent token or the metrics token."""
     server: Server = request.app.state.server
+    token = token_of(request)
+    scraper = server.settings.metrics_token
+    if not (scraper and token and hmac.compare_digest(token.encode(), scraper.encode())):
+        try:
+            grant = authenticate(server, request)
+        except AuthError as error:
+            return _problem(error.status, error.reason)
+        if grant.role != "agent":
+            return _problem(403, "metrics need the agent token or the metrics token")
     return Response(server.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
@@ -419,12 +451,19 @@ def create_app(
     parts.host.add_hook(metrics.hook)
     if parts.service is not None:
         metrics.registry.register(parts.service.metrics)
+    limits = parts.settings.limits
+    budgets = Budgets(
+        Budget(limits.actions_per_second, limits.action_burst),
+        Budget(limits.agent_actions_per_second, limits.agent_action_burst),
+    )
     commands = Commands(
         parts.host,
         authority,
         metrics=metrics,
+        budgets=budgets,
         clock=parts.clock,
         default_ttl=parts.settings.participant_ttl,
+        max_ttl=parts.settings.max_token_ttl,
     )
     server = Server(parts=parts, authority=authority, metrics=metrics, commands=commands)
 
@@ -454,7 +493,8 @@ def create_app(
     ]
     if WEB_ROOT.is_dir():
         routes.append(Mount("/web", StaticFiles(directory=WEB_ROOT), name="web"))
-    app = Starlette(routes=routes, lifespan=lifespan)
+    hosts = allowed_hosts(parts.settings.host, parts.settings.allowed_hosts)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, hosts=hosts)])
     app.state.server = server
     app.state.agents = parts.service
     return app

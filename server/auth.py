@@ -51,14 +51,12 @@ class Grant:
     sessions: frozenset[str] | None
     name: str
     token_id: str
+    expires_at: float | None = None
+    """When the token expires (Unix time); None for the agent token."""
 
     @property
     def identity(self) -> Identity:
         return Identity(role=self.role, name=self.name, token=self.token_id)
-
-    def may_touch(self, session: str | None) -> bool:
-        """Whether the token reaches ``session`` (None: not session-scoped)."""
-        return self.sessions is None or session is None or session in self.sessions
 
     @property
     def may_dispatch(self) -> bool:
@@ -137,7 +135,9 @@ class TokenAuthority:
         if not isinstance(exp, int) or exp <= now:
             raise AuthError(401, "the token has expired")
         scope = None if sessions is None else frozenset(str(s) for s in sessions)
-        return Grant(role=role, sessions=scope, name=str(name), token_id=token_id(token))
+        return Grant(
+            role=role, sessions=scope, name=str(name), token_id=token_id(token), expires_at=exp
+        )
 
 
 def token_id(token: str) -> str:

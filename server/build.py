@@ -68,7 +68,9 @@ def default_agents() -> list[AgentInfo]:
 def open_store(settings: Settings) -> ChannelStore:
     """The store ``--store`` names: ``memory`` or a redis:// (unix://) URL."""
     if settings.store == "memory":
-        return MemoryStore(retention=settings.replay_window)
+        return MemoryStore(
+            retention=settings.replay_window, retention_bytes=settings.replay_window_bytes
+        )
     if settings.store.startswith(("redis://", "rediss://", "unix://")):
         from server.store.redis import RedisStore
 
@@ -105,6 +107,7 @@ def build(
         clock=clock,
         snapshot_every=settings.snapshot_every,
         idle_check_interval=settings.idle_check_interval,
+        sizes=settings.sizes,
     )
     service = None
     if agent is not None:

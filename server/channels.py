@@ -33,6 +33,7 @@ import json
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -66,7 +67,15 @@ MAX_APPEND_ATTEMPTS = 50
 from the third on, each waits a little (random) so two processes that keep
 colliding fall out of step."""
 MAX_HINTS = 1000
-"""Announced entries kept per channel while they cannot be applied yet."""
+MAX_HINT_BYTES = 4 << 20
+"""Announced entries kept per channel while they cannot be applied yet (at
+most this many, and bytes): beyond, the log is read instead."""
+SNAPSHOT_BYTES = 4 << 20
+"""Bytes of entries after which a snapshot is saved even before
+``snapshot_every`` actions, so that the log a load reads stays bounded."""
+IDLE_CHANNELS = 1000
+"""Channels kept in memory while nobody here subscribes to or waits on
+them; the least recently used beyond are evicted (and no longer watched)."""
 
 
 class Subscriber(Protocol):
@@ -165,9 +174,11 @@ class _Channel:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     subscribers: set[Subscriber] = field(default_factory=set)
     since_snapshot: int = 0
+    since_snapshot_bytes: int = 0
     remote_head: int = 0
     hints: dict[int, bytes] = field(default_factory=dict)
     """Entries other processes announced, by seq, not yet applied."""
+    hint_bytes: int = 0
     pins: int = 0
     """Callers that need the channel kept current without subscribing."""
     catching_up: bool = False
@@ -175,6 +186,15 @@ class _Channel:
 
     def view(self) -> ChannelView:
         return ChannelView(self.uri, self.state, self.seq)
+
+    @property
+    def served(self) -> bool:
+        return bool(self.subscribers) or self.pins > 0
+
+    def keep_hints_after(self, seq: int | None) -> None:
+        """Forget the hints up to ``seq`` (all of them when None)."""
+        self.hints = {} if seq is None else {s: r for s, r in self.hints.items() if s > seq}
+        self.hint_bytes = sum(len(r) for r in self.hints.values())
 
 
 FollowUps = list[Awaitable[None]]
@@ -197,7 +217,12 @@ class ChannelCore(Listener):
         self.snapshot_every = snapshot_every
         self.idle_check_interval = idle_check_interval
         self.hooks: list[Hook] = []
+        self.idle_channels = IDLE_CHANNELS
         self._channels: dict[str, _Channel] = {}
+        self._idle: OrderedDict[str, None] = OrderedDict()
+        """Channels held but not served (no subscriber, no pin), oldest first."""
+        self._leaving: dict[str, asyncio.Task[None]] = {}
+        """Evicted channels whose unwatch is under way: a load waits for it."""
         self._loading: dict[str, asyncio.Future[_Channel]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._remove_listener: Callable[[], None] | None = None
@@ -245,18 +270,28 @@ class ChannelCore(Listener):
     async def _channel(self, uri: str) -> _Channel:
         found = self._channels.get(uri)
         if found is not None:
+            self._touch(found)
             return found
         pending = self._loading.get(uri)
         if pending is not None:
             return await asyncio.shield(pending)
+        leaving = self._leaving.get(uri)
+        if leaving is not None:
+            await asyncio.shield(leaving)  # its unwatch must not undo our watch
+            return await self._channel(uri)
         future: asyncio.Future[_Channel] = asyncio.get_running_loop().create_future()
         self._loading[uri] = future
         try:
+            # Watch first: no append falls between the load and its hints.
+            await self.store.watch(uri)
             ch = await self._load(uri)
             self._channels[uri] = ch
+            self._touch(ch)
             future.set_result(ch)
             return ch
         except BaseException as error:
+            if isinstance(error, Exception):  # gone, malformed, store down
+                await self.store.unwatch(uri)
             future.set_exception(error)
             future.exception()  # consumed here: waiters re-raise it
             raise
@@ -272,6 +307,40 @@ class ChannelCore(Listener):
             state = reduce(state, entry.envelope.action, entry.time)
         return _Channel(uri=uri, state=state, seq=stored.seq, epoch=stored.epoch)
 
+    def _touch(self, ch: _Channel) -> None:
+        """Note that ``ch`` was used: an idle one becomes the newest idle one,
+        and the oldest beyond ``idle_channels`` are evicted."""
+        if ch.served:
+            self._idle.pop(ch.uri, None)
+            return
+        self._idle[ch.uri] = None
+        self._idle.move_to_end(ch.uri)
+        while len(self._idle) > self.idle_channels:
+            oldest, _ = self._idle.popitem(last=False)
+            self._evict(oldest)
+
+    def _evict(self, uri: str) -> None:
+        ch = self._channels.get(uri)
+        if ch is None or ch.served or ch.lock.locked() or ch.catching_up:
+            return  # in use: it stays (it is idle again when next touched)
+        del self._channels[uri]
+        task = asyncio.ensure_future(self._unwatch(uri))
+        self._leaving[uri] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    async def _unwatch(self, uri: str) -> None:
+        try:
+            await self.store.unwatch(uri)
+        except StoreError as error:
+            log.warning("could not stop watching %s: %s", uri, error)
+        finally:
+            self._leaving.pop(uri, None)
+
+    def held(self) -> int:
+        """How many channels this process holds in memory."""
+        return len(self._channels)
+
     # ─── Creating and dropping ───────────────────────────────────────────
 
     async def create(self, uri: str, state: ChannelState) -> bool:
@@ -282,9 +351,11 @@ class ChannelCore(Listener):
         """Forget ``uri`` here and delete it from the store; its subscribers
         hear no more."""
         ch = self._channels.pop(uri, None)
+        self._idle.pop(uri, None)
         if ch is not None:
             ch.subscribers.clear()
         await self.store.delete(uri)
+        await self.store.unwatch(uri)
 
     # ─── Writing ─────────────────────────────────────────────────────────
 
@@ -366,8 +437,9 @@ class ChannelCore(Listener):
         for subscriber in list(ch.subscribers):
             subscriber.send_frame(frame, channel=ch.uri)
         ch.since_snapshot += 1
-        if ch.since_snapshot >= self.snapshot_every:
-            ch.since_snapshot = 0
+        ch.since_snapshot_bytes += len(result.data)
+        if ch.since_snapshot >= self.snapshot_every or ch.since_snapshot_bytes >= SNAPSHOT_BYTES:
+            ch.since_snapshot, ch.since_snapshot_bytes = 0, 0
             self.spawn(self.store.save_snapshot(ch.uri, ch.seq, encode(result.after)))
         event = Applied(ch.view(), result.envelope, before, sender, local, latency)
         for hook in self.hooks:
@@ -388,7 +460,7 @@ class ChannelCore(Listener):
         when some are still missing (or ``behind``: a conflict said so)."""
         while (raw := ch.hints.pop(ch.seq + 1, None)) is not None:
             self._apply_entry(ch, raw, follow_ups)
-        ch.hints = {seq: raw for seq, raw in ch.hints.items() if seq > ch.seq}
+        ch.keep_hints_after(ch.seq)
         if ch.remote_head <= ch.seq and not behind:
             return
         entries = await self.store.read_log(ch.uri, ch.seq, ch.epoch)
@@ -414,24 +486,26 @@ class ChannelCore(Listener):
         log.warning("%s: the store lost appends up to %d; restored them", ch.uri, ch.seq)
         if epoch is not None:
             ch.epoch = epoch
-            ch.hints.clear()
+            ch.keep_hints_after(None)
 
     async def _reload(self, ch: _Channel) -> None:
         """The log we knew is gone (epoch changed or trimmed past us): load
         afresh and make every subscriber start over."""
         fresh = await self._load(ch.uri)
         ch.state, ch.seq, ch.epoch = fresh.state, fresh.seq, fresh.epoch
-        ch.hints.clear()
+        ch.keep_hints_after(None)
         for subscriber in list(ch.subscribers):
             subscriber.resync(ch.uri)
         ch.subscribers.clear()
+        self._touch(ch)
 
     def envelope_appended(self, channel: str, seq: int, envelope: bytes) -> None:
         ch = self._channels.get(channel)
         if ch is None or seq <= ch.seq:
             return
-        if len(ch.hints) < MAX_HINTS:
+        if len(ch.hints) < MAX_HINTS and ch.hint_bytes + len(envelope) <= MAX_HINT_BYTES:
             ch.hints[seq] = envelope  # kept even now: a conflict uses it
+            ch.hint_bytes += len(envelope)
         if ch.appending and seq == ch.seq + 1:
             return  # most likely our own append; a conflict would catch us up
         ch.remote_head = max(ch.remote_head, seq)
@@ -510,6 +584,7 @@ class ChannelCore(Listener):
         ch = await self._channel(uri)
         async with ch.lock:
             ch.subscribers.add(subscriber)
+            self._touch(ch)
             return Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
 
     async def pin(self, uri: str) -> ChannelView:
@@ -517,12 +592,14 @@ class ChannelCore(Listener):
         would), for a caller waiting on its envelopes."""
         ch = await self._channel(uri)
         ch.pins += 1
+        self._touch(ch)
         return ch.view()
 
     def unpin(self, uri: str) -> None:
         ch = self._channels.get(uri)
         if ch is not None and ch.pins > 0:
             ch.pins -= 1
+            self._touch(ch)
 
     def subscribers(self, uri: str) -> frozenset[Subscriber]:
         """Who is subscribed to ``uri`` here now."""
@@ -533,11 +610,14 @@ class ChannelCore(Listener):
         ch = self._channels.get(uri)
         if ch is not None:
             ch.subscribers.discard(subscriber)
+            self._touch(ch)
 
-    async def resume(self, uri: str, last_seen: int, subscriber: Subscriber) -> Resume:
+    async def resume(
+        self, uri: str, last_seen: int, subscriber: Subscriber, max_bytes: int | None = None
+    ) -> Resume:
         """Resubscribe after a drop: the envelopes after ``last_seen`` when
-        the store still holds them all, else a snapshot; missing when the
-        channel is gone."""
+        the store still holds them all (and they take at most ``max_bytes``),
+        else a snapshot; missing when the channel is gone."""
         try:
             ch = await self._channel(uri)
         except ChannelGone:
@@ -547,7 +627,13 @@ class ChannelCore(Listener):
             if last_seen <= ch.seq:
                 entries = await self.store.read_log(uri, last_seen, ch.epoch)
             ch.subscribers.add(subscriber)
-            if entries is None or len(entries) != ch.seq - last_seen:
+            self._touch(ch)
+            too_large = (
+                entries is not None
+                and max_bytes is not None
+                and sum(len(e) for e in entries) > max_bytes
+            )
+            if entries is None or too_large or len(entries) != ch.seq - last_seen:
                 snapshot = Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
                 return SnapshotResume(channel=uri, snapshot=snapshot)
             return ReplayResume(channel=uri, actions=[decode_entry(e).envelope for e in entries])

@@ -64,9 +64,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-frame-bytes", type=int, help="largest frame accepted (1 MiB)")
     serve.add_argument(
-        "--actions-per-second", type=float, help="actions a connection may send a second (50)"
+        "--max-body-bytes", type=int, help="largest HTTP API body, refused unread (1 MiB)"
     )
-    serve.add_argument("--action-burst", type=int, help="actions a connection may burst (100)")
+    for name, what, default in (
+        ("title", "a title", "1 KiB"),
+        ("message", "a message, draft or streamed delta", "64 KiB"),
+        ("answer", "one answer", "16 KiB"),
+        ("tool-data", "a tool's input, result or content", "256 KiB"),
+        ("action", "any one action", "512 KiB"),
+    ):
+        serve.add_argument(
+            f"--max-{name}-bytes", type=int, help=f"JSON bytes {what} may take ({default})"
+        )
+    serve.add_argument(
+        "--actions-per-second",
+        type=float,
+        help="actions a participant or observer token may send a second (50)",
+    )
+    serve.add_argument("--action-burst", type=int, help="actions a token may burst (100)")
+    serve.add_argument(
+        "--agent-actions-per-second",
+        type=float,
+        help="actions an agent token may send a second (2000)",
+    )
+    serve.add_argument(
+        "--agent-action-burst", type=int, help="actions an agent token may burst (4000)"
+    )
+    serve.add_argument(
+        "--max-token-ttl", type=float, help="longest lifetime of a minted token, seconds (90 days)"
+    )
+    serve.add_argument(
+        "--metrics-token", help="a token that may read /metrics (the agent token may too)"
+    )
+    serve.add_argument(
+        "--allowed-host",
+        dest="allowed_hosts",
+        action="append",
+        metavar="HOST",
+        help="a Host name the server answers to (repeatable; '*' for any; default: the "
+        "loopback names when listening on loopback, any otherwise)",
+    )
     serve.add_argument("--max-subscriptions", type=int, help="subscriptions per connection (100)")
     serve.add_argument(
         "--send-buffer",
@@ -80,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--replay-window", type=int, help="envelopes kept per channel for reconnect (1000)"
+    )
+    serve.add_argument(
+        "--replay-window-bytes",
+        type=int,
+        help="bytes of envelopes kept per channel for reconnect (8 MiB)",
     )
     serve.add_argument(
         "--snapshot-every", type=int, help="actions between stored snapshots of a channel (100)"

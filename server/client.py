@@ -401,9 +401,15 @@ class HuddleClient:
         await self.call("createSession", params)
 
     async def list_sessions(self) -> list[dict[str, Any]]:
-        result = await self.call("listSessions", {"channel": ROOT_URI})
-        items: list[dict[str, Any]] = result["items"]
-        return items
+        """Every session this token reaches, page by page."""
+        items: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"channel": ROOT_URI}
+        while True:
+            result = await self.call("listSessions", params)
+            items.extend(result["items"])
+            if not result.get("nextCursor"):
+                return items
+            params = {"channel": ROOT_URI, "cursor": result["nextCursor"]}
 
     async def dispatch(self, uri: str, action: StateAction) -> int:
         """Send an action without waiting; returns its ``clientSeq``."""

@@ -23,10 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.actions import StateAction, action_type
+from msgspec.structs import replace
+
+from protocol.actions import SessionActiveClientSet, StateAction, action_type
 from protocol.chat import Message, Turn
 from protocol.codec import MalformedFrame
 from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode
+from protocol.rejections import RejectionCode
 from protocol.session import SessionSummary
 from protocol.uris import BadChannelUri, channel_kind
 from server.auth import ROLES, Grant, Role, TokenAuthority
@@ -34,8 +37,16 @@ from server.channels import ChannelView
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
 from server.host import Host
 from server.metrics import Metrics
-from server.policy import Command, command_refusal, dispatch_refusal
+from server.policy import Command, admission_refusal, command_refusal, dispatch_refusal, reaches
+from server.ratelimit import Budgets
 from server.waiters import InputOutcome
+
+PAGE_SIZE = 100
+"""Sessions in a page of ``listSessions`` that does not ask for a size."""
+MAX_PAGE = 500
+"""The largest page of ``listSessions`` (a page always fits in a frame)."""
+AGENT_CLAIM_TTL = 24 * 3600.0
+"""How long the agent token holds a client id it used (renewed on use)."""
 
 
 @dataclass(frozen=True)
@@ -55,39 +66,78 @@ class Commands:
         authority: TokenAuthority,
         *,
         metrics: Metrics,
+        budgets: Budgets,
         clock: Callable[[], float],
         default_ttl: float,
+        max_ttl: float,
     ) -> None:
         self.host = host
         self.authority = authority
         self.metrics = metrics
+        self.budgets = budgets
         self.clock = clock
         self.default_ttl = default_ttl
+        self.max_ttl = max_ttl
 
     # ─── Reaching channels ───────────────────────────────────────────────
 
     async def reach(self, grant: Grant, uri: str, path: str = "$.channel") -> str | None:
         """The session of channel ``uri``, if this token reaches it. Raises
-        MalformedFrame for a URI that does not parse, CommandError when the
-        channel does not exist or the token does not reach it."""
-        session = await self._session_of(uri, path)
-        refusal = command_refusal(grant, Command.READ, uri, session)
-        if refusal is not None:
-            raise CommandError(ErrorCode.PERMISSION_DENIED, refusal)
-        return session
-
-    async def _session_of(self, uri: str, path: str) -> str | None:
+        MalformedFrame for a URI that does not parse, CommandError (not
+        found) when the channel does not exist or the token does not reach
+        it: the caller cannot tell the two apart."""
         try:
-            return await self.host.session_of(uri)
-        except BadChannelUri as error:
-            raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), path) from None
+            return await self._reachable(grant, uri, path)
         except ChannelGone:
             raise not_found(uri) from None
 
-    def _allow(self, grant: Grant, command: Command, uri: str | None = None) -> None:
-        refusal = command_refusal(grant, command, uri, uri)
+    async def _reachable(self, grant: Grant, uri: str, path: str) -> str | None:
+        """As :meth:`reach`, raising ChannelGone for both."""
+        try:
+            session = await self.host.session_of(uri)
+        except BadChannelUri as error:
+            raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), path) from None
+        if not reaches(grant, session):
+            raise ChannelGone(uri)
+        return session
+
+    def allow(self, grant: Grant, command: Command) -> None:
+        """CommandError (permission denied) unless ``grant`` may run
+        ``command``: asked before anything else of the request is read."""
+        refusal = command_refusal(grant, command)
         if refusal is not None:
             raise CommandError(ErrorCode.PERMISSION_DENIED, refusal)
+
+    def admit(self, grant: Grant) -> None:
+        """ActionRejected unless ``grant`` may send an action now (not an
+        observer, within its token's rate limit): asked before the action is
+        read."""
+        refusal = admission_refusal(grant)
+        if refusal is not None:
+            raise ActionRejected.of(refusal)
+        if not self.budgets.take(grant):
+            rate = self.budgets.budget_of(grant).rate
+            raise ActionRejected(
+                RejectionCode.RATE_LIMITED, f"at most {rate:g} actions a second per token"
+            )
+
+    async def visible_seq(self, grant: Grant, uri: str) -> int | None:
+        """The seq of ``uri`` if this token reaches it, else None (a rejection
+        echo must not tell an outsider what a channel's seq is)."""
+        try:
+            await self._reachable(grant, uri, "$.channel")
+            return (await self.host.view(uri)).seq
+        except (ChannelGone, MalformedFrame):
+            return None
+
+    def _check_title(self, title: str | None) -> None:
+        limit = self.host.sizes.title
+        if title is not None and (size := len(title.encode())) > limit:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                f"the title is {size:,} bytes; the limit is {limit:,}",
+                "$.title",
+            )
 
     async def snapshot(self, grant: Grant, uri: str) -> ChannelView:
         await self.reach(grant, uri)
@@ -108,12 +158,13 @@ class Commands:
         path: str = "$.channel",
     ) -> str:
         """Create session ``uri``; returns its default chat."""
-        self._allow(grant, Command.CREATE_SESSION)
+        self.allow(grant, Command.CREATE_SESSION)
         expect_kind(uri, "session", path)
+        self._check_title(title)
         return await self.host.create_session(uri, provider=provider, title=title)
 
     async def dispose_session(self, grant: Grant, uri: str) -> None:
-        self._allow(grant, Command.DISPOSE_SESSION)
+        self.allow(grant, Command.DISPOSE_SESSION)
         expect_kind(uri, "session")
         await self.reach(grant, uri)
         try:
@@ -130,20 +181,22 @@ class Commands:
         title: str | None = None,
         initial_message: Message | None = None,
     ) -> None:
-        self._allow(grant, Command.CREATE_CHAT)
+        self.allow(grant, Command.CREATE_CHAT)
         expect_kind(session, "session")
         expect_kind(chat, "chat", "$.chat")
+        self._check_title(title)
         await self.reach(grant, session)
         await self.host.sessions.create_chat(
             session, chat, title=title, initial_message=initial_message
         )
 
     async def list_sessions(self, grant: Grant, cursor: str | None, limit: int | None) -> Page:
-        """The sessions this token reaches, most recent first, a page at a
+        """The sessions this token reaches, most recent first, a page of at
+        most ``limit`` (PAGE_SIZE when None; never more than MAX_PAGE) at a
         time."""
-        items = [s for s in await self.host.aggregate.summaries() if grant.may_touch(s.resource)]
+        items = [s for s in await self.host.aggregate.summaries() if reaches(grant, s.resource)]
         start = _offset(cursor)
-        size = limit if limit and limit > 0 else len(items)
+        size = min(MAX_PAGE, limit) if limit and limit > 0 else PAGE_SIZE
         more = start + size < len(items)
         return Page(items[start : start + size], _cursor(start + size) if more else None)
 
@@ -166,23 +219,40 @@ class Commands:
         *,
         origin: ActionOrigin | None = None,
         client_id: str | None = None,
+        admitted: bool = False,
     ) -> ActionEnvelope:
-        """Dispatch ``action`` for ``grant``; returns the accepted envelope.
-        Raises ActionRejected (refused by the policy or the rules),
-        ChannelGone, StoreUnavailable, MalformedFrame for a bad URI."""
+        """Dispatch ``action`` for ``grant`` (:meth:`admit` first, unless the
+        caller did); returns the accepted envelope. Raises ActionRejected
+        (not admitted, refused by the policy or the rules), ChannelGone (also
+        for a channel the token does not reach), StoreUnavailable,
+        MalformedFrame for a bad URI."""
         try:
-            try:
-                session = await self.host.session_of(uri)
-                state = (await self.host.view(uri)).state
-            except BadChannelUri as error:
-                raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), "$.channel") from None
-            refusal = dispatch_refusal(grant, uri, session, action, state, client_id)
+            if not admitted:
+                self.admit(grant)
+            await self._reachable(grant, uri, "$.channel")
+            state = (await self.host.view(uri)).state
+            refusal = dispatch_refusal(grant, uri, action, state, client_id)
             if refusal is not None:
                 raise ActionRejected.of(refusal)
+            action = _as_sent_by(grant, action)
             return await self.host.dispatch(uri, action, origin=origin, sender=grant.identity)
         except (ActionRejected, StoreUnavailable):
             self.metrics.rejected(action_type(action))
             raise
+
+    async def claim_client(self, grant: Grant, client_id: str) -> None:
+        """Bind ``client_id`` to this token for as long as the token lives
+        (a day at a time for the agent token), across every process: a
+        client id is a connection's label, and two tokens never share one.
+        Raises CommandError when another token holds it."""
+        now = self.clock()
+        ttl = AGENT_CLAIM_TTL if grant.expires_at is None else max(1.0, grant.expires_at - now)
+        holder = await self.host.store.claim(f"client:{client_id}", grant.token_id, ttl)
+        if holder is not None:
+            raise CommandError(
+                ErrorCode.PERMISSION_DENIED,
+                f"clientId {client_id!r} belongs to another token: choose another",
+            )
 
     async def wait_input(self, grant: Grant, chat: str, request_id: str) -> InputOutcome:
         """Wait for an input request's outcome (bound it with a timeout)."""
@@ -202,7 +272,7 @@ class Commands:
     ) -> str:
         """A token for ``role`` on ``sessions`` (all when None); arguments
         as they came (MalformedFrame names the one at fault)."""
-        self._allow(grant, Command.MINT_TOKEN)
+        self.allow(grant, Command.MINT_TOKEN)
         if role not in ROLES:
             raise MalformedFrame(
                 ErrorCode.INVALID_PARAMS, f"role must be one of {', '.join(ROLES)}", "$.role"
@@ -214,8 +284,12 @@ class Commands:
                 ErrorCode.INVALID_PARAMS, "sessions must be a list of URIs", "$.sessions"
             )
         ttl = self.default_ttl if ttl is None else ttl
-        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < float("inf"):
-            raise MalformedFrame(ErrorCode.INVALID_PARAMS, "ttl must be a positive number", "$.ttl")
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= self.max_ttl:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                f"ttl must be a number of seconds above 0 and at most {self.max_ttl:g}",
+                "$.ttl",
+            )
         chosen: Role = role
         return self.authority.mint(
             chosen,
@@ -223,6 +297,16 @@ class Commands:
             name=name if isinstance(name, str) else None,
             expires_at=self.clock() + float(ttl),
         )
+
+
+def _as_sent_by(grant: Grant, action: StateAction) -> StateAction:
+    """``action`` as the server records it from ``grant``: a person's entry
+    in the session's active clients carries the name of their token, never
+    one they chose."""
+    if grant.role != "agent" and isinstance(action, SessionActiveClientSet):
+        entry = replace(action.active_client, display_name=grant.name)
+        return replace(action, active_client=entry)
+    return action
 
 
 def expect_kind(uri: str, kind: str, path: str = "$.channel") -> None:

@@ -10,13 +10,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reducers.limits import SizeLimits
+
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-connection limits (see ``huddle serve --help``)."""
+    """Limits on what clients send (see ``huddle serve --help``)."""
 
     actions_per_second: float = 50.0
+    """Per participant or observer token, over all its connections and HTTP."""
     action_burst: int = 100
+    agent_actions_per_second: float = 2000.0
+    """Per agent token: agents stream into many chats at once."""
+    agent_action_burst: int = 4000
     max_subscriptions: int = 100
     send_buffer: int = 4 << 20
     """Bytes a client may leave unread before it is cut off."""
@@ -42,16 +48,30 @@ class Settings:
     """How long a worker holds a turn without renewing its lease: after a
     worker dies, another takes its turn over that much later."""
     max_frame_bytes: int = 1 << 20
+    max_body_bytes: int = 1 << 20
+    """The largest HTTP API body (413 beyond, refused before it is read)."""
     limits: Limits = field(default_factory=Limits)
+    sizes: SizeLimits = field(default_factory=SizeLimits)
+    """How much one action may put into state (reducers.limits)."""
+    metrics_token: str | None = None
+    """A token for ``/metrics`` alone (the agent token works too)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """``Host`` header values accepted (against DNS rebinding); by default
+    the loopback names when listening on loopback, any otherwise."""
     replay_window: int = 1000
-    """Envelopes the memory store keeps per channel for ``reconnect``."""
+    """Envelopes the store keeps per channel for ``reconnect``."""
+    replay_window_bytes: int = 8 << 20
+    """Bytes of envelopes the memory store keeps per channel at most."""
     snapshot_every: int = 100
     """Actions between two stored snapshots of a channel."""
     idle_check_interval: float = 2.0
     """Seconds between two comparisons of the served channels' heads with
     the store's (how late an append whose pub/sub hint was lost arrives)."""
     participant_ttl: float = 7 * 24 * 3600.0
-    """Lifetime of the participant token in the printed link (seconds)."""
+    """Lifetime of the participant token in the printed link (seconds), and
+    of minted tokens that ask for none."""
+    max_token_ttl: float = 90 * 24 * 3600.0
+    """The longest lifetime a minted token may ask for (seconds)."""
     open_browser: bool = False
 
 
@@ -99,7 +119,7 @@ class _Source:
 
 def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
     """Settings from parsed flags (None = not given) and the environment."""
-    src, base, limits = _Source(flags, env), Settings(), Limits()
+    src, base, limits, sizes = _Source(flags, env), Settings(), Limits(), SizeLimits()
     token = src.raw("token")
     return Settings(
         host=src.text("host", base.host),
@@ -111,16 +131,32 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         workers=src.integer("workers", base.workers),
         lease_seconds=src.number("lease_seconds", base.lease_seconds),
         max_frame_bytes=src.integer("max_frame_bytes", base.max_frame_bytes),
+        max_body_bytes=src.integer("max_body_bytes", base.max_body_bytes),
+        sizes=SizeLimits(
+            title=src.integer("max_title_bytes", sizes.title),
+            message=src.integer("max_message_bytes", sizes.message),
+            answer=src.integer("max_answer_bytes", sizes.answer),
+            tool_data=src.integer("max_tool_data_bytes", sizes.tool_data),
+            action=src.integer("max_action_bytes", sizes.action),
+        ),
+        metrics_token=None if src.raw("metrics_token") is None else str(src.raw("metrics_token")),
+        allowed_hosts=src.items("allowed_hosts"),
         limits=Limits(
             actions_per_second=src.number("actions_per_second", limits.actions_per_second),
             action_burst=src.integer("action_burst", limits.action_burst),
             max_subscriptions=src.integer("max_subscriptions", limits.max_subscriptions),
             send_buffer=src.integer("send_buffer", limits.send_buffer),
             flood_close_after=src.integer("flood_close_after", limits.flood_close_after),
+            agent_actions_per_second=src.number(
+                "agent_actions_per_second", limits.agent_actions_per_second
+            ),
+            agent_action_burst=src.integer("agent_action_burst", limits.agent_action_burst),
         ),
         replay_window=src.integer("replay_window", base.replay_window),
+        replay_window_bytes=src.integer("replay_window_bytes", base.replay_window_bytes),
         snapshot_every=src.integer("snapshot_every", base.snapshot_every),
         idle_check_interval=src.number("idle_check_interval", base.idle_check_interval),
         participant_ttl=src.number("participant_ttl", base.participant_ttl),
+        max_token_ttl=src.number("max_token_ttl", base.max_token_ttl),
         open_browser=src.flag("open_browser", base.open_browser),
     )

@@ -1,4 +1,4 @@
-"""One WebSocket connection's transport: framing, buffering, rate limiting.
+"""One WebSocket connection's transport: framing, buffering, flood closing.
 
 Incoming text frames are handed, one at a time and in the order they
 arrive, to the connection's handler (:class:`server.rpc.Rpc`, which knows
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -34,24 +33,6 @@ CLOSE_POLICY = 1008
 CLOSE_INTERNAL = 1011
 CLOSE_RESYNC = 1012
 CLOSE_TRY_AGAIN = 1013
-
-
-class TokenBucket:
-    """``rate`` tokens a second, at most ``burst`` saved up."""
-
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float]) -> None:
-        self.rate, self.burst, self.clock = rate, burst, clock
-        self.tokens = float(burst)
-        self.stamp = clock()
-
-    def take(self) -> bool:
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
 
 
 Send = Callable[[str], Awaitable[None]]
@@ -98,9 +79,6 @@ class Connection:
         self._writer: asyncio.Task[None] | None = None
         self._sending = False
         self._abandoned = False
-        self.bucket = TokenBucket(
-            self.limits.actions_per_second, self.limits.action_burst, time.monotonic
-        )
         self.limited_in_a_row = 0
 
     # ─── Output ──────────────────────────────────────────────────────────
@@ -215,13 +193,12 @@ class Connection:
         if self.handler is not None:
             await self.handler(text)
 
-    def take_action(self) -> bool:
-        """Whether the client may send one more action now (its rate limit);
-        a client that keeps flooding is closed (1008)."""
-        if self.bucket.take():
+    def count_action(self, *, limited: bool) -> None:
+        """Count one action: a client whose actions keep being refused by
+        its rate limit, ``flood_close_after`` in a row, is closed (1008)."""
+        if not limited:
             self.limited_in_a_row = 0
-            return True
+            return
         self.limited_in_a_row += 1
         if self.limited_in_a_row >= self.limits.flood_close_after:
             self.shut(CLOSE_POLICY, "too many actions: flood")
-        return False

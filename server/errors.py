@@ -21,6 +21,8 @@ down: this module imports nothing from ``server.runner`` or ``server.mcp``::
     ├── AuthError                   a token that is missing, forged, expired
     │                               or not allowed here: HTTP 401/403 before
     │                               accept
+    ├── BodyTooLarge                an HTTP API body over ``max_body_bytes``:
+    │                               413, refused before it is read
     ├── ProtocolError               (client) the server answered a request
     │                               with a JSON-RPC error
     ├── Disconnected                (client) the connection is gone and the
@@ -217,6 +219,17 @@ class AuthError(HuddleError):
 
     def __str__(self) -> str:
         return f"{self.status}: {self.reason}"
+
+
+class BodyTooLarge(HuddleError):
+    """An HTTP body larger than ``limit`` bytes (refused unread)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return f"the body is larger than {self.limit:,} bytes"
 
 
 class ProtocolError(HuddleError):

@@ -35,6 +35,8 @@ from protocol.messages import ActionEnvelope, ActionOrigin
 from protocol.rejections import Rejection, RejectionCode
 from protocol.session import AgentInfo, RootState
 from protocol.uris import ROOT_URI, channel_kind
+from reducers import reduce
+from reducers.limits import SizeLimits, limit_problem
 from reducers.validation import reject_reason
 from server.aggregate import SessionAggregate
 from server.auth import Identity
@@ -63,10 +65,12 @@ class Host:
         snapshot_every: int = 100,
         modified_at_interval: float = 1.0,
         idle_check_interval: float = 2.0,
+        sizes: SizeLimits | None = None,
     ) -> None:
         self.store = store
         self.agents = agents
         self.clock = clock
+        self.sizes = sizes or SizeLimits()
         self.core = ChannelCore(
             store,
             clock=clock,
@@ -157,8 +161,8 @@ class Host:
         return await self.core.write(uri, action)
 
     async def _validator(self, uri: str, action: StateAction) -> Validator:
-        """The validation rules for ``action``, with what their schema checks
-        read loaded first (outside the channel's lock)."""
+        """The limits and the validation rules for ``action``, with what
+        their schema checks read loaded first (outside the channel's lock)."""
         form: Form | None = None
         if isinstance(action, ChatInputCompleted):
             form = await self.forms.load(uri, action.request_id)
@@ -167,9 +171,13 @@ class Host:
             if session is not None:
                 await self.core.view(session)  # its tools are what the check reads
         form_check = self.forms.form_check(form)
+        root = uri == ROOT_URI
 
         def validate(state: Any, action: StateAction) -> Rejection | None:
-            return reject_reason(
+            if root and reduce(state, action, 0) == state:
+                # Nothing to store: a flood of no-ops must not grow the log.
+                return Rejection(RejectionCode.NO_CHANGE, "the root channel already holds that")
+            return limit_problem(state, action, self.sizes) or reject_reason(
                 state,
                 action,
                 form_check=form_check,

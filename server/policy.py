@@ -6,11 +6,15 @@ edge both ask them and answer a refusal each in its own transport's shape
 (a rejection echo or a JSON-RPC error; an HTTP status), so each rule exists
 once.
 
-Roles: ``agent`` tokens are trusted and may do everything; ``participant``
-may dispatch AHP's client-dispatchable actions, create chats, and create
-sessions when its token is not scoped to particular sessions; ``observer``
-may only read. A token scoped to sessions reaches only those sessions'
-channels.
+Threat model: ``agent`` tokens are trusted and may do everything;
+``participant`` and ``observer`` tokens are not. A participant may dispatch
+AHP's client-dispatchable actions (and only for its own client where the
+action speaks for one), create chats, and create sessions when its token is
+not scoped to particular sessions; an observer may only read. A token
+scoped to sessions reaches only those sessions' channels: to it, a channel
+outside them looks exactly like one that does not exist (:func:`reaches`),
+and it may read the root channel (hearing only about its sessions) but not
+change it.
 
 Commands::
 
@@ -22,27 +26,39 @@ Commands::
     create-chat      agent, participant (reaching the session)
     mint-token       agent
 
-Actions, checked top to bottom (the first refusal wins)::
+Actions, checked top to bottom (the first refusal wins; a channel the token
+does not reach never gets this far)::
 
     code           refused when
     -------------  ---------------------------------------------------
     wrong-channel  the action's family (root/session/chat) is not the
                    channel's kind
-    forbidden      an observer dispatches; the token does not reach the
-                   channel's session; a participant dispatches an action
-                   only the server dispatches; a participant completes or
-                   updates a tool call another client executes
+    forbidden      an observer dispatches; a token scoped to sessions
+                   changes the root channel; a participant dispatches an
+                   action only the server dispatches; a participant
+                   speaks for another client: completes or updates a tool
+                   call another client executes, sets or removes another
+                   client's entry in the session's active clients
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from protocol.actions import StateAction, action_type, is_client_dispatchable
+from protocol.actions import (
+    ChatToolCallComplete,
+    ChatToolCallContentChanged,
+    SessionActiveClientRemoved,
+    SessionActiveClientSet,
+    StateAction,
+    action_type,
+    is_client_dispatchable,
+)
+from protocol.chat import ChatState, ClientContributor
 from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import channel_kind
-from reducers.validation import client_action_problem
+from reducers.chat import select_tool_call
 from server.auth import Grant
 
 
@@ -54,13 +70,16 @@ class Command(StrEnum):
     MINT_TOKEN = "mint-token"
 
 
-def command_refusal(
-    grant: Grant, command: Command, uri: str | None = None, session: str | None = None
-) -> str | None:
-    """Why ``grant`` may not run ``command`` (on channel ``uri`` of
-    ``session``), or None."""
-    if not grant.may_touch(session):
-        return f"this token does not reach {uri or session}"
+def reaches(grant: Grant, session: str | None) -> bool:
+    """Whether the token reaches a channel of ``session`` (None: the root
+    channel, which every token may read). A channel it does not reach must
+    look to it as one that does not exist."""
+    return grant.sessions is None or session is None or session in grant.sessions
+
+
+def command_refusal(grant: Grant, command: Command) -> str | None:
+    """Why ``grant`` may not run ``command``, or None (reaching the channel
+    is :func:`reaches`)."""
     match command:
         case Command.READ:
             return None
@@ -76,30 +95,81 @@ def command_refusal(
             return None if grant.role == "agent" else "only an agent token may mint tokens"
 
 
+def admission_refusal(grant: Grant) -> Rejection | None:
+    """Why ``grant`` may send no action at all (asked before an action is
+    read), or None."""
+    if not grant.may_dispatch:
+        return _refusal(RejectionCode.FORBIDDEN, "observers may not dispatch actions")
+    return None
+
+
 def dispatch_refusal(
     grant: Grant,
     uri: str,
-    session: str | None,
     action: StateAction,
     state: ChannelState,
     client_id: str | None,
 ) -> Rejection | None:
-    """Why ``grant`` may not dispatch ``action`` to channel ``uri`` (of
-    ``session``, in ``state``) as the client ``client_id``; None when it may
+    """Why ``grant`` may not dispatch ``action`` to channel ``uri`` (which it
+    reaches, in ``state``) as the client ``client_id``; None when it may
     (the validation rules come next)."""
     family, kind = action_type(action).split("/", 1)[0], channel_kind(uri)
     if family != kind:
-        return Rejection(
+        return _refusal(
             RejectionCode.WRONG_CHANNEL, f"a {family} action cannot go to a {kind} channel"
         )
-    if not grant.may_dispatch:
-        return Rejection(RejectionCode.FORBIDDEN, "observers may not dispatch actions")
-    if not grant.may_touch(session):
-        return Rejection(RejectionCode.FORBIDDEN, f"this token does not reach {uri}")
+    admission = admission_refusal(grant)
+    if admission is not None:
+        return admission
+    if kind == "root" and grant.sessions is not None:
+        return _refusal(
+            RejectionCode.FORBIDDEN, "a token scoped to sessions may not change the root channel"
+        )
     if grant.role == "agent":
         return None
     if not is_client_dispatchable(action):
-        return Rejection(
+        return _refusal(
             RejectionCode.FORBIDDEN, f"{action_type(action)} is dispatched only by the server"
         )
-    return client_action_problem(state, action, client_id)
+    return _speaks_for_another(state, action, client_id)
+
+
+def _speaks_for_another(
+    state: ChannelState, action: StateAction, client_id: str | None
+) -> Rejection | None:
+    """Actions that speak for a client may be sent only by that client. AHP
+    lets clients complete and update the tool calls they execute (the
+    call's contributor must be that client: any other would let a person
+    skip an approval or invent a tool's result) and keep their own entry in
+    the session's active clients."""
+    match action:
+        case ChatToolCallComplete() | ChatToolCallContentChanged():
+            call = (
+                select_tool_call(state, action.tool_call_id)
+                if isinstance(state, ChatState)
+                else None
+            )
+            contributor = call.contributor if call is not None else None
+            if isinstance(contributor, ClientContributor) and contributor.client_id == client_id:
+                return None
+            return _refusal(
+                RejectionCode.FORBIDDEN,
+                f"tool call '{action.tool_call_id}' is not executed by this client, "
+                "so it may not complete or update it",
+            )
+        case SessionActiveClientSet() if action.active_client.client_id != client_id:
+            return _refusal(
+                RejectionCode.FORBIDDEN,
+                f"a client may set only its own active-client entry, not "
+                f"'{action.active_client.client_id}'",
+            )
+        case SessionActiveClientRemoved() if action.client_id != client_id:
+            return _refusal(
+                RejectionCode.FORBIDDEN,
+                f"a client may remove only its own active-client entry, not '{action.client_id}'",
+            )
+    return None
+
+
+def _refusal(code: RejectionCode, sentence: str) -> Rejection:
+    return Rejection(code, sentence)

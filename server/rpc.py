@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from protocol.actions import StateAction, action_type
+from protocol.actions import StateAction
 from protocol.chat import ChatState
 from protocol.codec import MalformedFrame, decode_params, decode_request, encode
 from protocol.messages import (
@@ -47,6 +47,7 @@ from protocol.messages import (
     Request,
     Resume,
     Snapshot,
+    SnapshotResume,
     SubscribeParams,
     SubscribeResult,
 )
@@ -54,10 +55,36 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import ROOT_URI
 from server.auth import Grant
 from server.commands import Commands, not_found
+from server.config import Limits
 from server.connection import Connection
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
 from server.frames import action_frame
+from server.policy import reaches
 from server.sessions import windowed
+
+CLOSE_REPLACED = 4001
+"""Close code for a connection whose clientId a newer one of its token took."""
+
+
+class LiveClients:
+    """This process's connections by client id (bounded by the connections:
+    each leaves when it closes)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, Rpc] = {}
+
+    def bind(self, client_id: str, rpc: Rpc) -> Rpc | None:
+        """Make ``rpc`` the connection of ``client_id``; the one it replaces."""
+        older = self._by_id.get(client_id)
+        self._by_id[client_id] = rpc
+        return older if older is not rpc else None
+
+    def unbind(self, client_id: str, rpc: Rpc) -> None:
+        if self._by_id.get(client_id) is rpc:
+            del self._by_id[client_id]
+
+    def __len__(self) -> int:
+        return len(self._by_id)
 
 
 class Rpc:
@@ -69,10 +96,12 @@ class Rpc:
         commands: Commands,
         grant: Grant,
         *,
+        clients: LiveClients | None = None,
         server_info: Implementation | None = None,
     ) -> None:
         self.connection = connection
         self.commands = commands
+        self.clients = clients if clients is not None else LiveClients()
         self.host = commands.host
         self.grant = grant
         self.server_info = server_info
@@ -94,10 +123,10 @@ class Rpc:
             "unsubscribe": self._unsubscribe,
         }
         connection.handler = self.receive_frame
-        connection.may_see = grant.may_touch
+        connection.may_see = lambda session: reaches(grant, session)
 
     @property
-    def limits(self) -> Any:
+    def limits(self) -> Limits:
         return self.connection.limits
 
     # ─── Frames ──────────────────────────────────────────────────────────
@@ -165,16 +194,18 @@ class Rpc:
         )
         if version is None:
             raise _UnsupportedVersion()
+        await self.commands.claim_client(self.grant, params.client_id)
         try:
             snapshots = [
-                await self._subscribe_to(uri) for uri in params.initial_subscriptions or []
+                await self._subscribe_to(uri, share=len(params.initial_subscriptions or []))
+                for uri in params.initial_subscriptions or []
             ]
         except BaseException:
             # A failed initialize changes nothing: the client may try again.
             for uri in list(self.subscriptions):
                 await self._unsubscribe(ChannelParams(channel=uri))
             raise
-        self.client_id = params.client_id
+        self._label(params.client_id)
         root = await self.host.view(ROOT_URI)
         return InitializeResult(
             protocol_version=version,
@@ -182,6 +213,15 @@ class Rpc:
             server_info=self.server_info,
             snapshots=snapshots,
         )
+
+    def _label(self, client_id: str) -> None:
+        """Make ``client_id`` (claimed for this token) this connection's
+        label; an older connection of the same id here is closed: this one
+        takes its place."""
+        older = self.clients.bind(client_id, self)
+        if older is not None:
+            older.connection.shut(CLOSE_REPLACED, "another connection took this clientId")
+        self.client_id = client_id
 
     async def _ping(self, params: ChannelParams) -> None:
         return None
@@ -192,7 +232,15 @@ class Rpc:
         turns = params.view.turns if params.view is not None else None
         return SubscribeResult(snapshot=await self._subscribe_to(params.channel, turns))
 
-    async def _subscribe_to(self, uri: str, turns: int | None = None) -> Snapshot:
+    @property
+    def _frame_budget(self) -> int:
+        """The bytes one answer may take: half of what the client may leave
+        unread, so that an answer never cuts its own connection off."""
+        return self.limits.send_buffer // 2
+
+    async def _subscribe_to(self, uri: str, turns: int | None = None, share: int = 1) -> Snapshot:
+        """Subscribe and return the snapshot, a chat's windowed to fit its
+        ``share`` of one answer's budget."""
         await self.commands.reach(self.grant, uri)
         self._count_subscription(uri)
         try:
@@ -201,10 +249,15 @@ class Rpc:
         except ChannelGone:
             raise not_found(uri) from None
         self._add_subscription(uri)
-        if turns is not None and isinstance(snapshot.state, ChatState):
-            state = windowed(snapshot.state, max(0, turns))
-            snapshot = Snapshot(resource=uri, state=state, from_seq=snapshot.from_seq)
-        return snapshot
+        return self._fitted(snapshot, turns, share)
+
+    def _fitted(self, snapshot: Snapshot, turns: int | None = None, share: int = 1) -> Snapshot:
+        if not isinstance(snapshot.state, ChatState):
+            return snapshot
+        state = windowed(snapshot.state, turns, self._frame_budget // max(1, share))
+        if state is snapshot.state:
+            return snapshot
+        return Snapshot(resource=snapshot.resource, state=state, from_seq=snapshot.from_seq)
 
     def _count_subscription(self, uri: str) -> None:
         """CommandError when one more subscription would be too many."""
@@ -246,13 +299,21 @@ class Rpc:
             self._count_subscription(uri)
             self._add_subscription(uri)
             self.connection.park(uri)
-            resumes.append(
-                await self.host.core.resume(uri, cursor.last_seen_server_seq, self.connection)
+            share = self._frame_budget // max(1, len(params.cursors))
+            resume = await self.host.core.resume(
+                uri, cursor.last_seen_server_seq, self.connection, max_bytes=share
             )
+            if isinstance(resume, SnapshotResume):
+                resume = SnapshotResume(
+                    channel=uri, snapshot=self._fitted(resume.snapshot, share=len(params.cursors))
+                )
+            resumes.append(resume)
         return ReconnectResult(channels=resumes)
 
     def closed(self) -> None:
-        """Forget every subscription (the socket is gone)."""
+        """Forget every subscription and the client id (the socket is gone)."""
+        if self.client_id is not None:
+            self.clients.unbind(self.client_id, self)
         for uri in self.subscriptions:
             self.host.core.unsubscribe(uri, self.connection)
         self.connection.metrics.subscribed(-len(self.subscriptions))
@@ -295,32 +356,31 @@ class Rpc:
         origin = ActionOrigin(client_id=self.client_id, client_seq=params.client_seq)
         uri, action = params.channel, params.action
         try:
-            if not self.connection.take_action():
-                self.connection.metrics.rejected(action_type(action))
-                rate = self.limits.actions_per_second
-                raise ActionRejected(
-                    RejectionCode.RATE_LIMITED, f"at most {rate:g} actions a second"
-                )
             await self.commands.dispatch(
                 self.grant, uri, action, origin=origin, client_id=self.client_id
             )
         except ChannelGone:
-            return  # AHP: an action for a channel that does not exist is ignored
+            pass  # AHP: an action for a channel that does not exist is ignored
         except ActionRejected as rejected:
+            # A flooder is closed before its last echo goes out.
+            self.connection.count_action(limited=rejected.code == RejectionCode.RATE_LIMITED)
             await self._echo_rejection(uri, action, origin, rejected.reason)
+            return
         except StoreUnavailable as error:
             reason = Rejection(RejectionCode.STORE_UNAVAILABLE, f"{error}; try again").reason
             await self._echo_rejection(uri, action, origin, reason)
+        self.connection.count_action(limited=False)
 
     async def _echo_rejection(
         self, uri: str, action: StateAction, origin: ActionOrigin, reason: str
     ) -> None:
+        """Echo the rejected action to its sender alone. Its serverSeq is the
+        channel's current one (no seq is used); 0 where the token does not
+        reach the channel or the store cannot say."""
         try:
-            seq = (await self.host.view(uri)).seq
-        except ChannelGone:
-            return
+            seq = await self.commands.visible_seq(self.grant, uri) or 0
         except StoreUnavailable:
-            seq = 0  # the channel's seq is out of reach: the reason says why
+            seq = 0
         envelope = ActionEnvelope(
             channel=uri, action=action, server_seq=seq, origin=origin, rejection_reason=reason
         )

@@ -11,6 +11,7 @@ import uvicorn
 from starlette.applications import Starlette
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from server import logs
 from server.config import Settings
 from server.frames import CLOSED, OVERLOADED, WRITE_EXTENSION, WRITTEN
 
@@ -91,4 +92,6 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
         "timeout_graceful_shutdown": 5,
     }
     options.update(overrides)
-    return uvicorn.Config(app, **options)
+    config = uvicorn.Config(app, **options)  # configures uvicorn's logging
+    logs.install()
+    return config

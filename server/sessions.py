@@ -26,8 +26,9 @@ from protocol.actions import (
     StateAction,
 )
 from protocol.chat import ChatState, Message, Turn, UserOrigin
+from protocol.codec import encode
 from protocol.messages import ErrorCode, SessionAddedParams, SessionRemovedParams
-from protocol.session import AgentInfo, SessionState
+from protocol.session import AgentInfo, RootState, SessionState
 from protocol.status import SessionStatus
 from protocol.uris import ROOT_URI, chat_uri
 from reducers.aggregate import chat_summary, session_summary
@@ -152,6 +153,9 @@ class Sessions:
 
     async def _count_sessions(self) -> None:
         count = await self.aggregate.count()
+        root = (await self.core.view(ROOT_URI)).state
+        if isinstance(root, RootState) and root.active_sessions == count:
+            return  # nothing changed: nothing to store
         await self.dispatch(ROOT_URI, RootActiveSessionsChanged(active_sessions=count))
 
     # ─── Turn history ────────────────────────────────────────────────────
@@ -173,12 +177,32 @@ class Sessions:
         return turns[start:end], next_cursor
 
 
-def windowed(state: ChatState, turns: int) -> ChatState:
-    """A snapshot showing only the newest ``turns`` completed turns."""
-    if turns >= len(state.turns):
+def windowed(state: ChatState, turns: int | None, max_bytes: int) -> ChatState:
+    """The chat as a snapshot shows it: the newest ``turns`` completed turns
+    (all when None), and of those only as many of the newest as fit in
+    ``max_bytes`` of JSON with the rest of the state, so that a frame the
+    server sends is never larger than its client can receive. A window
+    carries ``turnsNextCursor`` naming the turn before it."""
+    keep = len(state.turns) if turns is None else max(0, min(turns, len(state.turns)))
+    if keep == len(state.turns) and len(encode(state)) <= max_bytes:
         return state
-    kept = state.turns[len(state.turns) - turns :]
-    return replace(state, turns=kept, turns_next_cursor=_encode_cursor(kept[0].id))
+    room = max_bytes - len(encode(replace(state, turns=[], turns_next_cursor="x" * 64)))
+    start = len(state.turns)
+    while start > len(state.turns) - keep:
+        size = len(encode(state.turns[start - 1])) + 1
+        if size > room:
+            break
+        room -= size
+        start -= 1
+    if start == 0:
+        return replace(state, turns_next_cursor=None)
+    kept = state.turns[start:]
+    cursor = _encode_cursor(kept[0].id) if kept else _encode_cursor(END_OF_TURNS)
+    return replace(state, turns=kept, turns_next_cursor=cursor)
+
+
+END_OF_TURNS = ""
+"""The cursor of a window that holds no completed turn: every turn is older."""
 
 
 def _encode_cursor(turn_id: str) -> str:
@@ -193,6 +217,8 @@ def _decode_cursor(cursor: str, turn_ids: list[str]) -> int:
     except (ValueError, UnicodeDecodeError):
         text = ""
     prefix, _, turn_id = text.partition(":")
+    if prefix == "before" and turn_id == END_OF_TURNS:
+        return len(turn_ids)
     if prefix == "before" and turn_id in turn_ids:
         return turn_ids.index(turn_id)
     raise CommandError(ErrorCode.INVALID_PARAMS, "unknown turns cursor")

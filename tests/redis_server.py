@@ -1,14 +1,23 @@
-"""A real redis-server for tests: its own directory, a unix socket, AOF on."""
+"""Real redis-servers for tests: one in its own directory on a unix socket,
+or a Redis Cluster on loopback ports; AOF on."""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import shutil
 import signal
+import socket
+import subprocess
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
+
+import redis
+from redis.crc import key_slot
 
 READY = b"ready to accept connections"
 
@@ -91,3 +100,240 @@ async def running_redis(start_timeout: float) -> AsyncIterator[RedisServer]:
     finally:
         await server.kill()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+# ─── Redis Cluster ───────────────────────────────────────────────────────────
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class ClusterNodeProcess:
+    """One redis-server of a cluster, on loopback ports of its own (client
+    and cluster bus), AOF on with ``appendfsync always``. Its output is read
+    on a thread, so that a test can wait for a line it logs (``wait_for``)
+    from sync code or, through ``asyncio.to_thread``, from async code."""
+
+    def __init__(self, directory: Path, *, node_timeout_ms: int) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.bus_port = free_port()
+        self.node_timeout_ms = node_timeout_ms
+        self.process: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self.lines: list[str] = []
+        self._seen = threading.Condition()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float) -> None:
+        """Start (again, on the same data and cluster config) and wait until
+        it accepts connections."""
+        self.directory.mkdir(exist_ok=True)
+        self.process = subprocess.Popen(
+            [
+                "redis-server",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--cluster-port",
+                str(self.bus_port),
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                str(self.node_timeout_ms),
+                "--dir",
+                str(self.directory),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                # A replica syncs at once (the default waits 5 s for others).
+                "--repl-diskless-sync-delay",
+                "0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        mark = len(self.lines)
+        self._reader = threading.Thread(target=self._read, args=(self.process,), daemon=True)
+        self._reader.start()
+        self.wait_for(READY.decode(), timeout, since=mark)
+
+    def _read(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        with process.stdout:
+            for raw in process.stdout:
+                with self._seen:
+                    self.lines.append(raw.decode(errors="replace"))
+                    self._seen.notify_all()
+        with self._seen:
+            self.lines.append("<exited>\n")
+            self._seen.notify_all()
+
+    def wait_for(self, text: str, timeout: float, *, since: int = 0) -> int:
+        """Block until a line after line ``since`` contains ``text``
+        (case-insensitive); returns the index after it."""
+
+        def found() -> int | None:
+            for index in range(since, len(self.lines)):
+                line = self.lines[index].lower()
+                if text.lower() in line:
+                    return index + 1
+                if line == "<exited>\n":
+                    raise RuntimeError(f"redis-server exited:\n{''.join(self.lines)}")
+            return None
+
+        with self._seen:
+            if not self._seen.wait_for(lambda: found() is not None, timeout):
+                raise TimeoutError(f"no {text!r} from {self.address}:\n{''.join(self.lines)}")
+            index = found()
+            assert index is not None
+            return index
+
+    def kill(self) -> None:
+        """kill -9: no AOF flush, no goodbye to the cluster."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self._reader is not None:
+            self._reader.join()  # it closes the pipe when the output ends
+
+
+class RunningCluster:
+    """A Redis Cluster of ``primaries`` primaries, each with ``replicas``
+    replicas, created with ``redis-cli --cluster create`` and awaited until
+    every node says ``cluster_state:ok`` and every replica is in sync."""
+
+    def __init__(self, nodes: list[ClusterNodeProcess], root: Path) -> None:
+        self.nodes = nodes
+        self.root = root
+
+    @classmethod
+    def start(
+        cls, *, primaries: int = 3, replicas: int = 0, timeout: float, node_timeout_ms: int = 1000
+    ) -> RunningCluster:
+        root = Path(tempfile.mkdtemp(prefix="huddle-cluster-", dir="/tmp"))
+        nodes = [
+            ClusterNodeProcess(root / f"node{index}", node_timeout_ms=node_timeout_ms)
+            for index in range(primaries * (1 + replicas))
+        ]
+        cluster = cls(nodes, root)
+        try:
+            for node in nodes:
+                node.start(timeout)
+            subprocess.run(
+                [
+                    "redis-cli",
+                    "--cluster",
+                    "create",
+                    *(node.address for node in nodes),
+                    "--cluster-replicas",
+                    str(replicas),
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=timeout,
+            )
+            for node in nodes:
+                node.wait_for("Cluster state changed: ok", timeout)
+            for node in cluster.replicas():
+                node.wait_for("MASTER <-> REPLICA sync: Finished with success", timeout)
+        except BaseException:
+            cluster.destroy()
+            raise
+        return cluster
+
+    def url(self, **query: object) -> str:
+        hosts = ",".join(node.address for node in self.nodes)
+        suffix = "?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else ""
+        return f"redis+cluster://{hosts}{suffix}"
+
+    def _roles(self) -> dict[str, tuple[str, str]]:
+        """Each running node's role and the address of its primary (itself
+        for a primary), by address, as each node says of itself (``ROLE``)."""
+        roles: dict[str, tuple[str, str]] = {}
+        for node in self.nodes:
+            if node.process is None or node.process.poll() is not None:
+                continue
+            client = redis.Redis(port=node.port, socket_timeout=5)
+            try:
+                role: list[Any] = client.execute_command("ROLE")  # type: ignore[no-untyped-call]
+            finally:
+                client.close()
+            if role[0] == b"master":
+                roles[node.address] = ("primary", node.address)
+            else:
+                roles[node.address] = ("replica", f"{role[1].decode()}:{role[2]}")
+        return roles
+
+    def node(self, address: str) -> ClusterNodeProcess:
+        return next(node for node in self.nodes if node.address == address)
+
+    def primaries(self) -> list[ClusterNodeProcess]:
+        return [self.node(a) for a, (role, _) in self._roles().items() if role == "primary"]
+
+    def replicas(self) -> list[ClusterNodeProcess]:
+        return [self.node(a) for a, (role, _) in self._roles().items() if role == "replica"]
+
+    def replica_of(self, primary: ClusterNodeProcess) -> ClusterNodeProcess:
+        return next(
+            self.node(a)
+            for a, (role, of) in self._roles().items()
+            if role == "replica" and of == primary.address
+        )
+
+    def primary_of(self, key: str) -> ClusterNodeProcess:
+        """The node that serves ``key``'s slot now."""
+        slot = key_slot(key.encode())
+        for node in self.primaries():
+            client = redis.Redis(port=node.port, socket_timeout=5)
+            try:
+                ranges = client.execute_command("CLUSTER SLOTS")  # type: ignore[no-untyped-call]
+            finally:
+                client.close()
+            for start, end, primary, *_ in ranges:
+                if start <= slot <= end:
+                    return self.node(f"127.0.0.1:{primary[1]}")
+        raise RuntimeError(f"no node serves {key!r}")
+
+    def flush(self) -> None:
+        """Empty every primary (their replicas follow)."""
+        for node in self.primaries():
+            client = redis.Redis(port=node.port, socket_timeout=5)
+            try:
+                client.flushall()
+            finally:
+                client.close()
+
+    def destroy(self) -> None:
+        for node in self.nodes:
+            node.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+_shared: RunningCluster | None = None
+
+
+def shared_cluster(timeout: float) -> RunningCluster:
+    """Three primaries without replicas, started on first use and shared by
+    every test of the process (each flushes it first: see ``flush``);
+    killed when the process exits."""
+    global _shared
+    if _shared is None:
+        _shared = RunningCluster.start(timeout=timeout)
+        atexit.register(_shared.destroy)
+    return _shared

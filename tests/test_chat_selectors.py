@@ -23,7 +23,12 @@ from protocol.chat import (
     ToolCallPendingConfirmation,
 )
 from protocol.status import SessionStatus
-from reducers.chat import reduce_chat, select_input_settlement, select_latest_tool_call
+from reducers.chat import (
+    reduce_chat,
+    select_input_settlement,
+    select_latest_input_part,
+    select_latest_tool_call,
+)
 
 ASK = Message(text="Open a ticket", origin=MessageOrigin(kind="user"))
 REQUEST = InputRequest(id="details", questions=[TextQuestion(id="system", message="Which?")])
@@ -93,3 +98,13 @@ def test_the_newest_state_of_a_tool_call_is_found_in_its_own_turn() -> None:
     assert isinstance(select_latest_tool_call(finished, "t1", "c1"), ToolCallCancelled)
     assert select_latest_tool_call(finished, "t2", "c1") is None
     assert select_latest_tool_call(finished, "t1", "c2") is None
+
+
+def test_the_latest_input_part_is_found_open_or_resolved_in_any_turn() -> None:
+    asked = chat(*ASKED)
+    assert select_latest_input_part(asked, "details") is not None
+    assert select_latest_input_part(asked, "other") is None
+    done = ChatInputCompleted(request_id="details", response="accept")
+    part = select_latest_input_part(chat(*ASKED, done, ENDED), "details")
+    assert part is not None
+    assert part.response == "accept"

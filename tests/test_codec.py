@@ -25,12 +25,14 @@ from protocol.actions import (
     ACTION_TYPES,
     ChatDelta,
     ChatToolCallConfirmed,
+    ChatToolCallStart,
     ChatTruncated,
     action_type,
     is_client_dispatchable,
 )
 from protocol.chat import (
     KNOWN_PART_KINDS,
+    AsRead,
     ChatState,
     ChatSummaryChanges,
     Message,
@@ -38,18 +40,20 @@ from protocol.chat import (
 )
 from protocol.codec import (
     PARAMS,
+    UNKNOWN_KIND,
     MalformedFrame,
     convert,
     convert_state,
     decode_action,
     decode_envelope,
+    decode_json,
     decode_params,
     decode_request,
     decode_response,
     decode_snapshot,
     decode_state,
     encode,
-    state_to_builtins,
+    nested_too_deep,
     to_builtins,
 )
 from protocol.messages import (
@@ -219,11 +223,16 @@ def wire_strategies(**kwargs: Any) -> WireStrategies:
     unknown parts of unknown kinds; ``kwargs`` as for the class."""
     strategies = WireStrategies(**kwargs)
     strategies.classes.setdefault(ChatToolCallConfirmed, confirmations(strategies))
-    strategies.classes.setdefault(UnknownPart, st.builds(UnknownPart, raw=UNKNOWN_PART_RAW))
+    strategies.classes.setdefault(
+        UnknownPart, st.builds(UnknownPart, raw=UNKNOWN_PART_RAW.map(AsRead))
+    )
     return strategies
 
 
 ANY = wire_strategies()
+KNOWN_PARTS_ONLY = wire_strategies(classes={UnknownPart: st.nothing()})
+"""Values the strict decoders read back: a part of an unknown kind is written
+as it was read, and only :func:`protocol.codec.convert_state` reads it again."""
 
 
 def wire_classes() -> list[type[msgspec.Struct]]:
@@ -258,10 +267,11 @@ HOLDS_RAW = {messages.Request, messages.IncomingResponse}
 ROUND_TRIPPING = [
     cls
     for cls in WIRE_CLASSES
-    if cls not in HOLDS_A_SNAPSHOT and cls is not messages.IncomingResponse
+    if cls not in HOLDS_A_SNAPSHOT and cls not in {messages.IncomingResponse, UnknownPart}
 ]
 """Every Struct msgspec can decode; IncomingResponse is left out until its
-``result`` decodes (see ``test_response_with_a_result_decodes``)."""
+``result`` decodes (see ``test_response_with_a_result_decodes``), UnknownPart
+because it is written as the part it was read from."""
 
 ROUND_TRIP = settings(
     max_examples=10,
@@ -285,7 +295,7 @@ def by_name(classes: Iterable[type[Any]]) -> list[Any]:
 @ROUND_TRIP
 @given(data=st.data())
 def test_struct_round_trips_through_json(cls: type[Wire], data: st.DataObject) -> None:
-    value = data.draw(ANY.of(cls))
+    value = data.draw(KNOWN_PARTS_ONLY.of(cls))
     assert msgspec.json.decode(encode(value), type=cls) == value
 
 
@@ -293,7 +303,7 @@ def test_struct_round_trips_through_json(cls: type[Wire], data: st.DataObject) -
 @ROUND_TRIP
 @given(data=st.data())
 def test_struct_round_trips_through_builtins(cls: type[Wire], data: st.DataObject) -> None:
-    value = data.draw(ANY.of(cls))
+    value = data.draw(KNOWN_PARTS_ONLY.of(cls))
     assert convert(to_builtins(value), cls) == value
 
 
@@ -303,12 +313,12 @@ def test_struct_round_trips_through_builtins(cls: type[Wire], data: st.DataObjec
 def test_action_round_trips_through_the_action_decoder(
     cls: type[Wire], data: st.DataObject
 ) -> None:
-    value = data.draw(ANY.of(cls))
+    value = data.draw(KNOWN_PARTS_ONLY.of(cls))
     assert decode_action(encode(value)) == value
 
 
 @STATE_ROUND_TRIP
-@given(envelope=ANY.of(ActionEnvelope))
+@given(envelope=KNOWN_PARTS_ONLY.of(ActionEnvelope))
 def test_envelope_round_trips_through_the_envelope_decoder(envelope: ActionEnvelope) -> None:
     assert decode_envelope(encode(envelope)) == envelope
 
@@ -328,7 +338,7 @@ def test_snapshot_round_trips_through_decode_snapshot(
     cls: type[ChannelState], data: st.DataObject
 ) -> None:
     state = data.draw(ANY.of(cls))
-    written = {"resource": CHANNELS[cls], "state": state_to_builtins(state), "fromSeq": 3}
+    written = {"resource": CHANNELS[cls], "state": to_builtins(state), "fromSeq": 3}
     assert decode_snapshot(written) == Snapshot(resource=CHANNELS[cls], state=state, from_seq=3)
 
 
@@ -349,7 +359,7 @@ def test_state_round_trips_through_stored_builtins(
     cls: type[ChannelState], data: st.DataObject
 ) -> None:
     state = data.draw(ANY.of(cls))
-    stored = json.loads(json.dumps(state_to_builtins(state)))
+    stored = json.loads(json.dumps(to_builtins(state)))
     assert convert_state(stored, STATE_KIND[cls]) == state
 
 
@@ -983,20 +993,20 @@ STORED_CHAT: dict[str, Any] = {
 def test_stored_chat_keeps_parts_of_unknown_kinds() -> None:
     state = convert_state(STORED_CHAT, "chat")
     assert isinstance(state, ChatState)
-    assert state.turns[0].response_parts[0] == UnknownPart(raw=POLL)
+    assert state.turns[0].response_parts[0] == UnknownPart(raw=AsRead(POLL))
     assert state.active_turn is not None
-    assert state.active_turn.response_parts[0] == UnknownPart(raw={"id": "no-kind-at-all"})
+    assert state.active_turn.response_parts[0] == UnknownPart(raw=AsRead({"id": "no-kind-at-all"}))
 
 
 def test_stored_chat_writes_unknown_parts_back_as_read() -> None:
-    assert state_to_builtins(convert_state(STORED_CHAT, "chat")) == STORED_CHAT
+    assert to_builtins(convert_state(STORED_CHAT, "chat")) == STORED_CHAT
 
 
 def test_reducer_leaves_unknown_parts_alone() -> None:
     state = convert_state(STORED_CHAT, "chat")
     assert isinstance(state, ChatState)
     delta = ChatDelta(turn_id="turn-2", part_id="m2", content="b")
-    written = state_to_builtins(reduce_chat(state, delta, 0))
+    written = to_builtins(reduce_chat(state, delta, 0))
     assert written["activeTurn"]["responseParts"][0] == {"id": "no-kind-at-all"}
     assert written["turns"] == STORED_CHAT["turns"]
 
@@ -1030,7 +1040,7 @@ def test_stored_session_state_is_never_searched_for_parts() -> None:
         "_meta": {"responseParts": [{"kind": "x"}]},
     }
     state = convert_state(stored, "session")
-    assert state_to_builtins(state) == stored
+    assert to_builtins(state) == stored
 
 
 def test_encoded_chat_state_writes_unknown_parts_as_read() -> None:
@@ -1044,6 +1054,148 @@ def test_inbound_action_cannot_carry_an_unknown_part() -> None:
         decode_action(frame)
 
 
+@pytest.mark.parametrize(
+    "part",
+    [
+        pytest.param(POLL, id="as-read"),
+        pytest.param({"kind": UNKNOWN_KIND, "raw": POLL}, id="wrapped"),
+    ],
+)
+def test_inbound_loaded_turns_cannot_carry_an_unknown_part(part: dict[str, Any]) -> None:
+    turn = {**STORED_CHAT["turns"][0], "responseParts": [part]}
+    frame = json.dumps({"type": "chat/turnsLoaded", "turns": [turn]})
+    with pytest.raises(MalformedFrame):
+        decode_action(frame)
+
+
+LOOK_ALIKE = {"kind": UNKNOWN_KIND, "raw": {"id": "x"}}
+"""Somebody's JSON object shaped like the codec's wrapper of an unknown part."""
+
+
+def test_encoding_does_not_depend_on_what_was_decoded_before() -> None:
+    call = ChatToolCallStart(
+        turn_id="turn-2",
+        tool_call_id="call-1",
+        tool_name="poll",
+        display_name="Poll",
+        meta=LOOK_ALIKE,
+    )
+    written = msgspec.json.encode(call)
+    assert encode(call) == written
+    convert_state(STORED_CHAT, "chat")  # a state with parts of unknown kinds
+    assert encode(call) == written
+    assert to_builtins(call) == json.loads(written)
+    beside_a_part = {"call": call, "part": UnknownPart(raw=AsRead(POLL))}
+    assert json.loads(encode(beside_a_part)) == {"call": json.loads(written), "part": POLL}
+
+
+def test_unknown_part_is_written_as_the_part_it_holds_wherever_it_is() -> None:
+    part = UnknownPart(raw=AsRead(POLL))
+    assert encode(part) == msgspec.json.encode(POLL)
+    assert json.loads(encode((part, [AsRead(POLL)], {"parts": [part]}))) == [
+        POLL,
+        [POLL],
+        {"parts": [POLL]},
+    ]
+
+
+def test_values_holding_unknown_parts_are_written_whole() -> None:
+    state = convert_state(STORED_CHAT, "chat")
+    snapshot = Snapshot(resource="ahp-chat:/t-1", state=state, from_seq=4)
+    result = Response(id=1, result={"snapshot": snapshot, "missing": [], "seq": 4})
+    written = {"resource": "ahp-chat:/t-1", "state": STORED_CHAT, "fromSeq": 4}
+    expected = {"jsonrpc": "2.0", "id": 1, "result": {"snapshot": written, "missing": [], "seq": 4}}
+    assert json.loads(encode(result)) == expected
+    assert to_builtins(result) == expected
+
+
+def test_unknown_part_shows_and_compares_by_the_json_it_holds() -> None:
+    assert repr(UnknownPart(raw=AsRead(POLL))) == f"UnknownPart(raw=AsRead({POLL!r}))"
+    assert AsRead(POLL) == AsRead(dict(POLL))
+    assert AsRead(POLL) != POLL
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param({"when": object()}, id="alone"),
+        pytest.param({"part": UnknownPart(raw=AsRead(POLL)), "when": object()}, id="after-a-part"),
+    ],
+)
+def test_encoder_still_refuses_a_type_it_does_not_know(value: object) -> None:
+    with pytest.raises(TypeError, match="Encoding objects of type object is unsupported"):
+        encode(value)
+
+
+@STATE_ROUND_TRIP
+@given(value=ANY.of(ChatState) | ANY.of(ActionEnvelope) | ANY.of(chat.Turn))
+def test_builtins_are_what_the_encoder_writes(value: Wire) -> None:
+    assert to_builtins(value) == json.loads(encode(value))
+
+
 def test_decode_state_refuses_json_that_does_not_parse() -> None:
     error = malformed(decode_state, "ahp-chat:/c", b"{not json")
     assert error.code == ErrorCode.PARSE_ERROR
+
+
+# ─── What a peer may send: depth and surrogates ──────────────────────────────
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [65, 1000, 100_000])
+def test_a_frame_nested_too_deeply_is_a_parse_error(depth: int) -> None:
+    frame = '{"jsonrpc":"2.0","method":"ping","id":1,"params":' + nested(depth) + "}"
+    with pytest.raises(MalformedFrame) as error:
+        decode_request(frame)
+    assert error.value.code == ErrorCode.PARSE_ERROR
+    assert str(error.value) == "JSON nested deeper than 64 levels"
+
+
+def test_depth_counts_arrays_and_objects_but_not_brackets_in_strings() -> None:
+    assert not nested_too_deep(nested(64))
+    assert nested_too_deep(nested(65))
+    assert nested_too_deep('{"a":' * 65 + "1" + "}" * 65)
+    assert not nested_too_deep('["' + "[" * 500 + '"]')
+    assert not nested_too_deep("[" * 100)  # unbalanced: malformed, not deep
+    assert not nested_too_deep(("[" + nested(3) + "]").encode())
+
+
+def test_many_shallow_brackets_are_not_deep() -> None:
+    assert not nested_too_deep("[" + ",".join(["{}"] * 10_000) + "]")
+
+
+@pytest.mark.parametrize(
+    ("escape", "half"),
+    [pytest.param("\\ud800", "d800", id="high"), pytest.param("\\udc00x", "dc00", id="low")],
+)
+def test_a_lone_surrogate_is_named_as_such(escape: str, half: str) -> None:
+    frame = '{"jsonrpc":"2.0","method":"ping","id":1,"params":{"channel":"' + escape + '"}}'
+    with pytest.raises(MalformedFrame) as error:
+        decode_request(frame)
+    assert error.value.code == ErrorCode.PARSE_ERROR
+    assert str(error.value) == (
+        f"invalid JSON: \\u{half} is half of a UTF-16 surrogate pair with no other half, "
+        "so it is no character"
+    )
+
+
+def test_a_surrogate_pair_and_an_escaped_backslash_are_fine() -> None:
+    assert decode_json('{"a": "\\ud83d\\ude00", "b": "\\\\ud800"}') == {
+        "a": "\U0001f600",
+        "b": "\\ud800",
+    }
+
+
+def test_decode_json_refuses_what_peers_may_not_send() -> None:
+    cases: list[tuple[str | bytes, str]] = [
+        (nested(65), "JSON nested deeper than 64 levels"),
+        (b"{not json", "invalid JSON: "),
+    ]
+    for text, why in cases:
+        with pytest.raises(MalformedFrame) as error:
+            decode_json(text)
+        assert error.value.code == ErrorCode.PARSE_ERROR
+        assert str(error.value).startswith(why)

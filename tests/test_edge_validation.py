@@ -36,6 +36,7 @@ from protocol.actions import (
     ChatToolCallResultConfirmed,
     ChatToolCallStart,
     ChatTurnCancelled,
+    ChatTurnComplete,
     ChatTurnStarted,
     SessionDefaultChatChanged,
     SessionServerToolsChanged,
@@ -280,6 +281,8 @@ async def make_scene(
         chat = session.state.default_chat
         assert chat is not None
         await agent.subscribe(chat)
+        await agent.dispatch_and_wait(chat, turn_started("t0"))  # an earlier, completed turn
+        await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id="t0", duration=1))
         if setup == "busy":
             await make_busy(running, agent, chat, background)
         watcher = await running.client(name="watcher")
@@ -305,6 +308,7 @@ def case(setup: Setup, action: StateAction, code: str, name: str) -> Any:
 
 BROKEN_RULES = [
     case("busy", turn_started("t2"), "turn-in-progress", "turn-started-while-a-turn-is-active"),
+    case("idle", turn_started("t0"), "turn-id-reused", "turn-started-with-an-earlier-turns-id"),
     case(
         "idle",
         ChatTurnCancelled(turn_id="t1", duration=1),
@@ -507,6 +511,7 @@ BROKEN_RULES = [
 
 KEPT_RULES = [
     case("idle", turn_started("t1"), "turn-in-progress", "turn-started-when-idle"),
+    case("idle", turn_started("t2"), "turn-id-reused", "turn-started-with-a-new-id"),
     case(
         "busy",
         ChatTurnCancelled(turn_id="t1", duration=1),

@@ -54,7 +54,7 @@ from protocol.uris import ROOT_URI
 from server.client import Disconnected, HuddleClient, Mirror
 from server.errors import ActionRejected
 from server.store.base import decode_entry, encode_entry
-from server.store.redis import APPEND, RedisStore
+from server.store.redis import APPEND, RedisStore, topic_of
 from tests.conftest import UNIT, drop_socket, user_message
 from tests.redis_server import RedisServer
 from tests.test_reconnect import same_state
@@ -736,10 +736,10 @@ async def test_a_garbled_pubsub_message_does_not_end_the_subscription(
     store = RedisStore(redis_server.url)
     try:
         store.add_listener(heard)
-        async with asyncio.timeout(2 * UNIT):
-            await store.connected.wait()
+        await store.watch("ahp-chat:/after")
         async with raw_redis(redis_server) as db:
-            await db.publish("huddle:appends", b"not an announcement")
+            await db.spublish(topic_of("ahp-chat:/after"), b"not an announcement")
+            await db.spublish(topic_of("ahp-chat:/after"), b"a-not-a-seq")
         await store.create("ahp-chat:/after", b"{}")
         await store.append("ahp-chat:/after", 0, b"entry")
         await heard.until(1)

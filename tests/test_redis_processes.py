@@ -10,6 +10,7 @@ import pytest
 from protocol.actions import ChatInputAnswerChanged, ChatInputCompleted, ChatTurnStarted
 from protocol.chat import ChatState, InputAnswer, InputRequest, TextQuestion, TextValue
 from protocol.session import SessionState
+from reducers.chat import select_input_settlement
 from server.client import HuddleClient
 from tests.conftest import UNIT, user_message
 from tests.redis_server import RedisServer
@@ -26,7 +27,7 @@ FORM = InputRequest(
 
 @pytest.fixture
 async def two_servers(redis_server: RedisServer) -> AsyncIterator[tuple[Served, Served]]:
-    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": redis_server.url}
+    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": redis_server.url, "HUDDLE_AGENT": "none"}
     first = await start(env=env)
     second = await start(env=env)
     try:
@@ -72,12 +73,14 @@ async def test_clients_on_two_processes_co_edit_one_request(
             message=user_message("Nobody can log in"),
         ),
     )
+    agent_chat = await agent.subscribe(chat)
+    async with asyncio.timeout(5 * UNIT):
+        await agent_chat.wait_for(lambda s: isinstance(s, ChatState) and s.active_turn is not None)
     asking = asyncio.create_task(agent.request_input(chat, FORM))
     async with asyncio.timeout(5 * UNIT):
         await bob_chat.wait_for(
             lambda s: (
-                isinstance(s, ChatState)
-                and bool(s.active_turn and len(s.active_turn.response_parts) == 1)
+                isinstance(s, ChatState) and select_input_settlement(s, "details").status == "open"
             )
         )
     for n in range(10):

@@ -1,18 +1,17 @@
 """Huddle's language-neutral reducer fixtures, one test per file.
 
 Every ``*.json`` in ``tests/fixtures/reducers/`` runs through
-:func:`reducers.fixtures.run_directory`, the same runner the command line
+:func:`reducers.fixtures.run_fixtures`, the same runner the command line
 uses; the web client's JavaScript reducers run the same files. The runner's
-own failure paths are tested at the bottom with fixtures written on the fly.
+own failure paths are tested at the bottom with fixtures written on the fly
+(its command line in ``test_ahp_fixture_runner.py``).
 """
 
 from __future__ import annotations
 
 import json
-import runpy
-import sys
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import pytest
@@ -23,22 +22,22 @@ from protocol.actions import (
     SESSION_ACTIONS,
     Action,
 )
-from reducers.fixtures import AHP_FIXTURE_NOW_MS, Outcome, main, run_directory, run_fixture
+from reducers.fixtures import AHP_FIXTURE_NOW_MS, Outcome, Report, run_fixture, run_fixtures
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reducers"
 FIXTURE_FILES = sorted(FIXTURES.glob("*.json"))
 
 
-@cache
-def outcomes_by_name() -> dict[str, Outcome]:
-    """Every fixture's outcome, by file name; the directory runs once."""
-    outcomes, _skipped = run_directory(FIXTURES, AHP_FIXTURE_NOW_MS)
-    return {outcome.path.name: outcome for outcome in outcomes}
-
-
 def load(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return data
+
+
+@cache
+def outcomes_by_name() -> dict[str, Outcome]:
+    """Every fixture's outcome, by file name; the directory runs once."""
+    report = run_fixtures([(path, load(path)) for path in FIXTURE_FILES], AHP_FIXTURE_NOW_MS)
+    return {outcome.path.name: outcome for outcome in report.outcomes}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for p in FIXTURE_FILES])
@@ -99,7 +98,7 @@ def fixture(**fields: Any) -> dict[str, Any]:
 
 
 def run(data: dict[str, Any]) -> str | None:
-    return run_fixture(Path("on-the-fly.json"), data, AHP_FIXTURE_NOW_MS).error
+    return run_fixture(PurePath("on-the-fly.json"), data, AHP_FIXTURE_NOW_MS).error
 
 
 def test_runner_reports_an_initial_state_that_does_not_decode() -> None:
@@ -160,22 +159,27 @@ def test_runner_reports_an_expected_rejection_that_did_not_happen() -> None:
     assert error == "action 0: expected rejection 'no-active-turn', got None"
 
 
-def test_runner_command_refuses_a_path_that_is_not_a_directory(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(tmp_path / "missing")])
-    assert exit_info.value.code == 2
+def test_runner_skips_what_is_not_a_fixture_of_a_reducer_it_implements() -> None:
+    files: list[tuple[PurePath, object]] = [
+        (PurePath("list.json"), [1, 2]),
+        (PurePath("partial.json"), {"description": "no reducer"}),
+        (PurePath("terminal.json"), fixture(reducer="terminal")),
+        (PurePath("chat.json"), fixture()),
+    ]
+    report = run_fixtures(files, AHP_FIXTURE_NOW_MS)
+    assert [o.path.name for o in report.outcomes] == ["chat.json"]
+    assert report.skipped == 3
 
 
-@pytest.mark.filterwarnings("ignore:'reducers.fixtures' found in sys.modules:RuntimeWarning")
-def test_runner_runs_as_a_module(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    (tmp_path / "one.json").write_text(json.dumps(fixture()), encoding="utf-8")
-    monkeypatch.setattr(sys, "argv", ["reducers.fixtures", str(tmp_path)])
-    with pytest.raises(SystemExit) as exit_info:
-        runpy.run_module("reducers.fixtures", run_name="__main__")
-    assert exit_info.value.code == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "1 passed, 0 failed"
+def test_report_lists_each_failure_then_the_skipped_then_the_counts() -> None:
+    passed = Outcome(PurePath("a.json"), "fine", None)
+    failed = Outcome(PurePath("dir/b.json"), "wrong title", "state differs")
+    assert Report((passed, failed), 2).lines() == [
+        "FAIL b.json: wrong title\n  state differs",
+        "2 skipped (not a fixture, or a reducer Huddle does not implement)",
+        "1 passed, 1 failed",
+    ]
+    assert Report((passed,), 0).lines() == ["1 passed, 0 failed"]
 
 
 # ─── Where the session reducer still differs from AHP ────────────────────────

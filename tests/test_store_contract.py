@@ -1,4 +1,5 @@
-"""Every store honours the ChannelStore contract: memory and Redis alike."""
+"""Every store honours the ChannelStore contract: memory, Redis and Redis
+Cluster alike."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from server.store.base import ChannelStore, Listener
 from server.store.memory import MemoryStore
 from server.store.redis import RedisStore
 from tests.conftest import UNIT
-from tests.redis_server import running_redis
+from tests.redis_server import running_redis, shared_cluster
 
 CHAT = "ahp-chat:/contract"
 
@@ -43,15 +44,25 @@ class Heard(Listener):
                 await self.changed.wait()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.redis),
+    ]
+)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[ChannelStore]:
     async with contextlib.AsyncExitStack() as stack:
         made: ChannelStore
         if request.param == "memory":
             made = MemoryStore(retention=3)
-        else:
+        elif request.param == "redis":
             server = await stack.enter_async_context(running_redis(10 * UNIT))
             made = RedisStore(server.url, retention=3)
+        else:
+            cluster = shared_cluster(10 * UNIT)
+            cluster.flush()
+            made = RedisStore(cluster.url(), retention=3)
         try:
             yield made
         finally:
@@ -148,12 +159,20 @@ async def test_records_are_set_read_listed_and_deleted(store: ChannelStore) -> N
     assert await store.records("other") == {}
 
 
+async def test_a_claim_is_held_by_one_owner_until_it_expires(store: ChannelStore) -> None:
+    assert await store.claim("client:web-1", "token-a", 60) is None
+    assert await store.claim("client:web-1", "token-a", 60) is None  # renewed
+    assert await store.claim("client:web-1", "token-b", 60) == "token-a"
+    assert await store.claim("client:web-2", "token-b", 0.05) is None
+    await asyncio.sleep(0.2)  # the time it takes a claim to lapse
+    assert await store.claim("client:web-2", "token-a", 60) is None
+
+
 async def test_listeners_hear_appends_and_notices(store: ChannelStore) -> None:
     heard = Heard()
     remove = store.add_listener(heard)
-    if isinstance(store, RedisStore):
-        async with asyncio.timeout(2 * UNIT):
-            await store.connected.wait()
+    await store.watch(CHAT)
+    await store.watch("ahp-root://")
     await store.create(CHAT, b"{}")
     await store.append(CHAT, 0, b"entry")
     await store.publish("ahp-root://", b"notice")

@@ -1,4 +1,5 @@
-"""Every turn store honours the TurnStore contract: memory and Redis alike.
+"""Every turn store honours the TurnStore contract: memory, Redis and Redis
+Cluster alike.
 
 Times are the callers' own (``now`` is a plain number here): a store keeps
 no clock, so a lease "expires" when a claim says it is later than its end.
@@ -24,20 +25,30 @@ from server.runner.store import (
 )
 from server.runner.turn import ModelMessage, Turn, TurnStatus
 from tests.conftest import UNIT
-from tests.redis_server import RedisServer, running_redis
+from tests.redis_server import RedisServer, running_redis, shared_cluster
 
 LEASE = 10.0
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.redis),
+    ]
+)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[TurnStore]:
     async with contextlib.AsyncExitStack() as stack:
         made: TurnStore
         if request.param == "memory":
             made = MemoryTurnStore()
-        else:
+        elif request.param == "redis":
             server = await stack.enter_async_context(running_redis(10 * UNIT))
             made = RedisTurnStore(server.url)
+        else:
+            cluster = shared_cluster(10 * UNIT)
+            cluster.flush()
+            made = RedisTurnStore(cluster.url())
         try:
             yield made
         finally:

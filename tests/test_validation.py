@@ -25,38 +25,25 @@ import msgspec
 import pytest
 
 from protocol.actions import (
-    ChatDraftChanged,
     ChatInputCompleted,
-    ChatToolCallComplete,
-    ChatToolCallContentChanged,
-    ChatTurnComplete,
     StateAction,
 )
 from protocol.chat import (
-    ActiveTurn,
     ChatState,
-    ClientContributor,
     InputAnswer,
     InputQuestion,
     InputRequest,
     InputRequestPart,
-    Message,
-    MessageOrigin,
-    ResponsePart,
     ToolCallPart,
     ToolCallPendingConfirmation,
-    ToolCallResult,
-    ToolCallRunning,
 )
-from protocol.codec import convert_state, state_to_builtins
+from protocol.codec import convert_state, to_builtins
 from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
-from reducers.chat import reduce_chat, select_latest_input_part
 from reducers.fixtures import AHP_FIXTURE_NOW_MS, run_fixture, strip_nulls
 from reducers.validation import (
     VALIDATION_CODES,
     answer_problem,
-    client_action_problem,
     reject_reason,
 )
 
@@ -164,7 +151,7 @@ def test_shared_case(case: Case) -> None:
         got = reject_reason(state, action)
         # Read back after the check: the rule left both as they were (the
         # host keeps this state when it rejects), and the decode lost nothing.
-        assert state_to_builtins(state) == strip_nulls(case.state)
+        assert to_builtins(state) == strip_nulls(case.state)
         assert msgspec.to_builtins(action) == strip_nulls(raw["action"])
         carriers = [case.state, raw["action"]]
     else:
@@ -283,76 +270,6 @@ def test_form_check_sees_the_request_and_the_overlaid_answers() -> None:
 def test_form_check_is_not_consulted_unless_accepting() -> None:
     state, action = decoded(SHARED["decline-needs-no-answers"])
     assert reject_reason(state, action, form_check=refuse_everything) is None
-
-
-# ─── Python only: which tool calls a client may complete ─────────────────────
-# client_action_problem is the server's authorisation; the browser has no port.
-
-MESSAGE = Message(text="hi", origin=MessageOrigin(kind="user"))
-
-
-def chat(*parts: ResponsePart) -> ChatState:
-    active = ActiveTurn(
-        id="turn-1", started_at="1970-01-01T00:00:01.000Z", message=MESSAGE, response_parts=[*parts]
-    )
-    return ChatState(
-        resource="ahp-chat:/c",
-        title="t",
-        status=8,
-        modified_at="1970-01-01T00:00:01.000Z",
-        turns=[],
-        active_turn=active,
-    )
-
-
-def _chat_with_call(contributor: ClientContributor | None) -> ChatState:
-    call = ToolCallRunning(
-        tool_call_id="call-1",
-        tool_name="open_browser",
-        display_name="Open browser",
-        invocation_message="Open it",
-        confirmed="not-needed",
-        contributor=contributor,
-    )
-    return chat(ToolCallPart(tool_call=call))
-
-
-@pytest.mark.parametrize(
-    ("contributor", "client_id", "allowed"),
-    [
-        pytest.param(ClientContributor(client_id="laptop"), "laptop", True, id="its-own-call"),
-        pytest.param(ClientContributor(client_id="laptop"), "phone", False, id="another-clients"),
-        pytest.param(None, "laptop", False, id="the-agents-call"),
-    ],
-)
-def test_a_client_completes_only_the_tool_calls_it_executes(
-    contributor: ClientContributor | None, client_id: str, allowed: bool
-) -> None:
-    result = ToolCallResult(success=True, past_tense_message="Opened")
-    actions: list[StateAction] = [
-        ChatToolCallComplete(turn_id="turn-1", tool_call_id="call-1", result=result),
-        ChatToolCallContentChanged(turn_id="turn-1", tool_call_id="call-1", content=[]),
-    ]
-    forbidden = Rejection(
-        RejectionCode.FORBIDDEN,
-        "tool call 'call-1' is not executed by this client, so it may not complete or update it",
-    )
-    for action in actions:
-        problem = client_action_problem(_chat_with_call(contributor), action, client_id)
-        assert problem == (None if allowed else forbidden)
-
-
-def test_other_actions_need_no_tool_call_ownership() -> None:
-    assert client_action_problem(chat(), ChatDraftChanged(), "laptop") is None
-
-
-def test_the_latest_input_part_is_found_open_or_resolved_in_any_turn() -> None:
-    open_part = InputRequestPart(request=InputRequest(id="form"))
-    assert select_latest_input_part(chat(open_part), "form") == open_part
-    assert select_latest_input_part(chat(open_part), "other") is None
-    done = InputRequestPart(request=InputRequest(id="form"), response="accept")
-    finished = reduce_chat(chat(done), ChatTurnComplete(turn_id="turn-1", duration=1), 0)
-    assert select_latest_input_part(finished, "form") == done
 
 
 # ─── The validate-* reducer fixtures ─────────────────────────────────────────

@@ -144,7 +144,13 @@ function inputRequestedReason(chat, action) {
 
 function turnStartedReason(/** @type {Json} */ chat, /** @type {Json} */ action) {
   const active = chat.activeTurn;
-  if (active == null) return null;
+  if (active == null) {
+    if (!chat.turns.some((/** @type {Json} */ turn) => turn.id === action.turnId)) return null;
+    return reason(
+      'turn-id-reused',
+      `turn '${action.turnId}' already ran in this chat; a new turn needs a new id`,
+    );
+  }
   return reason(
     'turn-in-progress',
     `turn '${active.id}' is still active; turn '${action.turnId}' can start once it ends`,
@@ -196,6 +202,25 @@ function notPendingReason(chat, action, call, wanted) {
   return reason('tool-call-not-pending', why);
 }
 
+/** How deeply JSON may nest (the server's protocol.codec.MAX_DEPTH). */
+const MAX_DEPTH = 64;
+
+/**
+ * Whether JSON text nests arrays and objects deeper than MAX_DEPTH
+ * (brackets inside strings do not count), as the server decides it.
+ * @param {string} text
+ */
+function nestedTooDeep(text) {
+  let brackets = text.replace(/"(?:[^"\\]|\\.)*"/g, '').replace(/[^[\]{}]+/g, '');
+  if (brackets.length <= MAX_DEPTH) return false;
+  for (let i = 0; i < MAX_DEPTH; i += 1) {
+    const shorter = brackets.replace(/\[\]|\{\}/g, '');
+    if (shorter === brackets || shorter === '') return false;
+    brackets = shorter;
+  }
+  return true;
+}
+
 /** A string or number token of valid JSON text (strings first, so none is read inside one). */
 const JSON_TOKEN = /"(?:[^"\\]|\\.)*"|-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?/g;
 const LONE_SURROGATE = /\p{Cs}/u;
@@ -239,6 +264,12 @@ function toolCallConfirmedReason(/** @type {Json} */ chat, /** @type {Json} */ a
   const edited = action.editedToolInput;
   if (edited == null) return null;
   if (call.editable !== true) return reason('not-editable', `the input of ${name} is not editable`);
+  if (nestedTooDeep(edited)) {
+    return reason(
+      'invalid-tool-input',
+      `the edited input of ${name} nests deeper than ${MAX_DEPTH} levels`,
+    );
+  }
   const parsed = parseJson(edited);
   if (!parsed.ok) {
     return reason('invalid-tool-input', `the edited input of ${name} is not valid JSON`);

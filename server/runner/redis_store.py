@@ -1,4 +1,5 @@
-"""The Redis turn store: durable turns shared by every server and worker.
+"""The Redis turn store: durable turns shared by every server and worker,
+on one Redis or a Redis Cluster (``server.store.redis_link`` has the URLs).
 
 Keys, all under one hash tag (the prefix, ``{huddle:turn}`` by default)::
 
@@ -38,7 +39,11 @@ scripts stay atomic on a cluster (they build the keys they discover from
 the prefix, which Redis allows within the slot of their declared keys), at
 the price that the whole turn store lives on one shard. Turns are written a
 few times per model or tool step, far less often than chat channels, whose
-keys are tagged per channel and spread over the cluster.
+keys are tagged per channel and spread over the cluster. Since every key
+is in one slot, no step of this store spans slots; a failover of that
+shard's primary makes the store unavailable until its replica is promoted,
+and then it carries on by itself (the slot map is read again after a
+failure).
 
 Waking: ``make_runnable`` pushes a token on ``wake`` (keeping at most
 ``WAKE_TOKENS``) and ``wait_for_work`` pops one with BLPOP, on a client of
@@ -58,7 +63,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
@@ -66,7 +70,7 @@ import msgspec
 from server.runner.errors import Fenced, TurnExists, TurnNotFound, VersionConflict
 from server.runner.store import Lease, TurnStore
 from server.runner.turn import Turn, TurnStatus
-from server.store.redis_link import UNAVAILABLE, Scripts, call, clients
+from server.store.redis_link import UNAVAILABLE, RedisLink, Script
 
 log = logging.getLogger("huddle.runner.redis_store")
 
@@ -178,13 +182,18 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
 """
 
+_CREATE, _SAVE, _REQUEST_CANCEL = Script(CREATE), Script(SAVE), Script(REQUEST_CANCEL)
+_MAKE_RUNNABLE, _CLAIM = Script(MAKE_RUNNABLE), Script(CLAIM)
+_RENEW, _RELEASE = Script(RENEW), Script(RELEASE)
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Turn)
 
 
 class RedisTurnStore(TurnStore):
-    """See the module docstring. ``url`` is a redis:// or unix:// URL;
-    ``timeout`` bounds every call but the blocking wait."""
+    """See the module docstring. ``url`` is a store URL of
+    ``server.store.redis_link`` (one Redis or a cluster); ``timeout`` bounds
+    every call but the blocking wait."""
 
     def __init__(self, url: str, *, prefix: str = "huddle:turn", timeout: float = 2.0) -> None:
         self.url = url
@@ -196,22 +205,14 @@ class RedisTurnStore(TurnStore):
         self._leases = f"{tag}:leases"
         self._wake = f"{tag}:wake"
         self._tokens = f"{tag}:tokens"
-        self.client, self._blocking = clients(url, timeout)
-        self._scripts = Scripts(self.client)
+        self.link = RedisLink(url, timeout)
+        self.client = self.link.client
 
     def _turn_key(self, turn_id: str) -> str:
         return self._turn_prefix + turn_id
 
     def _status_key(self, status: TurnStatus) -> str:
         return self._status_prefix + status.value
-
-    # ─── Calls ───────────────────────────────────────────────────────────
-
-    async def _script(self, name: str, source: str, keys: list[str], args: list[Any]) -> Any:
-        return await self._scripts.run(name, source, keys, args)
-
-    async def _call(self, coro: Awaitable[Any]) -> Any:
-        return await call(coro)
 
     # ─── Turns ───────────────────────────────────────────────────────────
 
@@ -220,14 +221,15 @@ class RedisTurnStore(TurnStore):
         payload = _encoder.encode(created)
         keys = [self._turn_key(turn.id), self._status_key(turn.status)]
         args = [payload, turn.status.value, turn.phase.value, turn.id]
-        if not await self._script("create", CREATE, keys, args):
+        if not await self.link.run(_CREATE, keys, args):
             raise TurnExists(turn.id)
         return _decoder.decode(payload)
 
     async def load(self, turn_id: str) -> Turn:
-        payload, version, cancel = await self._call(
+        held: list[Any] = await self.link.call(
             self.client.hmget(self._turn_key(turn_id), "payload", "version", "cancel")
         )
+        payload, version, cancel = held
         if payload is None:
             raise TurnNotFound(turn_id)
         turn = _decoder.decode(payload)
@@ -247,7 +249,7 @@ class RedisTurnStore(TurnStore):
             turn.status.value,
             turn.phase.value,
         ]
-        out = await self._script("save", SAVE, [self._turn_key(turn.id)], args)
+        out = await self.link.run(_SAVE, [self._turn_key(turn.id)], args)
         if not out:
             raise TurnNotFound(turn.id)
         if int(out[0]) == 0:
@@ -260,20 +262,18 @@ class RedisTurnStore(TurnStore):
         return result
 
     async def request_cancel(self, turn_id: str) -> None:
-        if not await self._script("request_cancel", REQUEST_CANCEL, [self._turn_key(turn_id)], []):
+        if not await self.link.run(_REQUEST_CANCEL, [self._turn_key(turn_id)], []):
             raise TurnNotFound(turn_id)
 
     async def by_status(self, status: TurnStatus) -> list[str]:
-        members: set[bytes] = await self._call(self.client.smembers(self._status_key(status)))
+        members: set[Any] = await self.link.call(self.client.smembers(self._status_key(status)))
         return sorted(member.decode() for member in members)
 
     # ─── Runnable turns and leases ───────────────────────────────────────
 
     async def make_runnable(self, turn_id: str, due_at: float) -> None:
         keys = [self._turn_key(turn_id), self._runnable, self._wake]
-        if not await self._script(
-            "make_runnable", MAKE_RUNNABLE, keys, [turn_id, due_at, WAKE_TOKENS]
-        ):
+        if not await self.link.run(_MAKE_RUNNABLE, keys, [turn_id, due_at, WAKE_TOKENS]):
             raise TurnNotFound(turn_id)
 
     async def claim(
@@ -282,7 +282,7 @@ class RedisTurnStore(TurnStore):
         until = now + lease_seconds
         args = [self._turn_prefix, owner, now, until, turn_id or ""]
         keys = [self._runnable, self._leases, self._tokens]
-        out = await self._script("claim", CLAIM, keys, args)
+        out = await self.link.run(_CLAIM, keys, args)
         if out is None:
             return None
         claimed, token = out
@@ -291,13 +291,13 @@ class RedisTurnStore(TurnStore):
     async def renew(self, lease: Lease, now: float, lease_seconds: float) -> Lease | None:
         until = now + lease_seconds
         keys = [self._turn_key(lease.turn_id), self._leases]
-        if not await self._script("renew", RENEW, keys, [lease.turn_id, lease.token, until]):
+        if not await self.link.run(_RENEW, keys, [lease.turn_id, lease.token, until]):
             return None
         return Lease(lease.turn_id, lease.owner, lease.token, until)
 
     async def release(self, lease: Lease) -> None:
         keys = [self._turn_key(lease.turn_id), self._leases]
-        await self._script("release", RELEASE, keys, [lease.turn_id, lease.token])
+        await self.link.run(_RELEASE, keys, [lease.turn_id, lease.token])
 
     async def wait_for_work(self, at_most: float) -> None:
         if at_most <= 0:
@@ -308,11 +308,10 @@ class RedisTurnStore(TurnStore):
             # The blocking client has no socket timeout; this bounds a Redis
             # that accepts the command and then stalls.
             async with asyncio.timeout(at_most + self.timeout):
-                await self._blocking.blpop([self._wake], timeout=at_most)
+                await self.link.blocking.blpop([self._wake], timeout=at_most)
         except (*UNAVAILABLE, TimeoutError) as error:
             log.info("cannot wait for work on redis (%s); waiting out %.1fs", error, at_most)
             await asyncio.sleep(max(0.0, deadline - loop.time()))
 
     async def close(self) -> None:
-        await self.client.aclose()
-        await self._blocking.aclose()
+        await self.link.close()

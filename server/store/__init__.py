@@ -2,12 +2,56 @@
 
 :class:`ChannelStore` is the contract; :class:`MemoryStore` is the embedded
 default and the Redis store (``server.store.redis``) implements the same
-contract for durable, multi-process deployments.
+contract for durable, multi-process deployments, on one Redis or a Redis
+Cluster. :func:`open_channel_store` and :func:`open_turn_store` open the
+store a ``--store`` value names.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from server.store.base import ChannelStore, Listener, StoredChannel
 from server.store.memory import MemoryStore
 
-__all__ = ["ChannelStore", "Listener", "MemoryStore", "StoredChannel"]
+if TYPE_CHECKING:
+    from server.runner.store import TurnStore
+
+__all__ = [
+    "ChannelStore",
+    "Listener",
+    "MemoryStore",
+    "StoredChannel",
+    "open_channel_store",
+    "open_turn_store",
+]
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+"""The URLs of the Redis stores (see ``server.store.redis_link``)."""
+
+
+def open_channel_store(url: str, *, retention: int = 1000) -> ChannelStore:
+    """The channel store ``url`` names: ``memory``, a Redis URL or a Redis
+    Cluster URL (``redis+cluster://host:port[,host:port...]``); ValueError
+    for anything else. ``retention`` is the replay window per channel."""
+    if url == "memory":
+        return MemoryStore(retention=retention)
+    if url.startswith(REDIS_SCHEMES):
+        from server.store.redis import RedisStore
+
+        return RedisStore(url, retention=retention)
+    raise ValueError(f"unknown store {url!r} (use memory, redis://... or redis+cluster://...)")
+
+
+def open_turn_store(url: str) -> TurnStore:
+    """The turn store that goes with the channel store of ``url``."""
+    # Imported here: the runner sits above the store and imports from it.
+    if url == "memory":
+        from server.runner.store import MemoryTurnStore
+
+        return MemoryTurnStore()
+    if url.startswith(REDIS_SCHEMES):
+        from server.runner.redis_store import RedisTurnStore
+
+        return RedisTurnStore(url)
+    raise ValueError(f"unknown store {url!r} (use memory, redis://... or redis+cluster://...)")

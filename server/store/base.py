@@ -13,8 +13,12 @@ channel's actions even when many processes write.
 that seqs from before are meaningless and a fresh snapshot is needed.
 
 Other processes' appends reach a process through the listener it registers:
-a hint to read, never the truth (the log is). Notices are ephemeral
-messages between processes (root notifications), not logged.
+a hint to read, never the truth (the log is), and only for the channels the
+process watches (``watch``), so that a process pays for the channels it
+serves and not for the others. Notices are ephemeral messages between
+processes (root notifications), not logged, heard by the processes that
+watch their topic. A store may deliver more than was watched (the memory
+store delivers everything), never less.
 """
 
 from __future__ import annotations
@@ -162,12 +166,31 @@ class ChannelStore(ABC):
         """Every record of ``kind`` by key."""
 
     @abstractmethod
+    async def claim(self, key: str, owner: str, ttl: float) -> str | None:
+        """Claim ``key`` for ``owner`` for ``ttl`` seconds, atomically across
+        processes: None when it is ``owner``'s now (it was free, expired, or
+        already ``owner``'s; the claim is renewed), else the owner that holds
+        it. Claims expire by themselves, so they stay bounded."""
+
+    @abstractmethod
     async def publish(self, topic: str, payload: bytes) -> None:
-        """Send a notice to every process's listener (this one's included)."""
+        """Send a notice to the listeners of every process that watches
+        ``topic`` (this one's included)."""
 
     @abstractmethod
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Register ``listener``; returns a function that removes it."""
+
+    @abstractmethod
+    async def watch(self, channel: str) -> None:
+        """From when this returns, this process's listeners hear the appends
+        to ``channel`` and the notices on topic ``channel`` (call it before
+        loading a channel to serve it, so that no append falls between the
+        load and the first hint). Idempotent. Raises StoreUnavailable."""
+
+    @abstractmethod
+    async def unwatch(self, channel: str) -> None:
+        """Stop hearing ``channel`` (no error if it was not watched)."""
 
     @abstractmethod
     async def ready(self) -> bool:

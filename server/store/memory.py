@@ -1,14 +1,17 @@
 """The embedded store: everything in this process's memory.
 
-It keeps the last ``retention`` envelopes of each channel for replay, and
-never drops one newer than the channel's latest snapshot, so that a channel
-can always be loaded. Listeners hear every append and notice, so several
-hosts in one process (as tests run them) behave like several processes.
+It keeps the last ``retention`` envelopes of each channel for replay (at
+most ``retention_bytes`` of them), and never drops one newer than the
+channel's latest snapshot, so that a channel
+can always be loaded. Listeners hear every append and notice, watched or
+not, so several hosts in one process (as tests run them) behave like
+several processes.
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ class _Channel:
     snapshot_seq: int
     snapshot: bytes
     log: deque[bytes] = field(default_factory=deque)  # seqs seq-len(log)+1 .. seq
+    log_bytes: int = 0
 
     @property
     def first_seq(self) -> int:
@@ -31,11 +35,15 @@ class _Channel:
 
 
 class MemoryStore(ChannelStore):
-    def __init__(self, retention: int = 1000) -> None:
+    def __init__(self, retention: int = 1000, retention_bytes: int = 8 << 20) -> None:
         self.retention = retention
+        self.retention_bytes = retention_bytes
         self._channels: dict[str, _Channel] = {}
         self._records: dict[str, dict[str, bytes]] = {}
         self._listeners: list[Listener] = []
+        self._claims: dict[str, tuple[str, float]] = {}
+        self._claims_seen = 1024
+        """Expired claims are swept when the map doubles past this."""
 
     def _get(self, channel: str) -> _Channel:
         found = self._channels.get(channel)
@@ -67,14 +75,18 @@ class MemoryStore(ChannelStore):
             raise SeqConflict(channel, expected_seq, ch.seq)
         ch.seq += 1
         ch.log.append(envelope)
+        ch.log_bytes += len(envelope)
         self._trim(ch)
         for listener in list(self._listeners):
             listener.envelope_appended(channel, ch.seq, envelope)
 
     def _trim(self, ch: _Channel) -> None:
-        # Keep `retention` envelopes, and always everything after the snapshot.
-        while len(ch.log) > self.retention and ch.first_seq <= ch.snapshot_seq:
-            ch.log.popleft()
+        # Keep `retention` envelopes and `retention_bytes`, and always
+        # everything after the snapshot.
+        while (
+            len(ch.log) > self.retention or ch.log_bytes > self.retention_bytes
+        ) and ch.first_seq <= ch.snapshot_seq:
+            ch.log_bytes -= len(ch.log.popleft())
 
     async def read_log(self, channel: str, after_seq: int, epoch: str) -> list[bytes] | None:
         ch = self._get(channel)
@@ -88,6 +100,7 @@ class MemoryStore(ChannelStore):
             return None
         ch.epoch, ch.seq, ch.snapshot_seq, ch.snapshot = secrets.token_hex(8), seq, seq, state
         ch.log.clear()
+        ch.log_bytes = 0
         return ch.epoch
 
     async def heads(self, channels: list[str]) -> dict[str, tuple[str, int]]:
@@ -114,6 +127,17 @@ class MemoryStore(ChannelStore):
     async def records(self, kind: str) -> dict[str, bytes]:
         return dict(self._records.get(kind, {}))
 
+    async def claim(self, key: str, owner: str, ttl: float) -> str | None:
+        now = time.monotonic()
+        held = self._claims.get(key)
+        if held is not None and held[1] > now and held[0] != owner:
+            return held[0]
+        self._claims[key] = (owner, now + ttl)
+        if len(self._claims) > 2 * self._claims_seen:
+            self._claims = {k: v for k, v in self._claims.items() if v[1] > now}
+            self._claims_seen = max(1024, len(self._claims))
+        return None
+
     async def publish(self, topic: str, payload: bytes) -> None:
         for listener in list(self._listeners):
             listener.notice(topic, payload)
@@ -126,6 +150,12 @@ class MemoryStore(ChannelStore):
                 self._listeners.remove(listener)
 
         return remove
+
+    async def watch(self, channel: str) -> None:
+        return None  # every listener hears everything
+
+    async def unwatch(self, channel: str) -> None:
+        return None
 
     async def ready(self) -> bool:
         return True

@@ -1,23 +1,41 @@
-"""The Redis store: durable channels shared by many server processes.
+"""The Redis store: durable channels shared by many server processes, on
+one Redis or a Redis Cluster (see ``server.store.redis_link`` for the URLs).
 
-Keys, hash-tagged by channel so that one channel's keys share a Redis Cluster
-slot (``{ahp-chat:/abc}``)::
+Keys, hash-tagged by channel so that one channel's keys, and its topic,
+share a cluster slot (``{ahp-chat:/abc}``)::
 
     huddle:{<uri>}:meta   hash    seq, epoch (the head and the log's life)
     huddle:{<uri>}:log    stream  one entry per seq, id "<seq>-0", field e
     huddle:{<uri>}:snap   hash    seq, state (JSON), written every K actions
+    huddle:{<uri>}:news   topic   sharded pub/sub: "a<seq>\n<entry>" for an
+                                  append, "n<payload>" for a notice
     huddle:rec:<kind>     hash    small records by key (sessions, forms, ...)
 
 One Lua script appends: it compares the caller's expected seq with the head,
-increments it, adds the entry and publishes it on ``huddle:appends``, all
-atomically. Concurrent appends are group-committed: whatever accumulated
-while one pipeline was in flight goes out in the next, so a process is not
-capped at one round trip per action.
+increments it, adds the entry and publishes it on the channel's topic with
+``SPUBLISH``, all atomically. Concurrent appends are group-committed:
+whatever accumulated while one pipeline was in flight goes out in the next
+(one pipeline per node on a cluster), so a process is not capped at one
+round trip per action.
 
 Pub/sub only wakes other processes (it may drop messages); the log is the
-truth, and hosts compare heads now and then. Trimming keeps ``retention``
-entries and never one newer than the snapshot, so a snapshot always covers
-what was trimmed.
+truth, and hosts compare heads now and then. A process hears the topics it
+watches (:meth:`RedisStore.watch`) and nothing else: each is subscribed
+with ``SSUBSCRIBE`` on the node that holds the channel (``redis_topics``),
+so on a cluster a node's pub/sub traffic stays on that node. Sharded
+pub/sub works the same on a single Redis (7.0 or later). Notices are
+published on the topic of their ``topic`` (root notices on the root
+channel's), and heard by the processes that watch it.
+
+Redis Cluster: every script touches the keys of one channel, in one slot.
+The steps that span channels are not atomic and need not be: ``heads``
+reads each channel's head on its own (one pipeline per node) and the host
+compares each with its own cache; the group commit sends each append on
+its own; a record kind is one hash, one key per call, so it lives on one
+node. Nothing needs two slots at one instant.
+
+Trimming keeps ``retention`` entries and never one newer than the snapshot,
+so a snapshot always covers what was trimmed.
 
 A lost log is repaired when a load finds it, and the epoch changes:
 
@@ -37,8 +55,9 @@ handed out again. Run Redis with ``maxmemory-policy noeviction`` so that
 keys are never dropped one by one.
 
 Redis down: every call fails fast with StoreUnavailable (no retries inside,
-short timeouts); the pub/sub listener reconnects by itself and, when it does,
-tells listeners to compare heads.
+short timeouts); the subscriptions come back by themselves (on a cluster,
+on the node that serves each topic after a failover) and, when they do,
+listeners are told to compare heads.
 """
 
 from __future__ import annotations
@@ -47,27 +66,19 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import (
-    NoScriptError,
-    RedisError,
-    ResponseError,
-)
-
 from server.errors import ChannelGone, SeqConflict, StoreError, StoreUnavailable
 from server.store.base import ChannelStore, Listener, StoredChannel
-from server.store.redis_link import UNAVAILABLE, Scripts, call, clients
+from server.store.redis_link import RedisLink, Script
+from server.store.redis_topics import Topics
 
 log = logging.getLogger("huddle.store.redis")
 
-APPENDS = "huddle:appends"
-NOTICES = "huddle:notices"
 
-
-# KEYS: meta, log.  ARGV: expected seq, entry, channel uri.
+# KEYS: meta, log.  ARGV: expected seq, entry, the channel's topic.
 # Returns {1, seq} on success, {0, head} on a conflict, {-1} when gone.
 # XADD goes first: a script that fails keeps its earlier writes, and a
 # stream that refuses the id must not leave the head moved without an entry.
@@ -79,7 +90,7 @@ if head ~= tonumber(ARGV[1]) then return {0, head} end
 head = head + 1
 redis.call('XADD', KEYS[2], head .. '-0', 'e', ARGV[2])
 redis.call('HSET', KEYS[1], 'seq', head)
-redis.call('PUBLISH', 'huddle:appends', ARGV[3] .. '\\n' .. head .. '\\n' .. ARGV[2])
+redis.call('SPUBLISH', ARGV[3], 'a' .. head .. '\\n' .. ARGV[2])
 return {1, head}
 """
 
@@ -174,9 +185,35 @@ return 1
 """
 
 
+# KEYS: the claim.  ARGV: owner, ttl (ms).  Returns nil when it is the
+# owner's now (renewed), else the owner that holds it.
+CLAIM = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then return held end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+"""
+
+_CREATE, _LOAD, _APPEND = Script(CREATE), Script(LOAD), Script(APPEND)
+_CLAIM = Script(CLAIM)
+_READ_LOG, _SNAPSHOT, _RESTORE = Script(READ_LOG), Script(SNAPSHOT), Script(RESTORE)
+
+
 def _keys(channel: str) -> tuple[str, str, str]:
     tag = "{" + channel + "}"
     return f"huddle:{tag}:meta", f"huddle:{tag}:log", f"huddle:{tag}:snap"
+
+
+_TOPIC_HEAD, _TOPIC_TAIL = "huddle:{", "}:news"
+
+
+def topic_of(channel: str) -> str:
+    """The sharded pub/sub channel of ``channel`` (in the channel's slot)."""
+    return _TOPIC_HEAD + channel + _TOPIC_TAIL
+
+
+def _channel_of(topic: str) -> str:
+    return topic[len(_TOPIC_HEAD) : -len(_TOPIC_TAIL)]
 
 
 @dataclass
@@ -188,7 +225,8 @@ class _Pending:
 
 
 class RedisStore(ChannelStore):
-    """See the module docstring. ``url`` is a redis:// or unix:// URL."""
+    """See the module docstring. ``url`` is a store URL of
+    ``server.store.redis_link``: one Redis or a cluster."""
 
     def __init__(
         self,
@@ -201,34 +239,23 @@ class RedisStore(ChannelStore):
         self.url = url
         self.retention = retention
         self.max_batch = max_batch
-        self.client, self._pubsub_client = clients(url, timeout)
-        self._scripts = Scripts(self.client)
-        self._shas = self._scripts.shas
+        self.link = RedisLink(url, timeout)
+        self.client = self.link.client
+        self.topics = Topics(self.link, self._deliver, self._resubscribed)
         self._listeners: list[Listener] = []
         self._pending: list[_Pending] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._subscriber: asyncio.Task[None] | None = None
-        self.connected = asyncio.Event()
-        """Set while the pub/sub listener is subscribed (tests await it)."""
-
-    # ─── Calls ───────────────────────────────────────────────────────────
-
-    async def _script(self, name: str, source: str, keys: list[str], args: list[Any]) -> Any:
-        return await self._scripts.run(name, source, keys, args)
-
-    async def _call(self, coro: Awaitable[Any]) -> Any:
-        return await call(coro)
 
     # ─── Channels ────────────────────────────────────────────────────────
 
     async def create(self, channel: str, state: bytes) -> bool:
-        created = await self._script(
-            "create", CREATE, list(_keys(channel)), [state, secrets.token_hex(8)]
-        )
+        created = await self.link.run(_CREATE, _keys(channel), [state, secrets.token_hex(8)])
         return bool(created)
 
     async def load(self, channel: str) -> StoredChannel:
-        out = await self._script("load", LOAD, list(_keys(channel)), [secrets.token_hex(8)])
+        # A repair of a lost log that is itself lost (a failover) is harmless:
+        # the next load finds the log lost again and repairs it again.
+        out = await self.link.run(_LOAD, _keys(channel), [secrets.token_hex(8)], replicate=False)
         if not out:
             raise ChannelGone(channel)
         epoch, snap_seq, state, *entries = out
@@ -250,7 +277,11 @@ class RedisStore(ChannelStore):
         while self._pending:
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             try:
-                results = await self._append_batch(batch)
+                calls = [
+                    (_keys(item.channel)[:2], (item.expected, item.entry, topic_of(item.channel)))
+                    for item in batch
+                ]
+                results = await self.link.run_batch(_APPEND, calls)
                 for item, result in zip(batch, results, strict=True):
                     _answer(item, result)
             except BaseException as error:
@@ -267,28 +298,10 @@ class RedisStore(ChannelStore):
                 if not isinstance(error, Exception):
                     raise
 
-    async def _append_batch(self, batch: list[_Pending]) -> list[Any]:
-        for attempt in range(2):
-            if "append" not in self._shas:
-                self._shas["append"] = await self._call(self.client.script_load(APPEND))
-            sha = self._shas["append"]
-            pipe = self.client.pipeline(transaction=False)
-            for item in batch:
-                meta, log_key, _ = _keys(item.channel)
-                pipe.evalsha(sha, 2, meta, log_key, item.expected, item.entry, item.channel)
-            results: list[Any] = await self._call(pipe.execute(raise_on_error=False))
-            if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
-                # Redis restarted and forgot the script: nothing ran; load and resend.
-                self._shas.pop("append", None)
-                continue
-            return [
-                StoreUnavailable(f"redis: {r}") if isinstance(r, ResponseError) else r
-                for r in results
-            ]
-        raise StoreUnavailable("redis keeps forgetting the append script")
-
     async def read_log(self, channel: str, after_seq: int, epoch: str) -> list[bytes] | None:
-        out = await self._script("read_log", READ_LOG, list(_keys(channel))[:2], [after_seq, epoch])
+        out = await self.link.run(
+            _READ_LOG, _keys(channel)[:2], [after_seq, epoch], replicate=False
+        )
         if not out:
             raise ChannelGone(channel)
         if int(out[0]) == 0:
@@ -297,14 +310,14 @@ class RedisStore(ChannelStore):
 
     async def restore(self, channel: str, seq: int, state: bytes) -> str | None:
         epoch = secrets.token_hex(8)
-        restored = await self._script("restore", RESTORE, list(_keys(channel)), [seq, state, epoch])
+        restored = await self.link.run(_RESTORE, _keys(channel), [seq, state, epoch])
         return epoch if restored else None
 
     async def heads(self, channels: list[str]) -> dict[str, tuple[str, int]]:
         pipe = self.client.pipeline(transaction=False)
         for channel in channels:
             pipe.hmget(_keys(channel)[0], "epoch", "seq")
-        results = await self._call(pipe.execute())
+        results = await self.link.call(pipe.execute())
         return {
             channel: (_text(epoch), int(seq))
             for channel, (epoch, seq) in zip(channels, results, strict=True)
@@ -312,36 +325,44 @@ class RedisStore(ChannelStore):
         }
 
     async def save_snapshot(self, channel: str, seq: int, state: bytes) -> None:
-        await self._script("snapshot", SNAPSHOT, list(_keys(channel)), [seq, state, self.retention])
+        # A snapshot lost in a failover took its trimming with it: harmless.
+        args = [seq, state, self.retention]
+        await self.link.run(_SNAPSHOT, _keys(channel), args, replicate=False)
 
     async def delete(self, channel: str) -> None:
-        await self._call(self.client.delete(*_keys(channel)))
+        keys = _keys(channel)
+        await self.link.write(keys[0], lambda pipe: pipe.execute_command("DEL", *keys))
 
     # ─── Records ─────────────────────────────────────────────────────────
 
     async def put_record(self, kind: str, key: str, value: bytes) -> None:
-        await self._call(self.client.hset(f"huddle:rec:{kind}", key, value))
+        name = f"huddle:rec:{kind}"
+        await self.link.write(name, lambda pipe: pipe.hset(name, key, value))
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
-        value: bytes | None = await self._call(self.client.hget(f"huddle:rec:{kind}", key))
-        return value
+        value: Any = await self.link.call(self.client.hget(f"huddle:rec:{kind}", key))
+        return None if value is None else bytes(value)
 
     async def delete_record(self, kind: str, key: str) -> None:
-        await self._call(self.client.hdel(f"huddle:rec:{kind}", key))
+        name = f"huddle:rec:{kind}"
+        await self.link.write(name, lambda pipe: pipe.hdel(name, key))
+
+    async def claim(self, key: str, owner: str, ttl: float) -> str | None:
+        name = "huddle:claim:{" + key + "}"
+        held = await self.link.run(_CLAIM, [name], [owner, max(1, int(ttl * 1000))])
+        return None if held is None else _text(held)
 
     async def records(self, kind: str) -> dict[str, bytes]:
-        raw = await self._call(self.client.hgetall(f"huddle:rec:{kind}"))
+        raw: dict[Any, Any] = await self.link.call(self.client.hgetall(f"huddle:rec:{kind}"))
         return {_text(k): v for k, v in raw.items()}
 
     # ─── Other processes ─────────────────────────────────────────────────
 
     async def publish(self, topic: str, payload: bytes) -> None:
-        await self._call(self.client.publish(NOTICES, topic.encode() + b"\n" + payload))
+        await self.link.call(self.client.spublish(topic_of(topic), b"n" + payload))
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         self._listeners.append(listener)
-        if self._subscriber is None:
-            self._subscriber = asyncio.create_task(self._listen())
 
         def remove() -> None:
             if listener in self._listeners:
@@ -349,63 +370,39 @@ class RedisStore(ChannelStore):
 
         return remove
 
-    async def _listen(self) -> None:
-        """Stay subscribed to appends and notices, reconnecting as needed."""
-        delay = 0.05
-        while True:
-            pubsub = self._pubsub_client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(APPENDS, NOTICES)
-                self.connected.set()
-                delay = 0.05
-                for listener in list(self._listeners):
-                    listener.store_reconnected()
-                async for message in pubsub.listen():
-                    try:
-                        self._deliver(message)
-                    except Exception:
-                        # One bad message or listener must not end the
-                        # subscription for the whole process.
-                        log.exception("pub/sub message not delivered")
-            except (*UNAVAILABLE, RedisError) as error:
-                log.info("pub/sub lost (%s); retrying", error)
-            finally:
-                self.connected.clear()
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await asyncio.sleep(delay)  # backoff before resubscribing
-            delay = min(delay * 2, 1.0)
+    async def watch(self, channel: str) -> None:
+        await self.topics.watch(topic_of(channel))
 
-    def _deliver(self, message: dict[str, Any]) -> None:
-        data: bytes = message["data"]
-        channel = _text(message["channel"])
-        if channel == APPENDS:
-            uri, seq, entry = data.split(b"\n", 2)
+    async def unwatch(self, channel: str) -> None:
+        await self.topics.unwatch(topic_of(channel))
+
+    def _deliver(self, topic: str, data: bytes) -> None:
+        channel, kind, body = _channel_of(topic), data[:1], data[1:]
+        if kind == b"a":
+            seq, entry = body.split(b"\n", 1)
             for listener in list(self._listeners):
-                listener.envelope_appended(uri.decode(), int(seq), entry)
-        elif channel == NOTICES:
-            topic, payload = data.split(b"\n", 1)
+                listener.envelope_appended(channel, int(seq), entry)
+        elif kind == b"n":
             for listener in list(self._listeners):
-                listener.notice(topic.decode(), payload)
+                listener.notice(channel, body)
+        else:
+            raise ValueError(f"not an announcement on {topic}: {data[:20]!r}")
+
+    def _resubscribed(self) -> None:
+        for listener in list(self._listeners):
+            listener.store_reconnected()
 
     # ─── Health ──────────────────────────────────────────────────────────
 
     async def ready(self) -> bool:
-        try:
-            return bool(await self.client.ping())
-        except UNAVAILABLE:
-            return False
+        return await self.link.ping()
 
     async def close(self) -> None:
-        if self._subscriber is not None:
-            self._subscriber.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._subscriber
+        await self.topics.close()
         if self._flusher is not None:
             with contextlib.suppress(Exception):
                 await self._flusher
-        await self.client.aclose()
-        await self._pubsub_client.aclose()
+        await self.link.close()
 
 
 def _answer(item: _Pending, result: Any) -> None:

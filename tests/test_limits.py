@@ -1,0 +1,302 @@
+"""The limits on what an action may put into state: a table of actions that
+fit, one that are too large or too many."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.actions import (
+    ChatDelta,
+    ChatDraftChanged,
+    ChatInputAnswerChanged,
+    ChatInputCompleted,
+    ChatPendingMessageSet,
+    ChatToolCallComplete,
+    ChatToolCallConfirmed,
+    ChatToolCallContentChanged,
+    ChatToolCallDelta,
+    ChatToolCallReady,
+    ChatTurnStarted,
+    ChatWorkingDirectorySet,
+    RootConfigChanged,
+    SessionActiveClientSet,
+    SessionTitleChanged,
+    SessionWorkingDirectorySet,
+    StateAction,
+)
+from protocol.chat import (
+    ChatState,
+    InputAnswer,
+    Message,
+    MessageOrigin,
+    PendingMessage,
+    TextContent,
+    TextValue,
+    ToolCallResult,
+)
+from protocol.messages import ChannelState
+from protocol.rejections import Rejection, RejectionCode
+from protocol.session import ActiveClient, RootState, SessionState
+from protocol.status import SessionStatus
+from reducers.limits import SizeLimits, limit_problem
+
+LIMITS = SizeLimits(
+    title=10,
+    message=100,
+    answer=60,
+    tool_data=80,
+    action=300,
+    queued_messages=2,
+    active_clients=2,
+    working_directories=2,
+)
+CHAT = ChatState(
+    resource="ahp-chat:/c", title="c", status=SessionStatus.IDLE, modified_at="t", turns=[]
+)
+SESSION = SessionState(
+    provider="huddle",
+    title="s",
+    status=SessionStatus.IDLE,
+    lifecycle="ready",
+    active_clients=[],
+    chats=[],
+)
+ROOT = RootState(agents=[], active_sessions=0)
+
+
+def message(text: str) -> Message:
+    return Message(text=text, origin=MessageOrigin(kind="user"))
+
+
+def answer(text: str) -> InputAnswer:
+    return InputAnswer(state="draft", value=TextValue(value=text))
+
+
+def client(client_id: str, name: str = "") -> ActiveClient:
+    return ActiveClient(client_id=client_id, display_name=name or None, tools=[])
+
+
+def queued(*ids: str) -> ChatState:
+    pending = [PendingMessage(id=i, message=message("hi")) for i in ids]
+    return ChatState(
+        resource="ahp-chat:/c",
+        title="c",
+        status=SessionStatus.IDLE,
+        modified_at="t",
+        turns=[],
+        queued_messages=pending,
+        working_directories=["file:///a", "file:///b"],
+    )
+
+
+FULL_SESSION = SessionState(
+    provider="huddle",
+    title="s",
+    status=SessionStatus.IDLE,
+    lifecycle="ready",
+    active_clients=[client("a"), client("b")],
+    chats=[],
+    working_directories=["file:///a", "file:///b"],
+)
+RESULT = ToolCallResult(success=True, past_tense_message="Done")
+
+
+def result(text: str) -> ToolCallResult:
+    return ToolCallResult(success=True, past_tense_message="Done", content=[TextContent(text=text)])
+
+
+FITS = [
+    pytest.param(SESSION, SessionTitleChanged(title="short"), id="title"),
+    pytest.param(
+        CHAT, ChatTurnStarted(turn_id="t", started_at="t", message=message("hi")), id="message"
+    ),
+    pytest.param(CHAT, ChatDraftChanged(), id="cleared-draft"),
+    pytest.param(
+        CHAT, ChatInputAnswerChanged(request_id="r", question_id="q"), id="cleared-answer"
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallReady(turn_id="t", tool_call_id="c", invocation_message="x"),
+        id="ready-without-input",
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallConfirmed(
+            turn_id="t", tool_call_id="c", approved=True, confirmed="user-action"
+        ),
+        id="confirmed-without-edit",
+    ),
+    pytest.param(
+        queued("a", "b"),
+        ChatPendingMessageSet(kind="queued", id="a", message=message("x")),
+        id="replaces-a-queued-message",
+    ),
+    pytest.param(
+        queued("a", "b"),
+        ChatPendingMessageSet(kind="steering", id="s", message=message("x")),
+        id="steering-is-one",
+    ),
+    pytest.param(
+        FULL_SESSION,
+        SessionActiveClientSet(active_client=client("a", "Ann")),
+        id="updates-its-entry",
+    ),
+    pytest.param(
+        FULL_SESSION, SessionWorkingDirectorySet(directory="file:///a"), id="known-directory"
+    ),
+    pytest.param(ROOT, RootConfigChanged(config={"a": 1}), id="root-config"),
+]
+
+TOO_LARGE = [
+    pytest.param(
+        SESSION,
+        SessionTitleChanged(title="x" * 11),
+        "the title is 11 bytes; the limit is 10",
+        id="title",
+    ),
+    pytest.param(
+        SESSION,
+        SessionTitleChanged(title="é" * 6),
+        "the title is 12 bytes; the limit is 10",
+        id="title-in-utf8-bytes",
+    ),
+    pytest.param(
+        CHAT,
+        ChatTurnStarted(turn_id="t", started_at="t", message=message("x" * 100)),
+        "the message is 136 bytes; the limit is 100",
+        id="turn-message",
+    ),
+    pytest.param(
+        CHAT,
+        ChatPendingMessageSet(kind="queued", id="m", message=message("x" * 100)),
+        "the message is 136 bytes; the limit is 100",
+        id="pending-message",
+    ),
+    pytest.param(
+        CHAT,
+        ChatDraftChanged(draft=message("x" * 100)),
+        "the draft is 136 bytes; the limit is 100",
+        id="draft",
+    ),
+    pytest.param(
+        CHAT,
+        ChatDelta(turn_id="t", part_id="p", content="x" * 101),
+        "the delta is 101 bytes; the limit is 100",
+        id="delta",
+    ),
+    pytest.param(
+        CHAT,
+        ChatInputAnswerChanged(request_id="r", question_id="q", answer=answer("x" * 50)),
+        "the answer to 'q' is 102 bytes; the limit is 60",
+        id="answer",
+    ),
+    pytest.param(
+        CHAT,
+        ChatInputCompleted(
+            request_id="r", response="accept", answers={"ok": answer("y"), "q": answer("x" * 50)}
+        ),
+        "the answer to 'q' is 102 bytes; the limit is 60",
+        id="completion-answers",
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallReady(
+            turn_id="t", tool_call_id="c", invocation_message="x", tool_input="x" * 81
+        ),
+        "the tool input is 81 bytes; the limit is 80",
+        id="tool-input",
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallConfirmed(
+            turn_id="t",
+            tool_call_id="c",
+            approved=True,
+            confirmed="user-action",
+            edited_tool_input="x" * 81,
+        ),
+        "the edited tool input is 81 bytes; the limit is 80",
+        id="edited-input",
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallComplete(turn_id="t", tool_call_id="c", result=result("x" * 80)),
+        "the tool result is 160 bytes; the limit is 80",
+        id="tool-result",
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallContentChanged(
+            turn_id="t", tool_call_id="c", content=[TextContent(text="x" * 80)]
+        ),
+        "the tool call's content is 107 bytes; the limit is 80",
+        id="tool-content",
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallDelta(turn_id="t", tool_call_id="c", content="x" * 81),
+        "the tool input delta is 81 bytes; the limit is 80",
+        id="tool-delta",
+    ),
+    pytest.param(
+        SESSION,
+        SessionActiveClientSet(active_client=client("a", "x" * 80)),
+        "the active client's entry is 124 bytes; the limit is 80",
+        id="active-client",
+    ),
+    pytest.param(
+        ROOT,
+        RootConfigChanged(config={"a": "x" * 300}),
+        "the root/configChanged action is 347 bytes; the limit is 300",
+        id="any-action",
+    ),
+]
+
+TOO_MANY = [
+    pytest.param(
+        queued("a", "b"),
+        ChatPendingMessageSet(kind="queued", id="c", message=message("x")),
+        "the chat has 2 queued messages; the limit is 2",
+        id="queued-messages",
+    ),
+    pytest.param(
+        FULL_SESSION,
+        SessionActiveClientSet(active_client=client("c")),
+        "the session has 2 active clients; the limit is 2",
+        id="active-clients",
+    ),
+    pytest.param(
+        FULL_SESSION,
+        SessionWorkingDirectorySet(directory="file:///c"),
+        "there are 2 working directories; the limit is 2",
+        id="session-directories",
+    ),
+    pytest.param(
+        queued(),
+        ChatWorkingDirectorySet(directory="file:///c"),
+        "there are 2 working directories; the limit is 2",
+        id="chat-directories",
+    ),
+]
+
+
+@pytest.mark.parametrize(("state", "action"), FITS)
+def test_an_action_within_the_limits_fits(state: ChannelState, action: StateAction) -> None:
+    assert limit_problem(state, action, LIMITS) is None
+
+
+@pytest.mark.parametrize(("state", "action", "sentence"), TOO_LARGE)
+def test_too_large(state: ChannelState, action: StateAction, sentence: str) -> None:
+    assert limit_problem(state, action, LIMITS) == Rejection(RejectionCode.TOO_LARGE, sentence)
+
+
+@pytest.mark.parametrize(("state", "action", "sentence"), TOO_MANY)
+def test_too_many(state: ChannelState, action: StateAction, sentence: str) -> None:
+    assert limit_problem(state, action, LIMITS) == Rejection(RejectionCode.TOO_MANY, sentence)
+
+
+def test_no_sentence_quotes_what_was_sent() -> None:
+    secret = "hunter2" * 20
+    rejection = limit_problem(CHAT, ChatDraftChanged(draft=message(secret)), LIMITS)
+    assert rejection is not None
+    assert "hunter2" not in rejection.sentence

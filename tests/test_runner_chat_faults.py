@@ -209,7 +209,8 @@ async def test_a_turn_whose_agent_version_is_gone_fails_with_the_reason_in_its_c
         mirror = await bob.subscribe(chat)
         await approve(bob, chat, "t1", "c1")
         done = await until(mirror, ended)
-        metrics = (await http("GET", f"{second.http}/metrics")).body.decode()
+        reply = await http("GET", f"{second.http}/metrics", token=second.token("agent"))
+        metrics = reply.body.decode()
     finally:
         await second.stop()
     assert 'huddle_runner_attempts_failed_total{kind="AgentVersionGone"} 2.0' in metrics

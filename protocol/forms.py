@@ -13,13 +13,24 @@ Mapping rules (question id = property name, property order kept)::
     ------------------------------------------------  ------------------------------------
     string (minLength, maxLength, format, default)    text (min, max, format, defaultValue)
     number / integer (minimum, maximum, default)      number / integer (min, max, defaultValue)
-    boolean (default)                                 boolean (defaultValue)
+      exclusiveMinimum / exclusiveMaximum             integer: min / max one step inside;
+                                                      number: min / max, and the message
+                                                      says "more than" / "less than"
+      multipleOf                                      the message says "a multiple of"
+      const                                           min = max = defaultValue = const
+    boolean (default; const)                          boolean (defaultValue; const)
     string + enum (+ enumNames) | oneOf [{const}]     single-select; default -> recommended
+    string + const                                    single-select of that one option
     array, items enum | anyOf/oneOf [{const}]         multi-select (min/max from min/maxItems);
                                                       each default item -> recommended
     title / description                               title / message (message falls back
                                                       to the title, then the property name)
     listed in ``required``                            required: true
+
+A select may leave out ``type`` (``{"title": ..., "oneOf": [...]}``, an
+``enum`` or a ``const`` of strings): it is a string. ``default`` may sit on
+every kind, and must fit the property's rules (exclusive bounds,
+``multipleOf`` and ``const`` included).
 
 Lenient, because MCP servers send these in practice: ``anyOf: [T, {"type":
 "null"}]`` (only annotations beside it) and ``type: [T, "null"]`` make a
@@ -33,9 +44,11 @@ properties is a plain confirm; the top-level ``type`` may be missing when
 ``properties`` is present. Keywords
 that do not constrain values (``$schema``, ``examples``, ``x-*`` ...) are
 ignored, as JSON Schema validators ignore them. Every other validation
-keyword outside the subset (``$ref``, nested objects, ``multipleOf``,
-``exclusiveMinimum`` ...) is refused, because the people answering could not
-see the rule that the frozen schema will enforce.
+keyword outside the subset (``$ref``, nested objects, ``allOf``, ``not``
+...) is refused, naming the keyword, because the people answering could not
+see the rule that the frozen schema will enforce. (The rules the subset
+takes beyond AHP's question fields, ``multipleOf`` and exclusive bounds of
+numbers, are written into the question's message for that reason.)
 
 Exceptions::
 
@@ -97,14 +110,37 @@ _VALIDATION_KEYWORDS = frozenset(
     }
 )  # fmt: skip
 
+_NUMBER_KEYWORDS = frozenset(
+    {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "const"}
+)
 _TOP_LEVEL_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"})
 _ITEMS_KEYWORDS = frozenset({"type", "enum", "anyOf", "oneOf"})
 _KIND_KEYWORDS: dict[Kind, frozenset[str]] = {
     "text": frozenset({"type", "minLength", "maxLength", "format", "pattern"}),
-    "number": frozenset({"type", "minimum", "maximum"}),
-    "integer": frozenset({"type", "minimum", "maximum"}),
-    "boolean": frozenset({"type"}),
-    "single-select": frozenset({"type", "enum", "oneOf"}),
+    "number": frozenset(
+        {
+            "type",
+            "minimum",
+            "maximum",
+            "exclusiveMinimum",
+            "exclusiveMaximum",
+            "multipleOf",
+            "const",
+        }
+    ),
+    "integer": frozenset(
+        {
+            "type",
+            "minimum",
+            "maximum",
+            "exclusiveMinimum",
+            "exclusiveMaximum",
+            "multipleOf",
+            "const",
+        }
+    ),
+    "boolean": frozenset({"type", "const"}),
+    "single-select": frozenset({"type", "enum", "oneOf", "const"}),
     "multi-select": frozenset({"type", "items", "minItems", "maxItems", "uniqueItems"}),
 }
 _JSON_TYPES: tuple[JsonType, ...] = ("string", "number", "integer", "boolean", "array")
@@ -309,19 +345,36 @@ def _property_type(name: str, prop: Mapping[str, Any]) -> tuple[JsonType, bool]:
         if len(others) != 1:
             raise FormSchemaError(name, "a type list must be one type, optionally with 'null'")
         declared = others[0]
+    if declared is None and _string_select(prop):
+        declared = "string"  # a select with options but no type
     if declared is None:
         raise FormSchemaError(name, "the property has no type")
     if declared == "object":
-        raise FormSchemaError(name, "nested objects are not supported")
+        raise FormSchemaError(name, "'type' 'object' (a nested object) is not supported")
     for json_type in _JSON_TYPES:
         if declared == json_type:
             return json_type, nullable
     raise FormSchemaError(name, f"type {declared!r} is not supported")
 
 
+def _string_select(prop: Mapping[str, Any]) -> bool:
+    """Whether a property without ``type`` lists string options."""
+    if isinstance(prop.get("const"), str):
+        return True
+    enum, one_of = prop.get("enum"), prop.get("oneOf")
+    if isinstance(enum, list) and enum and all(isinstance(value, str) for value in enum):
+        return True
+    return (
+        isinstance(one_of, list)
+        and bool(one_of)
+        and all(isinstance(e, Mapping) and isinstance(e.get("const"), str) for e in one_of)
+    )
+
+
 def _kind(json_type: JsonType, prop: Mapping[str, Any]) -> Kind:
     if json_type == "string":
-        return "single-select" if "enum" in prop or "oneOf" in prop else "text"
+        selects = "enum" in prop or "oneOf" in prop or "const" in prop
+        return "single-select" if selects else "text"
     if json_type == "array":
         return "multi-select"
     return json_type
@@ -343,6 +396,13 @@ def _build_question(
         case "boolean":
             if default is not None and not isinstance(default, bool):
                 raise FormSchemaError(name, f"default {default!r} is not a boolean")
+            const = prop.get("const", ...)
+            if const is not ...:
+                if not isinstance(const, bool):
+                    raise FormSchemaError(name, f"const {const!r} is not a boolean")
+                if default is not None and default != const:
+                    raise FormSchemaError(name, "default is not the const")
+                default = const
             return BooleanQuestion(**head, default_value=default), None
         case "single-select":
             return _single_select_question(name, prop, head, default, nullable)
@@ -375,31 +435,115 @@ def _number_question(
     head: _Head,
     default: Any,
 ) -> NumberQuestion | IntegerQuestion:
-    low = _schema_number(name, prop, "minimum")
-    high = _schema_number(name, prop, "maximum")
-    _check_order(name, "minimum", low, "maximum", high)
+    integral = kind == "integer"
+    rules = _number_rules(name, prop, integral)
+    const = prop.get("const", ...)
+    if const is not ...:
+        if not _is_number(const) or (integral and not _is_integral(const)):
+            raise FormSchemaError(name, f"const {const!r} is not {_a(kind)}")
+        if default is not None and default != const:
+            raise FormSchemaError(name, "default is not the const")
+        default = int(const) if integral else const
+        rules = rules._replace(low=default, high=default)
+    _check_order(name, "minimum", rules.low, "maximum", rules.high)
     if default is not None:
         if not _is_number(default):
             raise FormSchemaError(name, f"default {default!r} is not a number")
-        if kind == "integer":
+        if integral:
             if not _is_integral(default):
                 raise FormSchemaError(name, f"default {default!r} is not an integer")
             default = int(default)
-        _check_default_within(name, default, "minimum", low, "maximum", high)
-    if kind == "integer":
-        return IntegerQuestion(**head, min=low, max=high, default_value=default)
-    return NumberQuestion(**head, min=low, max=high, default_value=default)
+        _check_default_within(name, default, "minimum", rules.low, "maximum", rules.high)
+        rules.check_default(name, default)
+    if rules.notes:
+        head = _Head(**{**head, "message": f"{head['message']} ({'; '.join(rules.notes)})"})
+    if integral:
+        return IntegerQuestion(**head, min=rules.low, max=rules.high, default_value=default)
+    return NumberQuestion(**head, min=rules.low, max=rules.high, default_value=default)
+
+
+class _NumberRules(NamedTuple):
+    """A number property's rules as a question can hold them: inclusive
+    bounds, and notes for the message about what AHP has no field for."""
+
+    low: int | float | None
+    high: int | float | None
+    above: int | float | None
+    below: int | float | None
+    step: int | float | None
+    notes: tuple[str, ...]
+
+    def check_default(self, name: str, default: int | float) -> None:
+        outside_above = self.above is not None and default <= self.above
+        if outside_above or (self.below is not None and default >= self.below):
+            raise FormSchemaError(name, "default is outside the exclusive bounds")
+        if self.step is not None and not _is_multiple(default, self.step):
+            raise FormSchemaError(name, f"default is not a multiple of {_number_text(self.step)}")
+
+
+def _number_rules(name: str, prop: Mapping[str, Any], integral: bool) -> _NumberRules:
+    low = _schema_number(name, prop, "minimum")
+    high = _schema_number(name, prop, "maximum")
+    notes: list[str] = []
+    # An integer's exclusive bound is an inclusive one a step inside; a
+    # number's can only be told.
+    above = _schema_number(name, prop, "exclusiveMinimum")
+    if above is not None:
+        inside = math.floor(above) + 1 if integral else above
+        low = inside if low is None else max(low, inside)
+        if not integral:
+            notes.append(f"more than {_number_text(above)}")
+    below = _schema_number(name, prop, "exclusiveMaximum")
+    if below is not None:
+        inside = math.ceil(below) - 1 if integral else below
+        high = inside if high is None else min(high, inside)
+        if not integral:
+            notes.append(f"less than {_number_text(below)}")
+    empty_above = above is not None and high is not None and high <= above
+    if empty_above or (below is not None and low is not None and low >= below):
+        raise FormSchemaError(name, "the exclusive bounds leave no value to choose")
+    step = _schema_number(name, prop, "multipleOf")
+    if step is not None:
+        if step <= 0:
+            raise FormSchemaError(name, "multipleOf must be greater than 0")
+        if not (integral and step == 1):
+            notes.append(f"a multiple of {_number_text(step)}")
+    return _NumberRules(low, high, above, below, step, tuple(notes))
+
+
+def _a(kind: str) -> str:
+    return "an integer" if kind == "integer" else "a number"
+
+
+def _number_text(value: int | float) -> str:
+    """A bound as people read it: ``0.5``, ``3`` (not ``3.0``)."""
+    return str(int(value)) if _is_integral(value) and abs(value) < 2**53 else repr(value)
+
+
+def _is_multiple(value: int | float, step: int | float) -> bool:
+    """Whether ``value`` is a multiple of ``step``, within float rounding."""
+    if isinstance(value, int) and isinstance(step, int):
+        return value % step == 0
+    quotient = value / step
+    return math.isclose(quotient, round(quotient), rel_tol=1e-9, abs_tol=1e-9)
 
 
 def _single_select_question(
     name: str, prop: Mapping[str, Any], head: _Head, default: Any, nullable: bool
 ) -> tuple[SingleSelectQuestion, tuple[str, ...]]:
-    if "enum" in prop and "oneOf" in prop:
-        raise FormSchemaError(name, "enum and oneOf cannot be combined")
+    listed = [keyword for keyword in ("enum", "oneOf", "const") if keyword in prop]
+    if len(listed) > 1:
+        raise FormSchemaError(name, f"{' and '.join(listed)} cannot be combined")
     if "enum" in prop:
         choices = _enum_choices(name, prop, drop_null=nullable)
-    else:
+    elif "oneOf" in prop:
         choices = _const_choices(name, prop["oneOf"], "oneOf")
+    else:
+        const = prop["const"]
+        if not isinstance(const, str):
+            raise FormSchemaError(name, f"const {const!r} is not a string")
+        label = _optional_str(name, prop, "title") or const
+        choices = [_Choice(const, label, None)]
     ids = tuple(choice.id for choice in choices)
     if default is not None and default not in ids:
         raise FormSchemaError(name, f"default {default!r} is not one of the options")

@@ -320,11 +320,15 @@ async def wait_input(request: Request, server: Server, grant: Grant) -> Response
         ) from None
     try:
         async with asyncio.timeout(timeout):
-            outcome = await server.commands.wait_input(grant, chat, request_id)
+            outcome = await _unless_hung_up(
+                request, server.commands.wait_input(grant, chat, request_id)
+            )
     except TimeoutError:
         return _problem(408, "still waiting: poll again")
     except InputAbandoned as error:
         return _problem(410, error.reason)
+    except _HungUp:
+        return Response(status_code=499)  # nobody reads it; the wait is given up
     return _json(
         {
             "response": outcome.response,
@@ -333,6 +337,34 @@ async def wait_input(request: Request, server: Server, grant: Grant) -> Response
             **({"by": outcome.by.name} if outcome.by is not None else {}),
         }
     )
+
+
+class _HungUp(Exception):
+    """The client of a long poll closed its connection."""
+
+
+async def _unless_hung_up(request: Request, waiting: Awaitable[Any]) -> Any:
+    """``waiting``'s result, unless the client hangs up first: then the wait
+    is cancelled (nothing keeps waiting for a client that is gone) and
+    _HungUp is raised."""
+    wait = asyncio.ensure_future(waiting)
+    gone = asyncio.ensure_future(_hang_up(request))
+    try:
+        await asyncio.wait({wait, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not wait.done():
+            wait.cancel()
+        await asyncio.wait({wait, gone})
+    if wait.cancelled():
+        raise _HungUp
+    return wait.result()  # or the wait's own error
+
+
+async def _hang_up(request: Request) -> None:
+    """Return when the client disconnects (ASGI ``http.disconnect``)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def mint_token(request: Request, server: Server, grant: Grant) -> Response:
@@ -417,6 +449,8 @@ def create_app(
     are closed when it stops)."""
     metrics = ServerMetrics()
     parts.host.add_hook(metrics.hook)
+    if parts.service is not None:
+        metrics.registry.register(parts.service.metrics)
     limits = parts.settings.limits
     budgets = Budgets(
         Budget(limits.actions_per_second, limits.action_burst),

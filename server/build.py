@@ -117,5 +117,6 @@ def build(
             turn_store if turn_store is not None else open_turn_store(settings),
             workers=settings.workers if workers is None else workers,
             clock=clock,
+            lease_seconds=settings.lease_seconds,
         )
     return Parts(settings=settings, store=store, host=host, service=service, clock=clock)

@@ -44,6 +44,9 @@ class Settings:
     """``module:attribute`` naming the agent (the demo by default), or ``none``."""
     workers: int = 1
     """Worker tasks running the agent's turns in this process."""
+    lease_seconds: float = 30.0
+    """How long a worker holds a turn without renewing its lease: after a
+    worker dies, another takes its turn over that much later."""
     max_frame_bytes: int = 1 << 20
     max_body_bytes: int = 1 << 20
     """The largest HTTP API body (413 beyond, refused before it is read)."""
@@ -126,6 +129,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         origins=src.items("origins"),
         agent=src.text("agent", base.agent),
         workers=src.integer("workers", base.workers),
+        lease_seconds=src.number("lease_seconds", base.lease_seconds),
         max_frame_bytes=src.integer("max_frame_bytes", base.max_frame_bytes),
         max_body_bytes=src.integer("max_body_bytes", base.max_body_bytes),
         sizes=SizeLimits(

@@ -41,6 +41,10 @@ down: this module imports nothing from ``server.runner`` or ``server.mcp``::
     │                               over: stop working on the turn
     ├── RunnerError                 server.runner.errors
     │   ├── UnknownAgent            the runner has no agent of that name
+    │   ├── AgentVersionGone        the runner no longer has the agent
+    │   │                           version a turn started with: the turn is
+    │   │                           not run with other code (bounded attempts,
+    │   │                           then it fails with this message)
     │   ├── ResumeRejected          a late, duplicate or mismatched resume,
     │   │                           or data that fails the frozen form;
     │   │                           nothing changed

@@ -14,12 +14,14 @@ import asyncio
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import mcp_types as types
+from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.request_state import AESGCMRequestStateCodec, RequestStateSecurity
@@ -115,6 +117,7 @@ FORMS: dict[str, dict[str, Any]] = {
         "type": "object",
         "properties": {"address": {"type": "object", "properties": {"city": {"type": "string"}}}},
     },
+    "negated": {"type": "object", "properties": {"code": {"type": "string", "not": {"const": ""}}}},
 }
 
 BOOKING: dict[str, Any] = {
@@ -148,6 +151,11 @@ class Kit:
         self.linked.add(elicitation_id)
         for session in self.sessions:
             await session.send_elicit_complete(elicitation_id)
+
+    def visit_quietly(self, elicitation_id: str) -> None:
+        """The interaction at the link is done, and the server never says so
+        (delivery of the completion is not guaranteed)."""
+        self.linked.add(elicitation_id)
 
 
 class ExpiringCodec:
@@ -195,13 +203,35 @@ def form(message: str, schema: dict[str, Any]) -> types.ElicitRequestFormParams:
     return types.ElicitRequestFormParams(message=message, requested_schema=schema)
 
 
+ASKING_TOOLS = frozenset({"fill", "book_table"})
+
+
+class ChoosyServer(MCPServer):
+    """Lists its asking tools only to clients that declared elicitation, as
+    the reference "everything" server does."""
+
+    async def _handle_list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        listed = await super()._handle_list_tools(ctx, params)
+        capabilities = ctx.session.client_capabilities
+        if capabilities is None or capabilities.elicitation is None:
+            listed.tools = [tool for tool in listed.tools if tool.name not in ASKING_TOOLS]
+        return listed
+
+
 def build_server(
-    name: str = "kit", *, kit: Kit | None = None, codec: ExpiringCodec | None = None
+    name: str = "kit",
+    *,
+    kit: Kit | None = None,
+    codec: ExpiringCodec | None = None,
+    choosy: bool = False,
 ) -> MCPServer:
-    """The test server: tools that elicit forms and links."""
+    """The test server: tools that elicit forms and links, sample, list
+    roots; ``choosy`` hides the asking tools from clients that cannot ask."""
     kit = kit or Kit()
     security = RequestStateSecurity(codec=codec) if codec is not None else None
-    mcp = MCPServer(name, request_state_security=security)
+    mcp = (ChoosyServer if choosy else MCPServer)(name, request_state_security=security)
 
     @mcp.tool(description="Ask to fill in one of the test forms")
     async def fill(form_name: str, ctx: Context) -> str | types.InputRequiredResult:
@@ -260,6 +290,39 @@ def build_server(
     @mcp.tool(description="Always fails")
     def broken() -> str:
         raise ToolError("the kitchen is closed")
+
+    @mcp.tool(description="Has the client's model summarize a text")
+    async def summarize(text: str, ctx: Context) -> str | types.InputRequiredResult:
+        message = types.SamplingMessage(
+            role="user", content=types.TextContent(type="text", text=f"Summarize: {text}")
+        )
+        params = types.CreateMessageRequestParams(
+            messages=[message], max_tokens=200, system_prompt="You write short summaries."
+        )
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            answered = (ctx.input_responses or {}).get("summary")
+            if not isinstance(answered, types.CreateMessageResult):
+                request = types.CreateMessageRequest(params=params)
+                return types.InputRequiredResult(
+                    input_requests={"summary": request}, request_state="summary"
+                )
+            result = answered
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # sampling is deprecated in 2026-07-28
+                result = await ctx.session.create_message(
+                    messages=[message], max_tokens=200, system_prompt=params.system_prompt
+                )
+        content = result.content
+        said = content.text if isinstance(content, types.TextContent) else "?"
+        return f"summary by {result.model}: {said}"
+
+    @mcp.tool(description="Names the client's roots")
+    async def roots(ctx: Context) -> str:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # roots are deprecated in 2026-07-28
+            listed = await ctx.session.list_roots()
+        return ", ".join(str(root.uri) for root in listed.roots)
 
     @mcp.tool(description="Book a table at a restaurant")
     async def book_table(restaurant: str, ctx: Context) -> str | types.InputRequiredResult:
@@ -363,4 +426,7 @@ async def reply(
 
 
 if __name__ == "__main__":
-    build_server(sys.argv[1] if len(sys.argv) > 1 else "kit").run("stdio")
+    arguments = sys.argv[1:]
+    choosy = "--choosy" in arguments
+    names = [a for a in arguments if a != "--choosy"]
+    build_server(names[0] if names else "kit", choosy=choosy).run("stdio")

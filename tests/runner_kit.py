@@ -170,8 +170,10 @@ GOOD_DETAILS: dict[str, Any] = {"affected_system": "SSO", "impact_scope": "every
 # ─── Stores ──────────────────────────────────────────────────────────────────
 
 
-class Crash(Exception):
-    """A process dying in the middle of a save (nothing of it is written)."""
+class Crash(BaseException):
+    """A process dying in the middle of a save (nothing of it is written). A
+    BaseException, as a death is: no handler of the runner's catches it, so
+    nothing after it runs (not even the record of a failed attempt)."""
 
 
 class CrashingStore(MemoryTurnStore):

@@ -211,6 +211,104 @@ MAPPINGS = [
         TextQuestion(id="x", message="x"),
         id="annotations-are-ignored",
     ),
+    # the rules real servers send (pydantic's gt/lt, multiple_of, Literal)
+    pytest.param(
+        {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 13},
+        IntegerQuestion(id="x", message="x", min=1, max=12),
+        id="integer-exclusive-bounds-are-a-step-inside",
+    ),
+    pytest.param(
+        {"type": "integer", "exclusiveMinimum": 0.5, "minimum": 3, "exclusiveMaximum": 9.5},
+        IntegerQuestion(id="x", message="x", min=3, max=9),
+        id="integer-fractional-exclusive-bounds",
+    ),
+    pytest.param(
+        {"type": "integer", "minimum": 0, "exclusiveMaximum": 10, "maximum": 5},
+        IntegerQuestion(id="x", message="x", min=0, max=5),
+        id="integer-the-tighter-bound-wins",
+    ),
+    pytest.param(
+        {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1.5, "title": "Share"},
+        NumberQuestion(
+            id="x", title="Share", message="Share (more than 0; less than 1.5)", min=0, max=1.5
+        ),
+        id="number-exclusive-bounds-are-told",
+    ),
+    pytest.param(
+        {
+            "type": "number",
+            "minimum": 1,
+            "exclusiveMinimum": 0,
+            "maximum": 2,
+            "exclusiveMaximum": 3,
+        },
+        NumberQuestion(id="x", message="x (more than 0; less than 3)", min=1, max=2),
+        id="number-inclusive-bounds-inside-the-exclusive-ones",
+    ),
+    pytest.param(
+        {"type": "number", "multipleOf": 0.5, "default": 10.0, "description": "Budget"},
+        NumberQuestion(id="x", message="Budget (a multiple of 0.5)", default_value=10.0),
+        id="multiple-of-is-told",
+    ),
+    pytest.param(
+        {"type": "integer", "multipleOf": 5, "default": 15},
+        IntegerQuestion(id="x", message="x (a multiple of 5)", default_value=15),
+        id="integer-multiple-of-is-told",
+    ),
+    pytest.param(
+        {"type": "integer", "multipleOf": 1},
+        IntegerQuestion(id="x", message="x"),
+        id="integer-multiple-of-one-says-nothing",
+    ),
+    pytest.param(
+        {"type": "integer", "const": 3},
+        IntegerQuestion(id="x", message="x", min=3, max=3, default_value=3),
+        id="integer-const",
+    ),
+    pytest.param(
+        {"type": "number", "const": 2.5, "default": 2.5},
+        NumberQuestion(id="x", message="x", min=2.5, max=2.5, default_value=2.5),
+        id="number-const-with-its-default",
+    ),
+    pytest.param(
+        {"type": "boolean", "const": True},
+        BooleanQuestion(id="x", message="x", default_value=True),
+        id="boolean-const",
+    ),
+    pytest.param(
+        {"type": "string", "const": "yes", "default": "yes", "title": "Agree"},
+        SingleSelectQuestion(
+            id="x",
+            title="Agree",
+            message="Agree",
+            options=[InputOption(id="yes", label="Agree", recommended=True)],
+        ),
+        id="string-const-is-a-select-of-one",
+    ),
+    pytest.param(
+        {"title": "Level", "oneOf": [{"const": "lo", "title": "Low"}, {"const": "hi"}]},
+        SingleSelectQuestion(
+            id="x",
+            title="Level",
+            message="Level",
+            options=[InputOption(id="lo", label="Low"), InputOption(id="hi", label="hi")],
+        ),
+        id="titled-options-without-a-type",
+    ),
+    pytest.param(
+        {"enum": ["a", "b"]},
+        SingleSelectQuestion(
+            id="x",
+            message="x",
+            options=[InputOption(id="a", label="a"), InputOption(id="b", label="b")],
+        ),
+        id="enum-without-a-type",
+    ),
+    pytest.param(
+        {"const": "only"},
+        SingleSelectQuestion(id="x", message="x", options=[InputOption(id="only", label="only")]),
+        id="const-without-a-type",
+    ),
 ]
 
 
@@ -420,9 +518,13 @@ PROPERTY_REFUSALS = [
     pytest.param("string", "must be a JSON object", id="property-not-an-object"),
     pytest.param(
         {"type": "object", "properties": {"a": {"type": "string"}}},
-        "nested objects are not supported",
+        "'type' 'object' (a nested object) is not supported",
         id="nested-object",
     ),
+    pytest.param({"enum": [1, 2]}, "has no type", id="untyped-enum-of-numbers"),
+    pytest.param({"enum": []}, "has no type", id="untyped-empty-enum"),
+    pytest.param({"oneOf": [{"const": 1}]}, "has no type", id="untyped-one-of-numbers"),
+    pytest.param({"oneOf": "x"}, "has no type", id="untyped-one-of-not-a-list"),
     pytest.param({"$ref": "#/$defs/Colour"}, "$ref is not supported", id="ref"),
     pytest.param(
         {"anyOf": [{"$ref": "#/$defs/Colour"}, {"type": "null"}]},
@@ -467,17 +569,81 @@ PROPERTY_REFUSALS = [
         id="enum-of-integers",
     ),
     pytest.param(
-        {"type": "number", "multipleOf": 2}, "'multipleOf' is not supported", id="multiple-of"
+        {"type": "string", "multipleOf": 2},
+        "'multipleOf' is not supported on text",
+        id="multiple-of-on-text",
     ),
     pytest.param(
-        {"type": "number", "exclusiveMinimum": 0}, "'exclusiveMinimum'", id="exclusive-minimum"
+        {"type": "string", "exclusiveMinimum": 0},
+        "'exclusiveMinimum' is not supported on text",
+        id="exclusive-minimum-on-text",
+    ),
+    pytest.param({"type": "number", "multipleOf": 0}, "greater than 0", id="multiple-of-zero"),
+    pytest.param(
+        {"type": "number", "multipleOf": "2"}, "multipleOf must be a number", id="multiple-of-text"
+    ),
+    pytest.param(
+        {"type": "number", "exclusiveMinimum": 5, "exclusiveMaximum": 5},
+        "leave no value",
+        id="empty-exclusive-range",
+    ),
+    pytest.param(
+        {"type": "number", "exclusiveMinimum": 5, "maximum": 5},
+        "leave no value",
+        id="exclusive-minimum-at-the-maximum",
+    ),
+    pytest.param(
+        {"type": "integer", "exclusiveMinimum": 5, "exclusiveMaximum": 6},
+        "leave no value",
+        id="empty-integer-range",
+    ),
+    pytest.param({"type": "integer", "const": 2.5}, "is not an integer", id="fractional-const"),
+    pytest.param({"type": "number", "const": "2"}, "is not a number", id="text-const"),
+    pytest.param(
+        {"type": "number", "const": 2, "default": 3}, "default is not the const", id="off-const"
+    ),
+    pytest.param({"type": "boolean", "const": 1}, "is not a boolean", id="boolean-const-number"),
+    pytest.param(
+        {"type": "boolean", "const": True, "default": False},
+        "default is not the const",
+        id="boolean-off-const",
+    ),
+    pytest.param({"type": "string", "const": 1}, "const 1 is not a string", id="string-const-int"),
+    pytest.param(
+        {"type": "string", "const": "a", "enum": ["a"]},
+        "enum and const cannot be combined",
+        id="const-and-enum",
+    ),
+    pytest.param(
+        {"type": "number", "exclusiveMinimum": 0, "default": 0},
+        "outside the exclusive bounds",
+        id="default-on-exclusive-minimum",
+    ),
+    pytest.param(
+        {"type": "number", "exclusiveMaximum": 1, "default": 1},
+        "outside the exclusive bounds",
+        id="default-on-exclusive-maximum",
+    ),
+    pytest.param(
+        {"type": "number", "multipleOf": 0.5, "default": 0.7},
+        "default is not a multiple of 0.5",
+        id="default-off-step",
+    ),
+    pytest.param(
+        {"type": "integer", "multipleOf": 2, "default": 3},
+        "default is not a multiple of 2",
+        id="integer-default-off-step",
     ),
     pytest.param(
         {"type": "number", "pattern": "x"},
         "'pattern' is not supported on number",
         id="pattern-on-number",
     ),
-    pytest.param({"type": "string", "const": "a"}, "'const' is not supported on text", id="const"),
+    pytest.param(
+        {"type": "string", "format": "email", "const": "a"},
+        "'format' is not supported on single-select",
+        id="const-with-a-format",
+    ),
     pytest.param({"type": "string", "allOf": []}, "'allOf' is not supported", id="all-of"),
     pytest.param(
         {"type": "boolean", "enum": [True]},

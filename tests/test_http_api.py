@@ -291,6 +291,23 @@ async def test_long_poll_ends_with_410_when_the_turn_ends(huddle: RunningServer)
     assert reply.status == 410
 
 
+async def test_long_poll_stops_waiting_when_its_client_hangs_up(huddle: RunningServer) -> None:
+    chat = await chat_asking(huddle)
+    query = urlencode(wait_query(chat, 60 * UNIT))
+    _, writer = await asyncio.open_connection("127.0.0.1", huddle.port)
+    writer.write(
+        f"GET /api/input/wait?{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {AGENT_TOKEN}\r\n\r\n".encode()
+    )
+    await writer.drain()
+    await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) > 0)
+
+    writer.close()  # the client goes away long before the poll's timeout
+    await writer.wait_closed()
+
+    await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) == 0)
+
+
 async def test_long_poll_of_an_unknown_request_is_410(huddle: RunningServer) -> None:
     chat = await chat_asking(huddle)
     query: dict[str, str | float] = {"chat": chat, "request": "never-asked", "timeout": 5 * UNIT}

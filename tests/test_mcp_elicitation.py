@@ -303,10 +303,15 @@ async def test_a_request_without_a_mode_is_a_form(huddle: RunningServer) -> None
 @pytest.mark.parametrize(
     ("tool", "arguments", "reason"),
     [
-        ("fill", {"form_name": "nested"}, "property 'address': nested objects are not supported"),
+        (
+            "fill",
+            {"form_name": "nested"},
+            "property 'address': 'type' 'object' (a nested object) is not supported",
+        ),
+        ("fill", {"form_name": "negated"}, "property 'code': 'not' is not supported on text"),
         ("open_link", {"url": "javascript:alert(1)"}, "the link must be an http or https URL"),
     ],
-    ids=["nested object", "javascript link"],
+    ids=["nested object", "a keyword outside the subset", "javascript link"],
 )
 async def test_what_cannot_be_asked_gets_a_clear_error_and_asks_nobody(
     huddle: RunningServer, mode: str, tool: str, arguments: dict[str, Any], reason: str

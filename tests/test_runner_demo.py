@@ -14,6 +14,7 @@ from protocol.chat import (
     InputRequestPart,
     MarkdownPart,
     SelectedValue,
+    SingleSelectQuestion,
     TextValue,
     ToolCallPart,
     ToolCallPendingConfirmation,
@@ -88,16 +89,21 @@ async def test_the_demo_agent_asks_waits_for_approval_and_reports_the_ticket(
     state = await wait(mirror, lambda s: open_request(s) is not None)
     request = open_request(state)
     assert request is not None
-    assert {q.id for q in request.request.questions or []} >= {"affected_system", "impact_scope"}
+    questions = {q.id: q for q in request.request.questions or []}
+    assert list(questions) == ["affectedSystem", "impactScope"]
+    assert all(q.required for q in questions.values())
+    scope = questions["impactScope"]
+    assert isinstance(scope, SingleSelectQuestion)
+    assert [o.id for o in scope.options] == ["ONE_USER", "PARTIAL_USERS", "ALL_USERS"]
     await alice.dispatch_and_wait(
         chat,
         ChatInputCompleted(
             request_id=request.request.id,
             response="accept",
             answers={
-                "affected_system": InputAnswer(state="submitted", value=TextValue(value="SSO")),
-                "impact_scope": InputAnswer(
-                    state="submitted", value=SelectedValue(value="all_users")
+                "affectedSystem": InputAnswer(state="submitted", value=TextValue(value="SSO")),
+                "impactScope": InputAnswer(
+                    state="submitted", value=SelectedValue(value="ALL_USERS")
                 ),
             },
         ),

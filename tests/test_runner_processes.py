@@ -105,7 +105,7 @@ async def test_the_story_runs_in_a_worker_with_people_on_two_servers(cluster: Cl
         chat,
         ChatInputAnswerChanged(
             request_id=rid,
-            question_id="affected_system",
+            question_id="affectedSystem",
             answer=submitted(TextValue(value="Single sign-on")),
         ),
     )
@@ -113,8 +113,8 @@ async def test_the_story_runs_in_a_worker_with_people_on_two_servers(cluster: Cl
         chat,
         ChatInputAnswerChanged(
             request_id=rid,
-            question_id="impact_scope",
-            answer=submitted(SelectedValue(value="all_users")),
+            question_id="impactScope",
+            answer=submitted(SelectedValue(value="ALL_USERS")),
         ),
     )
     await bob.dispatch_and_wait(chat, ChatInputCompleted(request_id=rid, response="accept"))

@@ -145,30 +145,72 @@ async def test_resume_metadata_is_kept_on_the_turns_audit() -> None:
 # ─── The plain-text path ─────────────────────────────────────────────────────
 
 
+QUESTION = "text:0123abcd"
+
+
 async def plain_text_waiting() -> tuple[Runner, list[list[ModelMessage]]]:
-    """Turn ``t1`` suspended by hand on a plain-text question."""
-    model = scripted(say("Order O-1001 ships today."))
+    """Turn ``t1`` suspended by hand on a plain-text question, ``QUESTION``."""
+    model = scripted(say("Order O-1001 ships today."), say("And it ships on Monday."))
     helper = agent(model)
     runner = Runner(MemoryTurnStore(), [helper], clock=Clock())
     turn = await runner.store.create(runner.new_turn(helper, "Where is my order?", turn_id="t1"))
-    waiting = await runner.suspend(turn, Suspension.user_input("Which order number?"))
+    asked = Suspension.user_input("Which order number?", question_id=QUESTION)
+    waiting = await runner.suspend(turn, asked)
     assert waiting.status == TurnStatus.WAITING_FOR_USER
     assert waiting.suspension == Suspension(
-        type=SuspensionType.USER_INPUT, message="Which order number?"
+        type=SuspensionType.USER_INPUT, correlation_id=QUESTION, message="Which order number?"
     )
     return runner, model.conversations
 
 
+def test_every_plain_text_question_gets_a_correlation_id_of_its_own() -> None:
+    first, second = Suspension.user_input("Which order?"), Suspension.user_input("Which order?")
+    assert first.correlation_id is not None
+    assert second.correlation_id is not None
+    assert first.correlation_id != second.correlation_id
+    assert first.correlation_id.startswith("text:")
+
+
 async def test_a_plain_text_suspension_resumed_by_content_adds_a_user_message() -> None:
     runner, conversations = await plain_text_waiting()
-    done = await runner.resume("t1", ResumeCommand.user_input("O-1001"))
+    done = await runner.resume("t1", ResumeCommand.user_input("O-1001", question=QUESTION))
     assert done.status == TurnStatus.COMPLETED
     assert conversations[-1][-1] == ModelMessage(role="user", content="O-1001")
 
 
-async def test_a_plain_text_suspension_refuses_a_form_submission() -> None:
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(ResumeCommand.user_input("O-1001"), id="without-its-question"),
+        pytest.param(
+            ResumeCommand.user_input("O-1001", question="text:99999999"), id="to-another-question"
+        ),
+        pytest.param(ResumeCommand.user_input("c1", GOOD_DETAILS), id="form-data"),
+    ],
+)
+async def test_a_plain_text_suspension_refuses_an_answer_that_is_not_to_it(
+    answer: ResumeCommand,
+) -> None:
     runner, _ = await plain_text_waiting()
     before = await runner.store.load("t1")
     with pytest.raises(ResumeRejected):
-        await runner.resume("t1", ResumeCommand.user_input("c1", GOOD_DETAILS))
+        await runner.resume("t1", answer)
     assert await runner.store.load("t1") == before
+
+
+async def test_a_late_answer_to_a_plain_text_question_never_resumes_the_next_one() -> None:
+    runner, conversations = await plain_text_waiting()
+    first = ResumeCommand.user_input("O-1001", question=QUESTION)
+    ready = await runner.submit_resume("t1", first)
+    # Custom control flow asks a second question before the turn runs on.
+    waiting = await runner.suspend(ready, Suspension.user_input("Which day?"))
+    before = await runner.store.load("t1")
+    for late in (first, ResumeCommand.user_input("O-1001")):  # a duplicate, a stale client
+        with pytest.raises(ResumeRejected):
+            await runner.submit_resume("t1", late)
+    assert await runner.store.load("t1") == before
+    assert waiting.suspension is not None
+    answer = ResumeCommand.user_input("Monday", question=waiting.suspension.correlation_id)
+    finished = await runner.resume("t1", answer)
+    assert finished.status == TurnStatus.COMPLETED
+    assert [m.content for m in conversations[-1] if m.role == "user"][-2:] == ["O-1001", "Monday"]

@@ -173,7 +173,7 @@ async def start_ticket_story(page: Page) -> None:
 
 async def answer_ticket_form(page: Page, system: str = "SSO") -> None:
     await page.get_by_label("Affected system").fill(system)
-    await page.get_by_label("One team").check()
+    await page.get_by_label("Some users").check()
     await page.get_by_role("button", name="Submit").click()
     await expect(page.get_by_role("button", name="Approve")).to_be_visible()
 
@@ -243,12 +243,12 @@ async def test_two_people_co_edit_a_request_and_the_demo_agent_resumes(
     await system.press_sequentially("SSO gateway", delay=15)
     await expect(bob.get_by_label("Affected system")).to_have_value("SSO gateway")
     await shot(bob, "coedit-2-bob-sees-alice-typing")
-    typed = [d for d in alice_drafts if d["questionId"] == "affected_system"]
+    typed = [d for d in alice_drafts if d["questionId"] == "affectedSystem"]
     assert 1 <= len(typed) < len("SSO gateway"), "drafts are debounced, not sent per keystroke"
 
     # Bob answers question 2; Alice sees it, without losing her focus.
-    await bob.get_by_label("One team").check()
-    await expect(alice.get_by_label("One team")).to_be_checked()
+    await bob.get_by_label("Some users").check()
+    await expect(alice.get_by_label("Some users")).to_be_checked()
     await expect(system).to_be_focused()
     await shot(alice, "coedit-3-alice-sees-bob-choice")
 
@@ -269,8 +269,8 @@ async def test_two_people_co_edit_a_request_and_the_demo_agent_resumes(
     request = next(p for p in parts if isinstance(p, InputRequestPart))
     assert request.response == "accept"
     answers = request.request.answers or {}
-    assert answers["affected_system"].value == TextValue(value="SSO gateway")
-    assert answers["impact_scope"].value == SelectedValue(value="team")
+    assert answers["affectedSystem"].value == TextValue(value="SSO gateway")
+    assert answers["impactScope"].value == SelectedValue(value="PARTIAL_USERS")
 
 
 async def test_an_answer_from_someone_else_does_not_disturb_the_field_being_typed_in(
@@ -280,19 +280,19 @@ async def test_an_answer_from_someone_else_does_not_disturb_the_field_being_type
     _, alice = await open_client(browser, demo_server.http, demo_server.token(), session=session)
     _, bob = await open_client(browser, demo_server.http, demo_server.token(), session=session)
     await start_ticket_story(alice)
-    await expect(bob.get_by_label("Notes")).to_be_visible()
+    await expect(bob.get_by_label("Affected system")).to_be_visible()
 
-    bob_notes = bob.get_by_label("Notes")
-    await bob_notes.click()
-    await bob_notes.press_sequentially("Bob is typing", delay=10)
-    await alice.get_by_label("Notes").fill("Alice wrote this")
-    await alice.get_by_label("Affected system").click()  # Alice's draft goes out on blur
-    # Bob's own text stays while he types; Alice's arrives everywhere else.
-    await expect(bob.get_by_label("Affected system")).to_have_value("")
-    await expect(bob_notes).to_have_value("Bob is typing")
-    await expect(bob_notes).to_be_focused()
-    await bob.get_by_label("Affected system").click()  # Bob leaves: his draft wins
-    await expect(alice.get_by_label("Notes")).to_have_value("Bob is typing")
+    bob_system = bob.get_by_label("Affected system")
+    await bob_system.click()
+    await bob_system.press_sequentially("Bob is typing", delay=10)
+    await alice.get_by_label("Affected system").fill("Alice wrote this")
+    await alice.get_by_label("Some users").check()  # Alice's draft goes out on blur
+    # Bob's own text stays while he types; Alice's answers arrive everywhere else.
+    await expect(bob.get_by_label("Some users")).to_be_checked()
+    await expect(bob_system).to_have_value("Bob is typing")
+    await expect(bob_system).to_be_focused()
+    await bob.get_by_label("All users").click()  # Bob leaves: his draft wins
+    await expect(alice.get_by_label("Affected system")).to_have_value("Bob is typing")
 
 
 # ─── Sessions, composer, stop ────────────────────────────────────────────────
@@ -481,8 +481,8 @@ async def test_approving_a_tool_call_with_edited_input_runs_it_with_that_input(
     edited = {
         "priority": "urgent",
         "summary": TICKET,
-        "affected_system": "SSO",
-        "impact_scope": "team",
+        "affectedSystem": "SSO",
+        "impactScope": "PARTIAL_USERS",
     }
     await editor.fill(json.dumps(edited, indent=2))
     await page.get_by_role("button", name="Approve").click()
@@ -693,14 +693,13 @@ async def test_the_page_survives_a_server_restart_and_catches_up(browser: Browse
         _, page = await open_client(browser, base, token, session=session)
         await start_ticket_story(page)
         await page.get_by_label("Affected system").fill("SSO")
-        await page.get_by_label("Notes").click()  # the draft goes out
+        await page.get_by_label("One user").click()  # the draft goes out
 
     banner = page.locator("#connection")
     await expect(banner).to_contain_text("Reconnecting")
     await shot(page, "restart-1-reconnecting")
     # Typing goes on while the server is away; nothing is lost.
-    await page.get_by_label("Notes").fill("Typed while offline")
-    await page.get_by_label("One team").check()
+    await page.get_by_label("Some users").check()  # chosen while offline
     await expect(banner).to_contain_text("will be sent")
 
     async with serving(port, store, turns) as current:
@@ -710,7 +709,7 @@ async def test_the_page_survives_a_server_restart_and_catches_up(browser: Browse
             chat,
             ChatInputAnswerChanged(
                 request_id=open_request_id(await chat_state_of(host, chat)),
-                question_id="affected_system",
+                question_id="affectedSystem",
                 answer=InputAnswer(state="draft", value=TextValue(value="SSO and VPN")),
             ),
         )
@@ -718,9 +717,8 @@ async def test_the_page_survives_a_server_restart_and_catches_up(browser: Browse
         await expect(page.get_by_label("Affected system")).to_have_value("SSO and VPN")
         await shot(page, "restart-2-back")
         answers = open_request(await chat_state_of(host, chat)).answers or {}
-        assert answers["notes"].value == TextValue(value="Typed while offline")
-        assert answers["affected_system"].value == TextValue(value="SSO and VPN")
-        assert answers["impact_scope"].value == SelectedValue(value="team")
+        assert answers["affectedSystem"].value == TextValue(value="SSO and VPN")
+        assert answers["impactScope"].value == SelectedValue(value="PARTIAL_USERS")
 
         await page.get_by_role("button", name="Submit").click()
         await page.get_by_role("button", name="Approve").click()

@@ -11,17 +11,24 @@ people of a chat.
   ``input_required`` rounds, calls again when a ``requestState`` expired
   while people answered, and handles -32042.
 - :mod:`server.mcp.tools`: :class:`McpToolSource`, an MCP server (stdio,
-  streamable HTTP or in process) as a source of runner tools.
+  streamable HTTP or in process) as a source of runner tools; with
+  ``mode="auto"`` it falls back to 2025-11-25 for a server that will not
+  ask in 2026-07-28.
+- :mod:`server.mcp.sampling`: :class:`ChatSampling`, sampling requests
+  approved (and edited) by the chat's people and answered by the agent's
+  model; off unless ``McpServerConfig(sampling=True)``.
 """
 
 from server.mcp.calls import call_tool
 from server.mcp.elicitation import ChatElicitation, UrlCompletions
 from server.mcp.errors import LinkRefused, McpBridgeError, McpToolFailed, Unaskable
 from server.mcp.people import HostChat, People, RemoteChat, Reply
+from server.mcp.sampling import ChatSampling
 from server.mcp.tools import McpServerConfig, McpToolSource
 
 __all__ = [
     "ChatElicitation",
+    "ChatSampling",
     "HostChat",
     "LinkRefused",
     "McpBridgeError",

@@ -20,8 +20,11 @@ server asks for input:
   required): the links it names are put to the people; when they agree to
   open them all, the call waits for the servers'
   ``notifications/elicitation/complete`` (at most ``link_wait`` seconds) and
-  is sent again (at most ``link_rounds`` times). A link people decline or
-  dismiss raises :class:`~server.mcp.errors.LinkRefused`.
+  is sent again (at most ``link_rounds`` times). Meanwhile the chat asks
+  the people to say when they are done there (delivery of the notification
+  is not guaranteed): their accept sends the call again at once, a decline
+  gives up. A link people decline or dismiss raises
+  :class:`~server.mcp.errors.LinkRefused`.
 """
 
 from __future__ import annotations
@@ -226,8 +229,41 @@ class _Call:
             if action != "accept":
                 raise LinkRefused(server, params.url, action)
         ids = [p.elicitation_id for p in links if p.elicitation_id]
-        if self.completions is not None and ids and not await self.completions.wait(ids, wait):
+        if self.completions is None or not ids:
+            return
+        said = await self._completed_or_done(ids, links, wait)
+        if said in ("decline", "cancel"):
+            raise LinkRefused(server, links[0].url, said)
+        if said == "timeout":
             log.info("%s: no completion for %s; calling again anyway", self.name, ids)
+
+    async def _completed_or_done(
+        self, ids: list[str], links: list[types.ElicitRequestURLParams], wait: float
+    ) -> str:
+        """Wait for the links' completion or the people's word, whichever
+        comes first: ``complete``, ``timeout``, or the people's ``accept``
+        (done), ``decline`` or ``cancel``."""
+        assert self.completions is not None
+        completions = self.completions
+        first: list[str] = []
+
+        async def completed(scope: anyio.CancelScope) -> None:
+            first.append("complete" if await completions.wait(ids, wait) else "timeout")
+            scope.cancel()
+
+        async def said_done(scope: anyio.CancelScope) -> None:
+            assert self.elicitation is not None
+            context = ClientRequestContext(session=self.session, request_id="links", meta=None)
+            action = await self.elicitation.confirm_done(context, links)
+            if action is not None:  # None: no chat; the completion alone decides
+                first.append(action)
+                scope.cancel()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(completed, group.cancel_scope)
+            if self.elicitation is not None:
+                group.start_soon(said_done, group.cancel_scope)
+        return first[0]
 
 
 def _same(before: types.InputRequest, now: types.InputRequest) -> bool:

@@ -30,7 +30,9 @@ request is withdrawn: resolved as ``cancel``.
 The same callback serves the 2025-11-25 request flow (the server sends
 ``elicitation/create``) and the 2026-07-28 ``input_required`` flow (see
 :mod:`server.mcp.calls`, which drives the retries). :class:`UrlCompletions`
-records ``notifications/elicitation/complete``.
+records ``notifications/elicitation/complete``; while a call waits for
+one, :meth:`ChatElicitation.confirm_done` lets the people say they are done
+at the link instead (the notification may never come).
 """
 
 from __future__ import annotations
@@ -291,6 +293,34 @@ class ChatElicitation:
                 reply.answers,
             )
         return types.ElicitResult(action="cancel")
+
+    async def confirm_done(
+        self, context: ClientRequestContext, links: list[types.ElicitRequestURLParams]
+    ) -> str | None:
+        """Ask the people to say when they are done at ``links`` (which
+        they agreed to open): a confirm whose accept means done. Returns
+        ``accept``, ``decline`` or ``cancel``, or None when there is no chat
+        to ask in. Cancelled (the completion came first), it is withdrawn."""
+        people = self._route()
+        if people is None:
+            return None
+        server = server_label(context.session, self.server)
+        hosts = ", ".join(sorted({urlsplit(link.url).hostname or link.url for link in links}))
+        request = InputRequest(
+            id=mcp_request_id(),
+            message=asked_by(
+                server,
+                f"waiting until you are done at {hosts}. Accept once you have finished there "
+                "(decline if you will not).",
+            ),
+            questions=[],
+        )
+        result = await self.put(people, Question(request, DONE_SCHEMA, parse_form(DONE_SCHEMA)))
+        return result.action if isinstance(result, types.ElicitResult) else "cancel"
+
+
+DONE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+"""The form of a "done" confirm: nothing to fill in."""
 
 
 async def _ask_once(people: People, question: Question) -> Reply:

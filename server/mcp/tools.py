@@ -22,6 +22,18 @@ the 2025-11-25 flow, which names no call, reaches the right chat), keeps it
 while people answer, and gives it back; at most ``keep_idle`` stay open.
 Each connection lives in a task of its own, which enters and leaves the
 SDK's ``Client`` (anyio wants both in the same task).
+
+Every connection, the ones that only list tools included, declares the same
+client capabilities: elicitation (form and URL), sampling when
+``config.sampling`` is on, roots when ``config.roots`` lists some. A server
+that offers a tool only to clients that can answer its questions lists it
+to every path.
+
+With ``mode="auto"`` a server may settle on 2026-07-28 and then refuse to
+ask in it (FastMCP's tools fail with "elicitation ... is unavailable on
+2026-07-28 connections"; the SDK's server answers -32600 "no back-channel
+for server-initiated requests"): the call is made again over the
+2025-11-25 handshake, and the source keeps to it from then on.
 """
 
 from __future__ import annotations
@@ -44,14 +56,17 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from server.mcp.calls import call_tool
 from server.mcp.elicitation import ChatElicitation, UrlCompletions
 from server.mcp.errors import McpBridgeError, McpToolFailed
 from server.mcp.people import HostChat, People
+from server.mcp.sampling import ChatSampling, Roots
 from server.runner.agent import Tool
 from server.runner.bridge import ChatBridge
 from server.runner.context import ToolContext
+from server.runner.model import ChatModel
 
 log = logging.getLogger("huddle.mcp")
 
@@ -80,7 +95,15 @@ class McpServerConfig:
     read_timeout: float | None = None
     """Seconds one request may take; None, because people take their time."""
     link_wait: float = 300.0
-    """Seconds to wait for a link's completion before calling again (-32042)."""
+    """Seconds to wait for a link's completion before calling again (-32042),
+    unless the people say they are done first."""
+    sampling: bool = False
+    """Let the server ask for model completions (``sampling/createMessage``):
+    the chat's people approve (and may edit) each, and the agent's model
+    answers. Off: no sampling capability is declared."""
+    roots: tuple[str, ...] = ()
+    """Root URIs (``file://...``) the server may ask for (``roots/list``);
+    none: no roots capability is declared."""
 
     @classmethod
     def stdio(
@@ -136,21 +159,49 @@ async def _http_transport(url: str, headers: dict[str, str]) -> AsyncIterator[An
 # ─── One connection ──────────────────────────────────────────────────────────
 
 
+def new_client(
+    config: McpServerConfig,
+    mode: str,
+    elicitation: ChatElicitation,
+    sampling: ChatSampling,
+    completions: UrlCompletions,
+) -> Client:
+    """A ``Client`` for ``config`` declaring every capability it serves."""
+    return Client(
+        config.connect_target(),
+        mode=mode,
+        read_timeout_seconds=config.read_timeout,
+        elicitation_callback=elicitation,
+        sampling_callback=sampling if config.sampling else None,
+        list_roots_callback=Roots(config.roots) if config.roots else None,
+        message_handler=completions.message_handler,
+    )
+
+
 @dataclass(eq=False)
 class _Connection:
     """A connected ``Client``, entered and left by a task of its own."""
 
     config: McpServerConfig
     completions: UrlCompletions
+    mode: str = "auto"
     people: People | None = None
-    """Who the current borrower's elicitations go to."""
+    """Who the current borrower's elicitations and sampling go to."""
+    model: ChatModel | None = None
+    """The model the current borrower's sampling goes to."""
     client: Client | None = None
     elicitation: ChatElicitation = field(init=False)
+    sampling: ChatSampling = field(init=False)
     _task: asyncio.Task[None] | None = None
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.elicitation = ChatElicitation(route=lambda: self.people, server=self.config.name)
+        self.sampling = ChatSampling(lambda: (self.people, self.model), server=self.config.name)
+
+    @property
+    def modern(self) -> bool:
+        return self.client is not None and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
 
     @property
     def alive(self) -> bool:
@@ -162,12 +213,8 @@ class _Connection:
         await ready
 
     async def _hold(self, ready: asyncio.Future[None]) -> None:
-        client = Client(
-            self.config.connect_target(),
-            mode=self.config.mode,
-            read_timeout_seconds=self.config.read_timeout,
-            elicitation_callback=self.elicitation,
-            message_handler=self.completions.message_handler,
+        client = new_client(
+            self.config, self.mode, self.elicitation, self.sampling, self.completions
         )
         try:
             async with client:
@@ -204,6 +251,9 @@ class McpToolSource:
         self.config = config
         self.keep_idle = keep_idle
         self.completions = UrlCompletions()
+        self.mode = config.mode
+        """The mode new connections use: the config's, until a server that
+        refused to ask in 2026-07-28 made it ``legacy``."""
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
         self._closers: set[asyncio.Task[None]] = set()
@@ -250,14 +300,22 @@ class McpToolSource:
         return tuple(self._runner_tool(tool) for tool in listed)
 
     async def _listing_once(self) -> list[types.Tool]:
-        async with Client(self.config.connect_target(), mode=self.config.mode) as client:
+        # The same capabilities as a pooled connection (nobody to ask while
+        # listing: a question now gets an error).
+        lister = _Connection(self.config, UrlCompletions(), self.mode)
+        client = new_client(
+            self.config, self.mode, lister.elicitation, lister.sampling, lister.completions
+        )
+        async with client:
             return await _listing(client)
 
     def _runner_tool(self, listed: types.Tool) -> Tool:
         name = listed.name
 
         async def run(arguments: dict[str, Any]) -> Any:
-            return await self.call(name, arguments, people=people_of_current_call())
+            return await self.call(
+                name, arguments, people=people_of_current_call(), model=model_of_current_call()
+            )
 
         title = listed.title or (listed.annotations.title if listed.annotations else None)
         return Tool(
@@ -269,33 +327,61 @@ class McpToolSource:
         )
 
     async def call(
-        self, name: str, arguments: dict[str, Any] | None = None, *, people: People | None
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        people: People | None,
+        model: ChatModel | None = None,
     ) -> Any:
         """Call tool ``name`` (its name on the server) with its elicitations
-        put to ``people``; returns the structured content, else the text.
-        Raises McpToolFailed (an ``isError`` result), MCPError, and the
-        bridge's errors."""
-        async with self._borrow(people) as connection:
-            assert connection.client is not None
-            result = await call_tool(
-                connection.client,
-                name,
-                arguments,
-                elicitation=connection.elicitation,
-                completions=self.completions,
-                read_timeout=self.config.read_timeout,
-                link_wait=self.config.link_wait,
-            )
-        return tool_output(name, result)
+        (and sampling, when on) put to ``people``, sampling answered by
+        ``model``; returns the structured content, else the text. Raises
+        McpToolFailed (an ``isError`` result), MCPError, and the bridge's
+        errors."""
+        while True:
+            async with self._borrow(people, model) as connection:
+                assert connection.client is not None
+                falls_back = connection.modern and self.config.mode == "auto"
+                try:
+                    result = await call_tool(
+                        connection.client,
+                        name,
+                        arguments,
+                        elicitation=connection.elicitation,
+                        completions=self.completions,
+                        read_timeout=self.config.read_timeout,
+                        link_wait=self.config.link_wait,
+                    )
+                except MCPError as error:
+                    if not (falls_back and refuses_to_ask(error)):
+                        raise
+                    result = None
+            if result is not None and not (falls_back and refuses_to_ask(result)):
+                return tool_output(name, result)
+            self._fall_back(name)
+
+    def _fall_back(self, tool: str) -> None:
+        log.info(
+            "%s: %s cannot ask in the 2026-07-28 flow; calling again with 2025-11-25",
+            self.config.name,
+            tool,
+        )
+        self.mode = "legacy"
+        for connection in self._idle:
+            self._give_back(connection, healthy=False)
+        self._idle.clear()
 
     # ─── The pool ────────────────────────────────────────────────────────
 
     @contextlib.asynccontextmanager
-    async def _borrow(self, people: People | None) -> AsyncIterator[_Connection]:
+    async def _borrow(
+        self, people: People | None, model: ChatModel | None = None
+    ) -> AsyncIterator[_Connection]:
         if self._closed:
             raise McpBridgeError(f"{self.config.name}: the tool source is closed")
         connection = self._take_idle() or await self._connect()
-        connection.people = people
+        connection.people, connection.model = people, model
         healthy = False
         try:
             yield connection
@@ -305,25 +391,26 @@ class McpToolSource:
             healthy = getattr(error, "code", None) not in _BROKEN
             raise
         finally:
-            connection.people = None
+            connection.people = connection.model = None
             self._give_back(connection, healthy)
 
     def _take_idle(self) -> _Connection | None:
         while self._idle:
             connection = self._idle.pop()
-            if connection.alive:
+            if connection.alive and connection.mode == self.mode:
                 return connection
             self._open.discard(connection)
         return None
 
     async def _connect(self) -> _Connection:
-        connection = _Connection(self.config, self.completions)
+        connection = _Connection(self.config, self.completions, self.mode)
         await connection.open()
         self._open.add(connection)
         return connection
 
     def _give_back(self, connection: _Connection, healthy: bool) -> None:
-        if healthy and connection.alive and not self._closed and len(self._idle) < self.keep_idle:
+        keep = healthy and connection.alive and connection.mode == self.mode
+        if keep and not self._closed and len(self._idle) < self.keep_idle:
             self._idle.append(connection)
             return
         self._open.discard(connection)
@@ -344,6 +431,29 @@ async def _listing(client: Client) -> list[types.Tool]:
         cursor = page.next_cursor
         if cursor is None:
             return listed
+
+
+def refuses_to_ask(outcome: types.CallToolResult | MCPError) -> bool:
+    """Whether a server said it cannot ask (elicit, sample) in the
+    2026-07-28 flow, the way the SDK's servers (-32600, no back-channel for
+    ``elicitation/create`` or ``sampling/createMessage``) and FastMCP's
+    (an ``isError`` result: "... unavailable on 2026-07-28 connections") do."""
+    if isinstance(outcome, MCPError):
+        text = outcome.error.message
+        return outcome.error.code == types.INVALID_REQUEST and "back-channel" in text
+    if not outcome.is_error:
+        return False
+    text = "\n".join(_content_text(block) for block in outcome.content).lower()
+    asks = "elicitation" in text or "sampling" in text
+    return asks and "2026-07-28" in text and "unavailable" in text
+
+
+def model_of_current_call() -> ChatModel | None:
+    """The model of the agent whose tool runs now (None outside one)."""
+    try:
+        return ToolContext.current().model
+    except LookupError:
+        return None
 
 
 def people_of_current_call() -> People | None:

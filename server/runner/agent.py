@@ -123,7 +123,11 @@ class Agent:
     max_tool_calls: int = 50
     max_retries: int = 5
     retry_backoff: float = 1.0
-    """Seconds before the first retry; doubled at each attempt."""
+    """Seconds before the first retry; doubled at each attempt (or longer
+    when the model's API said ``Retry-After``)."""
+    older_versions: tuple[Agent, ...] = ()
+    """Earlier versions of this agent (same name) that waiting turns may
+    still need: a turn always runs the version it started with."""
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)

@@ -20,7 +20,19 @@ did it (name, role, client id) for the turn's audit.
 
 :meth:`ChatBridge.reconcile` covers a crash between the chat action and the
 runner's resume: a turn still waiting on a request its chat has already
-resolved is resumed from the chat, which is durable.
+resolved is resumed from the chat, which is durable; and a crash between
+the runner's suspension and the chat's request: a turn waiting on a request
+its chat never showed is asked again.
+
+A turn's AHP turn is ``runner_turn_id(chat, chatTurn)`` for a turn people
+started; a child turn's AHP turn in its own chat has the child's id (see
+:meth:`ChatBridge.turn_of`).
+
+A turn taken over after its worker died (:meth:`ChatBridge.turn_taken_over`)
+leaves nothing open that nobody waits for: the MCP questions the dead
+worker's tool asked are withdrawn (the replayed tool asks again), results
+it saved but never showed are shown, and text it streamed is marked as cut
+off; the retried reply streams into a part of its own.
 """
 
 from __future__ import annotations
@@ -60,6 +72,7 @@ from protocol.chat import (
     TextQuestion,
     TextValue,
     ToolCallCancelled,
+    ToolCallCompleted,
     ToolCallPendingConfirmation,
     ToolCallResult,
 )
@@ -74,10 +87,13 @@ from server.channels import Applied
 from server.errors import ActionRejected, ChannelGone, HuddleError
 from server.host import Host
 from server.runner.agent import Agent, ApprovalDecision, Tool
+from server.runner.errors import TurnNotFound
 from server.runner.ids import (
     input_request_id,
     markdown_part_id,
     parse_input_request_id,
+    parse_markdown_part_id,
+    parse_mcp_request_id,
     runner_turn_id,
 )
 from server.runner.runner import ResumeRejected, Runner
@@ -96,16 +112,21 @@ APPROVE = ConfirmationOption(id="approve", label="Approve", kind="approve")
 DENY = ConfirmationOption(id="deny", label="Deny", kind="deny")
 REPLY = "reply"
 """The question id of a plain-text suspension's one question."""
+INTERRUPTED = "\n\n*(Interrupted: this reply was cut off and is being retried.)*"
+"""Appended to text whose stream a crash or a transient failure cut off."""
 
 
 class ChatBridge:
     """Shows a runner's turns in chats and feeds people's actions back."""
 
-    def __init__(self, host: Host, agent: Agent) -> None:
+    def __init__(self, host: Host, agent: Agent, *, ask_again_after: float = 10.0) -> None:
         self.host = host
         self.agent = agent
         self.runner: Runner | None = None
         self.started_at: dict[str, float] = {}
+        self.ask_again_after = ask_again_after
+        """Seconds a suspension may go unseen in its chat before a sweep
+        asks again (its worker may be showing it right now)."""
 
     def attach(self, runner: Runner) -> None:
         self.runner = runner
@@ -113,6 +134,12 @@ class ChatBridge:
         self.host.add_hook(self.hook)
 
     # ─── Outward ─────────────────────────────────────────────────────────
+
+    def _tool(self, turn: Turn, name: str) -> Tool | None:
+        """Tool ``name`` of the agent version running ``turn``."""
+        if self.runner is None:
+            return self.agent.tool(name)
+        return _tool_of(self.runner, turn, name)
 
     async def _chat(self, turn: Turn) -> ChatState | None:
         """The turn's chat, if its AHP turn is the active one."""
@@ -151,6 +178,48 @@ class ChatBridge:
                 turn_id=turn.chat_turn, started_at=iso_time(self.host.now_ms()), message=message
             )
             await self._send(turn, started)
+        await self._mark_interrupted(turn)
+
+    async def _mark_interrupted(self, turn: Turn) -> None:
+        """Mark the text of this iteration's earlier attempts as cut off
+        (once): a crash or a transient failure ended its stream."""
+        state = await self._chat(turn)
+        if state is None or state.active_turn is None:
+            return
+        attempt = turn.attempts + turn.retry_attempts
+        for part in state.active_turn.response_parts:
+            ref = parse_markdown_part_id(part.id) if isinstance(part, MarkdownPart) else None
+            if ref is None or ref.iteration != turn.iterations or ref.attempt >= attempt:
+                continue
+            assert isinstance(part, MarkdownPart)
+            if not part.content.endswith(INTERRUPTED):
+                active = state.active_turn.id
+                await self._send(
+                    turn, ChatDelta(turn_id=active, part_id=part.id, content=INTERRUPTED)
+                )
+
+    async def turn_taken_over(self, turn: Turn) -> None:
+        state = await self._chat(turn)
+        if state is None or state.active_turn is None or turn.chat is None:
+            return
+        for part in state.active_turn.response_parts:
+            # The dead worker's MCP tool was waiting on these; nobody is now.
+            # The replayed tool asks afresh.
+            if (
+                isinstance(part, InputRequestPart)
+                and part.response is None
+                and parse_mcp_request_id(part.request.id) is not None
+            ):
+                withdrawn = ChatInputCompleted(request_id=part.request.id, response="cancel")
+                await self._send(turn, withdrawn)
+        for pending in turn.pending:
+            shown = select_tool_call(state, pending.call.id)
+            unshown = shown is not None and not isinstance(
+                shown, ToolCallCompleted | ToolCallCancelled
+            )
+            if pending.result is not None and unshown:
+                ok = not _is_error_result(pending.result)
+                await self.tool_finished(turn, pending.call, pending.result, ok)
 
     async def _publish_tools(self, turn: Turn) -> None:
         """List the agent's tools as the session's server tools, so that
@@ -174,7 +243,8 @@ class ChatBridge:
         state = await self._chat(turn)
         if state is None or state.active_turn is None or not delta:
             return
-        part_id = markdown_part_id(state.active_turn.id, turn.iterations)
+        attempt = turn.attempts + turn.retry_attempts
+        part_id = markdown_part_id(state.active_turn.id, turn.iterations, attempt)
         exists = any(
             isinstance(p, MarkdownPart) and p.id == part_id
             for p in state.active_turn.response_parts
@@ -287,7 +357,7 @@ class ChatBridge:
         state = await self._chat(turn)
         if state is None or state.active_turn is None:
             return
-        tool = self.agent.tool(call.name)
+        tool = self._tool(turn, call.name)
         title = tool.title if tool else call.name
         outcome = ToolCallResult(
             success=success,
@@ -330,7 +400,7 @@ class ChatBridge:
         if session is None:
             return None
         uri = chat_uri(secrets.token_hex(8))
-        tool = self.agent.tool(call.name)
+        tool = self._tool(turn, call.name)
         await self.host.create_chat(session, uri, title=tool.title if tool else call.name)
         return uri
 
@@ -384,20 +454,41 @@ class ChatBridge:
                     await self._input_resolved(uri, settled.part, audit)
             elif isinstance(action, ChatToolCallConfirmed):
                 command = _decision(action)
-                await self.runner.submit_resume(
-                    runner_turn_id(uri, action.turn_id), command.with_metadata(**audit)
-                )
+                turn_id = await self.turn_of(uri, action.turn_id)
+                if turn_id is not None:
+                    await self.runner.submit_resume(turn_id, command.with_metadata(**audit))
             elif isinstance(action, ChatTurnCancelled):
-                await self.runner.cancel(runner_turn_id(uri, action.turn_id))
+                turn_id = await self.turn_of(uri, action.turn_id)
+                if turn_id is not None:
+                    await self.runner.cancel(turn_id)
         except ResumeRejected as error:
             log.info("%s", error)
         except HuddleError as error:
             log.warning("could not act on %s: %s", type(action).__name__, error)
 
+    async def turn_of(self, uri: str, chat_turn: str) -> str | None:
+        """The runner's turn that AHP turn ``chat_turn`` of chat ``uri``
+        shows, or None (no such turn: the chat's own, or an agent's that is
+        not ours). A turn people started is ``runner_turn_id(uri,
+        chatTurn)``; a child turn shows in a chat of its own under its own
+        id, which is checked against the chat so that no chat's people can
+        reach another chat's turn."""
+        assert self.runner is not None
+        store = self.runner.store
+        for candidate in (runner_turn_id(uri, chat_turn), chat_turn):
+            try:
+                turn = await store.load(candidate)
+            except TurnNotFound:
+                continue
+            if turn.chat == uri and turn.chat_turn == chat_turn:
+                return turn.id
+        return None
+
     async def _input_resolved(
-        self, uri: str, part: InputRequestPart, audit: dict[str, Any]
+        self, uri: str, part: InputRequestPart, audit: dict[str, Any], turn_id: str | None = None
     ) -> None:
-        """Resume the turn that asked ``part``'s request (if the runner did)."""
+        """Resume the turn that asked ``part``'s request (if the runner did;
+        ``turn_id`` when the caller knows which)."""
         assert self.runner is not None
         assert part.response is not None
         opened = parse_input_request_id(part.request.id)
@@ -408,14 +499,16 @@ class ChatBridge:
         if call is None:
             answer = answers.get(REPLY)
             text = answer.value.value if answer and isinstance(answer.value, TextValue) else ""
-            command = ResumeCommand.user_input(text if part.response == "accept" else "")
+            reply = text if part.response == "accept" else ""
+            command = ResumeCommand.user_input(reply, question=opened.question_id)
         elif part.response == "accept":
             data = await self.host.form_data(uri, part.request.id, answers)
             command = ResumeCommand.user_input(call, data or {})
         else:
             command = ResumeCommand.user_input(call, None, response=part.response)
-        turn_id = runner_turn_id(uri, opened.chat_turn)
-        await self.runner.submit_resume(turn_id, command.with_metadata(**audit))
+        turn_id = turn_id or await self.turn_of(uri, opened.chat_turn)
+        if turn_id is not None:
+            await self.runner.submit_resume(turn_id, command.with_metadata(**audit))
 
     async def reconcile(self) -> int:
         """Resume turns whose chat already answered them (a crash lost the
@@ -436,7 +529,39 @@ class ChatBridge:
                 assert isinstance(state, ChatState)
                 if await self._resume_answered(turn, state, audit):
                     resumed += 1
+                else:
+                    await self._ask_again_if_unseen(turn, state)
         return resumed
+
+    async def _ask_again_if_unseen(self, turn: Turn, state: ChatState) -> None:
+        """Show ``turn``'s suspension in its chat if the chat never got it
+        (the worker died between saving the suspension and asking)."""
+        suspension = turn.suspension
+        active = state.active_turn
+        if suspension is None or active is None or active.id != turn.chat_turn:
+            return
+        assert self.runner is not None
+        if self.runner.clock() - turn.updated_at < self.ask_again_after:
+            return  # just suspended: its worker is likely showing it now
+        if suspension.type == SuspensionType.USER_INPUT:
+            rid = input_request_id(active.id, suspension.correlation_id)
+            if select_input_settlement(state, rid).part is None:
+                log.info("turn %s: its chat never showed %s; asking again", turn.id, rid)
+                await self.input_requested(turn, suspension)
+            return
+        pending = turn.call(suspension.correlation_id or "")
+        if pending is None or select_tool_call(state, pending.call.id) is not None:
+            return
+        assert self.runner is not None
+        tool = _tool_of(self.runner, turn, pending.call.name)
+        if tool is None:
+            return
+        log.info("turn %s: its chat never showed the approval; asking again", turn.id)
+        meta = suspension.metadata
+        decision = ApprovalDecision.require_approval(
+            code=meta.get("code"), message=suspension.message, reason=meta.get("reason")
+        )
+        await self.approval_requested(turn, pending.call, tool, decision)
 
     async def _resume_answered(self, turn: Turn, state: ChatState, audit: dict[str, Any]) -> bool:
         """Resume ``turn`` from the chat's answer to its suspension; False
@@ -452,7 +577,10 @@ class ChatBridge:
             settled = select_input_settlement(state, rid)
             if settled.status != "resolved" or settled.part is None:
                 return False
-            await self._input_resolved(turn.chat, settled.part, audit)
+            try:
+                await self._input_resolved(turn.chat, settled.part, audit, turn.id)
+            except ResumeRejected as error:
+                log.info("%s", error)
             return True
         call = select_latest_tool_call(state, turn.chat_turn or "", suspension.correlation_id or "")
         if call is None or isinstance(call, ToolCallPendingConfirmation):
@@ -500,6 +628,23 @@ def _decision(action: ChatToolCallConfirmed) -> ResumeCommand:
     reason = action.reason_message
     text = reason.markdown if isinstance(reason, Markdown) else reason
     return ResumeCommand.reject_tool(action.tool_call_id, text or action.reason)
+
+
+def _tool_of(runner: Runner, turn: Turn, name: str) -> Tool | None:
+    """Tool ``name`` of the agent version ``turn`` runs, if it still has one."""
+    try:
+        return runner.agent_for(turn).tool(name)
+    except HuddleError:
+        return None
+
+
+def _is_error_result(result: str) -> bool:
+    """Whether a saved tool result is the runner's record of a failure."""
+    try:
+        decoded = json.loads(result)
+    except ValueError:
+        return False
+    return isinstance(decoded, dict) and decoded.get("status") == "error"
 
 
 def _invocation(tool: Tool, call: ToolCall) -> str:

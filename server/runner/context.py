@@ -14,6 +14,7 @@ from typing import Any
 
 from server.runner.agent import Tool
 from server.runner.ids import idempotency_key
+from server.runner.model import ChatModel
 from server.runner.port import ChatPort
 from server.runner.turn import ToolCall
 
@@ -38,6 +39,8 @@ class ToolContext:
     port: ChatPort | None = None
     """Where the turn shows itself (in a server: its chat bridge, whose host
     lets a tool ask the chat's people, as MCP tools do for elicitations)."""
+    model: ChatModel | None = None
+    """The chat model of the turn's agent (MCP sampling asks it)."""
     _progress: ProgressSink | None = None
     _cancelled: Callable[[], bool] = lambda: False
 

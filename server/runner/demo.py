@@ -1,7 +1,8 @@
 """The demo agent: the support-ticket story, played offline.
 
 Someone asks for a high-priority ticket about login failures. The agent
-asks for the ``support_ticket_details`` form (affected system, impact scope),
+asks for the ``support_ticket_details`` form (``affectedSystem``,
+``impactScope``: ``ONE_USER``, ``PARTIAL_USERS`` or ``ALL_USERS``),
 then calls ``create_support_ticket``, which needs a person's approval, and
 finally reports the ticket id. A scripted model plays the agent, so the demo
 needs no network and behaves the same every time.
@@ -19,40 +20,31 @@ from server.runner.context import ToolContext
 from server.runner.model import ModelReply, ScriptedModel, last_tool_result
 from server.runner.turn import ModelMessage, ToolCall
 
+IMPACT_SCOPES = ("ONE_USER", "PARTIAL_USERS", "ALL_USERS")
+
 TICKET_FORM = FormDefinition(
     key="support_ticket_details",
-    description="Details needed to open a support ticket when they are missing",
+    description="Use when the affected system or the impact scope of an outage ticket is missing",
     schema={
         "type": "object",
+        "title": "Outage details",
         "properties": {
-            "affected_system": {
-                "type": "string",
-                "title": "Affected system",
-                "description": "Which system is failing?",
-                "minLength": 2,
-                "maxLength": 80,
-            },
-            "impact_scope": {
+            "affectedSystem": {"type": "string", "title": "Affected system"},
+            "impactScope": {
                 "type": "string",
                 "title": "Impact scope",
-                "description": "Who is affected?",
                 "oneOf": [
-                    {"const": "single_user", "title": "A single user"},
-                    {"const": "team", "title": "One team"},
-                    {"const": "all_users", "title": "All users"},
+                    {"const": "ONE_USER", "title": "One user"},
+                    {"const": "PARTIAL_USERS", "title": "Some users"},
+                    {"const": "ALL_USERS", "title": "All users"},
                 ],
-                "default": "all_users",
-            },
-            "notes": {
-                "type": "string",
-                "title": "Notes",
-                "description": "Anything else the support team should know",
-                "maxLength": 500,
             },
         },
-        "required": ["affected_system", "impact_scope"],
+        "required": ["affectedSystem", "impactScope"],
     },
 )
+"""The form of the Agents-Flex support-ticket story (its form-input guide):
+the affected system and one of the three impact scopes, both required."""
 
 TICKETS: dict[str, dict[str, Any]] = {}
 """Tickets created by this process, by idempotency key: a replayed call
@@ -79,10 +71,10 @@ TICKET_TOOL = Tool(
         "properties": {
             "priority": {"type": "string", "enum": ["low", "normal", "high"]},
             "summary": {"type": "string", "maxLength": 200},
-            "affected_system": {"type": "string"},
-            "impact_scope": {"type": "string"},
+            "affectedSystem": {"type": "string"},
+            "impactScope": {"type": "string", "enum": list(IMPACT_SCOPES)},
         },
-        "required": ["priority", "summary", "affected_system", "impact_scope"],
+        "required": ["priority", "summary", "affectedSystem", "impactScope"],
     },
     function=create_support_ticket,
     display_name="Create support ticket",
@@ -134,8 +126,8 @@ def script(messages: Sequence[ModelMessage]) -> ModelReply:
                     arguments={
                         "priority": "high",
                         "summary": _summary(messages),
-                        "affected_system": data.get("affected_system", ""),
-                        "impact_scope": data.get("impact_scope", ""),
+                        "affectedSystem": data.get("affectedSystem", ""),
+                        "impactScope": data.get("impactScope", ""),
                     },
                 )
             ],

@@ -30,6 +30,22 @@ class UnknownAgent(RunnerError):
         return f"no agent named {self.name!r} in this runner"
 
 
+class AgentVersionGone(RunnerError):
+    """A turn started with version ``version`` of agent ``name``, which this
+    runner no longer has (``active`` is the version it has): the turn is not
+    run with other code than it started with."""
+
+    def __init__(self, name: str, version: str, active: str) -> None:
+        super().__init__(name, version, active)
+        self.name, self.version, self.active = name, version, active
+
+    def __str__(self) -> str:
+        return (
+            f"agent {self.name!r} version {self.version} is no longer deployed (this worker "
+            f"has version {self.active}); a turn runs only the version it started with"
+        )
+
+
 class ResumeRejected(RunnerError):
     """A resume that does not fit the turn: late, duplicate, mismatched, not
     due yet, or with data that fails the frozen form. Nothing changed."""

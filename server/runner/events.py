@@ -24,6 +24,12 @@ class EventType(enum.StrEnum):
     TOOL_COMPLETED = "TOOL_COMPLETED"
     TOOL_DENIED = "TOOL_DENIED"
     RETRY_SCHEDULED = "RETRY_SCHEDULED"
+    TURN_TAKEN_OVER = "TURN_TAKEN_OVER"
+    """A worker took over a RUNNING turn whose worker stopped (an attempt
+    that failed): data ``attempt`` (how many in a row), ``phase``."""
+    ATTEMPT_FAILED = "ATTEMPT_FAILED"
+    """An execution ended in an error the runner could not turn into a
+    result: data ``attempt``, ``error``, ``kind`` (the exception's class)."""
     TURN_COMPLETED = "TURN_COMPLETED"
     TURN_FAILED = "TURN_FAILED"
     TURN_CANCELLED = "TURN_CANCELLED"

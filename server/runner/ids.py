@@ -4,8 +4,10 @@
 id                             looks like                       built by / parsed by
 =============================  ===============================  ==========================
 a turn's input request         ``<chatTurn>:input:<callId>``,   :func:`input_request_id`
-                               ``<chatTurn>:input:text`` for    :func:`parse_input_request_id`
-                               a plain-text question
+                               ``<chatTurn>:input:text:<hex>``  :func:`parse_input_request_id`
+                               for a plain-text question
+a plain-text question's        ``text:<8 hex digits>``          :func:`plain_question_id`
+correlation id                                                  :func:`parse_plain_question_id`
 the runner's turn for an AHP   ``<chatId>.<chatTurn>``          :func:`runner_turn_id`
 turn (AHP turn ids are unique                                   :func:`parse_runner_turn_id`
 per chat only)
@@ -13,8 +15,9 @@ a child turn                   ``<parentTurnId>.<callId>``      :func:`child_tur
                                                                 :func:`parse_child_turn_id`
 a tool call's idempotency key  ``<turnId>:<toolCallId>``        :func:`idempotency_key`
                                                                 :func:`parse_idempotency_key`
-a model reply's markdown part  ``<chatTurn>:md:<n>``            :func:`markdown_part_id`
-                                                                :func:`parse_markdown_part_id`
+a model reply's markdown part  ``<chatTurn>:md:<n>``, and       :func:`markdown_part_id`
+                               ``<chatTurn>:md:<n>.<k>`` for    :func:`parse_markdown_part_id`
+                               its k-th retried attempt
 an MCP elicitation's request   ``mcp:<16 hex digits>``          :func:`mcp_request_id`
                                                                 :func:`parse_mcp_request_id`
 =============================  ===============================  ==========================
@@ -25,9 +28,10 @@ joined as they are, not escaped, so the formats stay what chats and stores
 already hold; a parser splits at the separator a part is least likely to
 contain, and the round trip holds as long as that part does not contain it:
 the call id of an input request (split at the first ``:input:``; a call id
-``text`` reads as a plain-text question), the chat id of a runner turn id
-(at the first ``.``), the call id of a child turn id or idempotency key (at
-the last ``.`` or ``:``). Markdown part and MCP request ids always round-trip.
+``text``, or one starting ``text:``, reads as a plain-text question), the
+chat id of a runner turn id (at the first ``.``), the call id of a child
+turn id or idempotency key (at the last ``.`` or ``:``). Markdown part and
+MCP request ids always round-trip.
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ from protocol.uris import BadChannelUri, channel_id, channel_kind, chat_uri
 
 _INPUT = ":input:"
 _TEXT = "text"
-"""The call part of a plain-text question's request id."""
+"""The call part of a plain-text question's request id (alone: a question
+asked before questions had correlation ids)."""
+_QUESTION = re.compile(r"text:[0-9a-f]{8}")
 _MARKDOWN = ":md:"
 _MCP = "mcp:"
 _MCP_TOKEN = re.compile(r"[0-9a-f]{16}")
@@ -53,21 +59,47 @@ class InputRequestRef(NamedTuple):
     chat_turn: str
     call_id: str | None
     """The tool call the form answers; None for a plain-text question."""
+    question_id: str | None = None
+    """A plain-text question's correlation id (None: a form, or a question
+    asked before questions had one)."""
 
 
-def input_request_id(chat_turn: str, call_id: str | None) -> str:
-    """The id of the input request a turn opens in its chat for the form of
-    ``call_id`` (or, with None, for a plain-text question)."""
-    return f"{chat_turn}{_INPUT}{_TEXT if call_id is None else call_id}"
+def input_request_id(chat_turn: str, correlation_id: str | None) -> str:
+    """The id of the input request a turn opens in its chat for the
+    suspension whose correlation id is ``correlation_id``: a form's call id,
+    or a plain-text question's :func:`plain_question_id` (None: a question
+    without one)."""
+    return f"{chat_turn}{_INPUT}{_TEXT if correlation_id is None else correlation_id}"
 
 
 def parse_input_request_id(request_id: str) -> InputRequestRef | None:
-    """The chat turn and call of a request the runner opened; None for any
-    other request (an MCP server's, an agent's own)."""
+    """The chat turn and call (or question) of a request the runner opened;
+    None for any other request (an MCP server's, an agent's own)."""
     chat_turn, marker, call = request_id.partition(_INPUT)
     if not marker or not chat_turn or not call:
         return None
-    return InputRequestRef(chat_turn, None if call == _TEXT else call)
+    if call == _TEXT:
+        return InputRequestRef(chat_turn, None)
+    if call.startswith(_TEXT + ":"):
+        question = parse_plain_question_id(call)
+        return None if question is None else InputRequestRef(chat_turn, None, question)
+    return InputRequestRef(chat_turn, call)
+
+
+def plain_question_id(token: str | None = None) -> str:
+    """The correlation id of a plain-text question: ``text:`` and ``token``
+    (8 hex digits), a new random one by default. Each question gets its
+    own, so an answer to one can never resume the next."""
+    token = secrets.token_hex(4) if token is None else token
+    question = f"{_TEXT}:{token}"
+    if not _QUESTION.fullmatch(question):
+        raise ValueError(f"a question token is 8 hex digits, not {token!r}")
+    return question
+
+
+def parse_plain_question_id(correlation_id: str) -> str | None:
+    """``correlation_id`` when it is a plain-text question's, else None."""
+    return correlation_id if _QUESTION.fullmatch(correlation_id) else None
 
 
 # ─── Turns ───────────────────────────────────────────────────────────────────
@@ -143,21 +175,32 @@ class MarkdownPartRef(NamedTuple):
     chat_turn: str
     iteration: int
     """The turn's model iteration whose reply the part shows."""
+    attempt: int = 0
+    """Which attempt at that reply (0: the first; more after a crash or a
+    retry cut an earlier one off)."""
 
 
-def markdown_part_id(chat_turn: str, iteration: int) -> str:
+def markdown_part_id(chat_turn: str, iteration: int, attempt: int = 0) -> str:
     """The id of the markdown part that shows the model's reply in
-    ``iteration`` of the AHP turn ``chat_turn``."""
-    return f"{chat_turn}{_MARKDOWN}{iteration}"
+    ``iteration`` of the AHP turn ``chat_turn``, at its ``attempt``: a
+    retried reply gets a part of its own, after the one that was cut off."""
+    suffix = f".{attempt}" if attempt else ""
+    return f"{chat_turn}{_MARKDOWN}{iteration}{suffix}"
 
 
 def parse_markdown_part_id(part_id: str) -> MarkdownPartRef | None:
-    chat_turn, marker, iteration = part_id.rpartition(_MARKDOWN)
-    if not marker or not chat_turn or not iteration.isdecimal():
+    chat_turn, marker, tail = part_id.rpartition(_MARKDOWN)
+    iteration, dot, attempt = tail.partition(".")
+    if not marker or not chat_turn or not _canonical(iteration):
         return None
-    if str(int(iteration)) != iteration:
-        return None  # "007" is no iteration the builder writes
-    return MarkdownPartRef(chat_turn, int(iteration))
+    if dot and (not _canonical(attempt) or attempt == "0"):
+        return None  # the first attempt has no suffix
+    return MarkdownPartRef(chat_turn, int(iteration), int(attempt) if dot else 0)
+
+
+def _canonical(number: str) -> bool:
+    """Whether ``number`` is a count as the builders write it ("007" is not)."""
+    return number.isdecimal() and number.isascii() and str(int(number)) == number
 
 
 # ─── MCP ─────────────────────────────────────────────────────────────────────

@@ -18,8 +18,15 @@ class ChatPort(Protocol):
     async def turn_started(self, turn: Turn) -> None:
         """The turn starts or resumes executing."""
 
+    async def turn_taken_over(self, turn: Turn) -> None:
+        """The turn's previous worker stopped mid-step and this one carries
+        on (after ``turn_started``): withdraw what the dead worker left
+        waiting for people (an MCP server's question), show the results it
+        saved but did not show, and mark the text it streamed as cut off."""
+
     async def text(self, turn: Turn, delta: str) -> None:
-        """Model text, as it streams, for the turn's current iteration."""
+        """Model text, as it streams, for the turn's current iteration and
+        attempt (``turn.iterations``, ``turn.attempts + turn.retry_attempts``)."""
 
     async def tool_started(self, turn: Turn, call: ToolCall, tool: Tool) -> None:
         """The call runs now (no approval needed, or approval given)."""
@@ -55,6 +62,9 @@ class NullPort:
     """A port that shows nothing."""
 
     async def turn_started(self, turn: Turn) -> None:
+        return None
+
+    async def turn_taken_over(self, turn: Turn) -> None:
         return None
 
     async def text(self, turn: Turn, delta: str) -> None:

@@ -19,12 +19,24 @@ terminal; ``submit_resume`` validates, saves the turn as runnable and
 returns, and a Worker claims it. Every resume is checked against the
 suspension's type and correlation id before anything changes; a late,
 duplicate or mismatched one raises ResumeRejected and reopens nothing.
+
+Faults are bounded, never retried forever: an execution that ends in an
+error the runner cannot turn into a result (an unknown agent, an agent
+version that is gone, a bug) is an attempt that failed; so is one whose
+worker died or stalled (its turn is taken over once its lease expires).
+Attempts in a row are counted on the turn (reset by every saved step): a
+failed one schedules the turn again with backoff (RETRY_SCHEDULED), and
+the ``max_attempts``-th fails it, with the error shown in its chat. A turn
+taken over is told to the port first (the chat withdraws what the dead
+worker left open and marks its cut-off text), and its tool replays with
+the same idempotency key.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import inspect
 import json
 import logging
@@ -36,14 +48,22 @@ from typing import Any, NoReturn
 import jsonschema
 import msgspec
 
-from server.errors import HuddleError
+from server.errors import HuddleError, StoreError
 from server.runner.agent import Agent, ApprovalDecision, Outcome, Tool
 from server.runner.context import ToolContext, enter, leave
-from server.runner.errors import Fenced, FormRequired, TransientError, UnknownAgent, VersionConflict
+from server.runner.errors import (
+    Fenced,
+    FormRequired,
+    ModelUnavailable,
+    TransientError,
+    UnknownAgent,
+    VersionConflict,
+)
 from server.runner.errors import ResumeRejected as ResumeRejected
 from server.runner.errors import TurnBusy as TurnBusy
 from server.runner.events import EventType, Listener, RunnerEvent, notify
 from server.runner.ids import child_turn_id
+from server.runner.loader import AgentCatalog, AgentLoader, load_for_turn
 from server.runner.model import ToolSpec
 from server.runner.port import ChatPort, NullPort
 from server.runner.store import Lease, TurnStore
@@ -78,20 +98,35 @@ def _dumps(value: Any) -> str:
 
 class Runner:
     """Runs the turns of ``agents`` against ``store``; see the module
-    docstring. ``owner`` names this runner in leases."""
+    docstring. ``owner`` names this runner in leases.
+
+    ``loader`` finds a turn's agent by name and version (default: an
+    :class:`~server.runner.loader.AgentCatalog` of ``agents``, their older
+    versions and their child agents). ``max_attempts`` bounds failed
+    attempts in a row (see the module docstring); the n-th failed one waits
+    ``attempt_backoff * 2**(n-1)`` seconds before the next.
+    """
 
     def __init__(
         self,
         store: TurnStore,
-        agents: Iterable[Agent],
+        agents: Iterable[Agent] = (),
         *,
+        loader: AgentLoader | None = None,
         port: ChatPort | None = None,
         clock: Callable[[], float] = time.time,
         owner: str | None = None,
         lease_seconds: float = 30.0,
+        max_attempts: int = 5,
+        attempt_backoff: float = 1.0,
     ) -> None:
         self.store = store
-        self.agents = {agent.name: agent for agent in _with_children(agents)}
+        catalog = AgentCatalog(agents)
+        self.loader: AgentLoader = loader or catalog
+        self.agents = catalog.active()
+        """The active version of every agent given, by name."""
+        self.max_attempts = max_attempts
+        self.attempt_backoff = attempt_backoff
         self.port: ChatPort = port or NullPort()
         self.clock = clock
         self.owner = owner or f"runner-{secrets.token_hex(4)}"
@@ -102,10 +137,16 @@ class Runner:
         """The cancel signal of each turn this runner executes now."""
 
     def agent(self, name: str) -> Agent:
-        found = self.agents.get(name)
+        """The active version of agent ``name`` (what new turns get)."""
+        found = self.loader.load_active(name)
         if found is None:
             raise UnknownAgent(name)
         return found
+
+    def agent_for(self, turn: Turn) -> Agent:
+        """The version of its agent ``turn`` started with. Raises
+        UnknownAgent or AgentVersionGone."""
+        return load_for_turn(self.loader, turn.agent, turn.agent_version)
 
     def _emit(self, type_: EventType, turn: Turn, **data: Any) -> None:
         notify(self.listeners, RunnerEvent(type_, turn.id, data))
@@ -202,6 +243,8 @@ class Runner:
 
         if turn.is_terminal:
             refuse(f"the turn is {turn.status.value}: a late resume reopens nothing")
+        if turn.cancel_requested and command.type != SuspensionType.RETRY:
+            refuse("the turn is being cancelled: a resume changes nothing")
         suspension = turn.suspension
         if not turn.is_blocked or suspension is None:
             refuse(f"the turn is {turn.status.value}, not waiting: a duplicate resume?")
@@ -217,10 +260,15 @@ class Runner:
             if due > self.clock():
                 refuse(f"the retry is not due for {due - self.clock():.1f} s")
         form = suspension.form
-        if command.type == SuspensionType.USER_INPUT and form and command.response == "accept":
-            errors = _form_errors(form.schema, command.data or {})
-            if errors:
-                refuse("the submitted data does not fit the form", errors)
+        if command.type == SuspensionType.USER_INPUT and form is None and command.data is not None:
+            refuse("the turn waits for a plain-text answer, not form data")
+        if command.type == SuspensionType.USER_INPUT and form is not None:
+            if command.content is not None:
+                refuse(f"the turn waits for form {form.key!r}, not a plain-text answer")
+            if command.response == "accept":
+                errors = _form_errors(form.schema, command.data or {})
+                if errors:
+                    refuse("the submitted data does not fit the form", errors)
 
     def _resume_changes(self, turn: Turn, command: ResumeCommand) -> None:
         suspension = turn.suspension
@@ -234,7 +282,7 @@ class Runner:
             )
         )
         call_id = command.correlation_id
-        if command.type == SuspensionType.USER_INPUT and call_id is None:
+        if suspension.is_plain_question:
             turn.messages.append(ModelMessage(role="user", content=command.content or ""))
         elif command.type == SuspensionType.USER_INPUT:
             form = suspension.form
@@ -273,7 +321,22 @@ class Runner:
     async def cancel(self, turn_id: str) -> Turn:
         """Ask to cancel: a flag no save clears. A blocked turn is ended by
         a worker at once; a running one at its next step (and its tools see
-        ``cancellation_requested``)."""
+        ``cancellation_requested``). Its child turns, and theirs, are
+        cancelled too; a child that ends after that changes nothing."""
+        turn = await self._request_cancel(turn_id)
+        waiting = list(turn.children)
+        seen = {turn_id}
+        while waiting:
+            child_id = waiting.pop()
+            if child_id in seen:
+                continue
+            seen.add(child_id)
+            with contextlib.suppress(HuddleError):
+                child = await self._request_cancel(child_id)
+                waiting.extend(child.children)
+        return turn
+
+    async def _request_cancel(self, turn_id: str) -> Turn:
         await self.store.request_cancel(turn_id)
         executing = self._cancelled.get(turn_id)
         if executing is not None:
@@ -307,9 +370,15 @@ class Runner:
 
     async def execute_claimed(self, lease: Lease) -> Turn:
         """Advance the turn ``lease`` holds (from ``store.claim``) until it is
-        blocked or terminal, then give the lease up. On an error the lease is
-        kept to expire, so that a worker takes the turn over as after a crash
-        (given up, a RUNNING turn would be claimed by nobody)."""
+        blocked or terminal, then give the lease up.
+
+        An error the runner cannot turn into a result is a failed attempt:
+        recorded on the turn, which is scheduled again with backoff or, at
+        ``max_attempts``, failed. When even that cannot be saved (the store
+        is down, the lease was taken over) the error propagates and the
+        lease is kept to expire, so that a worker takes the turn over as
+        after a crash (given up, a RUNNING turn would be claimed by nobody).
+        """
         cancelled = asyncio.Event()
         self._cancelled[lease.turn_id] = cancelled
         keeper = asyncio.create_task(self._keep_lease(lease, cancelled))
@@ -317,7 +386,12 @@ class Runner:
             turn = await self.store.load(lease.turn_id)
             if turn.cancel_requested:
                 cancelled.set()
-            advanced = await self._advance(turn, lease, cancelled)
+            try:
+                advanced = await self._advance(turn, lease, cancelled)
+            except (StoreError, asyncio.CancelledError):
+                raise
+            except Exception as error:
+                advanced = await self._attempt_failed(lease, error)
         finally:
             if self._cancelled.get(lease.turn_id) is cancelled:
                 del self._cancelled[lease.turn_id]
@@ -341,7 +415,6 @@ class Runner:
                 cancelled.set()
 
     async def _advance(self, turn: Turn, lease: Lease, cancelled: asyncio.Event) -> Turn:
-        agent = self.agent(turn.agent)
         if turn.is_terminal:
             return turn
         if turn.status == TurnStatus.RETRY_SCHEDULED:
@@ -353,11 +426,20 @@ class Runner:
                 return turn
         elif turn.is_blocked and not turn.cancel_requested:
             return turn
+        taken_over = turn.status == TurnStatus.RUNNING
         try:
+            if turn.cancel_requested:
+                turn.start()  # a cancel needs no agent: end it before looking one up
+                await self._finish(turn, lease, Transition.CANCEL)
+            agent = self.agent_for(turn)
+            if taken_over:
+                await self._take_over(turn, lease)
             turn.start()
             turn = await self._save(turn, lease)
             self._emit(EventType.TURN_STARTED, turn)
             await self.port.turn_started(turn)
+            if taken_over:
+                await self.port.turn_taken_over(turn)
             while True:
                 if cancelled.is_set() or turn.cancel_requested:
                     await self._finish(turn, lease, Transition.CANCEL)
@@ -372,6 +454,63 @@ class Runner:
         turn.updated_at = self.clock()
         return await self.store.save(turn, lease=lease)
 
+    # ─── Failed attempts ─────────────────────────────────────────────────
+
+    async def _take_over(self, turn: Turn, lease: Lease) -> None:
+        """``turn`` was RUNNING when claimed: the worker that ran it died or
+        stalled. That is a failed attempt; the max_attempts-th fails the
+        turn (raises _Stop), else it carries on here."""
+        turn.attempts += 1
+        reason = "its worker stopped before the step was saved"
+        turn.last_error = reason
+        self._emit(EventType.TURN_TAKEN_OVER, turn, attempt=turn.attempts, phase=turn.phase.value)
+        if turn.attempts >= self.max_attempts:
+            await self._finish(
+                turn,
+                lease,
+                Transition.FAIL,
+                f"gave up after {turn.attempts} attempts in a row: {reason}"
+                + (f" (in {_running_call(turn)})" if _running_call(turn) else ""),
+            )
+
+    async def _attempt_failed(self, lease: Lease, error: Exception) -> Turn:
+        """Record ``error`` as a failed attempt of the leased turn: schedule
+        it again with backoff, or fail it at ``max_attempts``."""
+        log.warning("turn %s: attempt failed: %s", lease.turn_id, error, exc_info=error)
+        turn = await self.store.load(lease.turn_id)
+        if turn.is_terminal or (turn.is_blocked and turn.status != TurnStatus.RETRY_SCHEDULED):
+            return turn  # it got where it was going; the error came after
+        turn.attempts += 1
+        turn.last_error = str(error) or type(error).__name__
+        self._emit(
+            EventType.ATTEMPT_FAILED,
+            turn,
+            attempt=turn.attempts,
+            error=turn.last_error,
+            kind=type(error).__name__,
+        )
+        if turn.status != TurnStatus.RUNNING:
+            turn.start()
+        try:
+            if turn.attempts >= self.max_attempts:
+                await self._finish(
+                    turn,
+                    lease,
+                    Transition.FAIL,
+                    f"gave up after {turn.attempts} attempts in a row: {turn.last_error}",
+                )
+            delay = self.attempt_backoff * 2 ** (turn.attempts - 1)
+            suspension = Suspension(
+                type=SuspensionType.RETRY,
+                message=f"attempt {turn.attempts} failed: {turn.last_error}",
+                resume_phase=turn.phase,
+                due_at=self.clock() + delay,
+                metadata={"attempt": turn.attempts, "of": self.max_attempts, "delay": delay},
+            )
+            await self._block(turn, lease, suspension)
+        except _Stop:
+            return await self.store.load(turn.id)
+
     async def _finish(
         self, turn: Turn, lease: Lease, ending: Transition, error: str | None = None
     ) -> NoReturn:
@@ -381,8 +520,12 @@ class Runner:
             Transition.COMPLETE: EventType.TURN_COMPLETED,
             Transition.CANCEL: EventType.TURN_CANCELLED,
         }.get(ending, EventType.TURN_FAILED)
-        self._emit(kind, turn, status=turn.status.value)
+        self._emit(kind, turn, status=turn.status.value, error=error)
         await self.port.turn_finished(turn)
+        if ending == Transition.CANCEL:
+            for child_id in turn.children:
+                with contextlib.suppress(HuddleError):
+                    await self.cancel(child_id)
         if turn.parent is not None:
             await self._wake_parent(turn)
         raise _Stop
@@ -401,10 +544,20 @@ class Runner:
             await self.store.make_runnable(turn.id, suspension.due_at)
         raise _Stop
 
-    async def _retry_later(self, agent: Agent, turn: Turn, lease: Lease, error: str) -> NoReturn:
+    async def _retry_later(
+        self,
+        agent: Agent,
+        turn: Turn,
+        lease: Lease,
+        error: str,
+        not_before: float | None = None,
+    ) -> NoReturn:
+        """Schedule a transient failure's retry with backoff, or, out of
+        retries, fail the turn. ``not_before`` is a wait the failure asked
+        for (a model API's ``Retry-After``): the backoff is never shorter."""
         if turn.retry_attempts >= agent.max_retries:
             await self._finish(turn, lease, Transition.FAIL, f"gave up: {error}")
-        delay = agent.retry_backoff * (2**turn.retry_attempts)
+        delay = max(agent.retry_backoff * (2**turn.retry_attempts), not_before or 0.0)
         turn.retry_attempts += 1
         self._emit(EventType.RETRY_SCHEDULED, turn, delay=delay, error=error)
         suspension = Suspension(
@@ -428,12 +581,13 @@ class Runner:
         try:
             reply = await agent.model.complete(turn.messages, _tool_specs(agent), on_text)
         except TransientError as error:
-            await self._retry_later(agent, turn, lease, f"model: {error}")
+            wait = retry_after_seconds(error, self.clock())
+            await self._retry_later(agent, turn, lease, f"model: {error}", wait)
         except Exception as error:
             log.exception("model failed in turn %s", turn.id)
             await self._finish(turn, lease, Transition.FAIL, f"model failed: {error}")
         turn.iterations += 1
-        turn.retry_attempts = 0
+        turn.retry_attempts = turn.attempts = 0
         turn.messages.append(
             ModelMessage(role="assistant", content=reply.text, tool_calls=reply.tool_calls or None)
         )
@@ -457,6 +611,7 @@ class Runner:
                 return turn  # the loop ends it
             result = await self._call(agent, turn, lease, pending, cancelled)
             turn.pending[index] = msgspec.structs.replace(turn.pending[index], result=result)
+            turn.retry_attempts = turn.attempts = 0
             turn = await self._save(turn, lease)  # each result on its own
         for pending in turn.pending:
             turn.messages.append(
@@ -529,6 +684,7 @@ class Runner:
             submitted_form_data=dict(pending.form_data or {}),
             chat=turn.chat,
             port=self.port,
+            model=agent.model,
             _progress=progress,
             _cancelled=cancelled.is_set,
         )
@@ -704,17 +860,27 @@ def _form_errors(schema: dict[str, Any], data: dict[str, Any]) -> list[str]:
     return list(errors)
 
 
-def _with_children(agents: Iterable[Agent]) -> list[Agent]:
-    """``agents`` and, transitively, the agents their tools delegate to: a
-    worker finds a child turn's agent by name. A name given first wins."""
-    found: dict[str, Agent] = {}
-    waiting = list(agents)
-    while waiting:
-        agent = waiting.pop(0)
-        if agent.name not in found:
-            found[agent.name] = agent
-            waiting.extend(tool.child for tool in agent.tools if tool.child is not None)
-    return list(found.values())
+def retry_after_seconds(error: Exception, now: float) -> float | None:
+    """The seconds a model's ``Retry-After`` asks to wait (delta-seconds or
+    an HTTP date, RFC 9110), or None when it sent none or one that does not
+    parse."""
+    if not isinstance(error, ModelUnavailable) or error.retry_after is None:
+        return None
+    text = error.retry_after.strip()
+    if text.isdecimal():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def _running_call(turn: Turn) -> str | None:
+    """The tool the turn was running when it stopped (its first pending call
+    without a result), if any."""
+    running = next((p for p in turn.pending if p.result is None), None)
+    return None if running is None else f"tool {running.call.name}"
 
 
 def _require_call(turn: Turn, call_id: str | None) -> PendingCall:

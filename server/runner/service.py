@@ -14,6 +14,7 @@ from protocol.session import AgentInfo
 from server.host import Host
 from server.runner.agent import Agent
 from server.runner.bridge import ChatBridge
+from server.runner.metrics import RunnerMetrics
 from server.runner.runner import Runner
 from server.runner.store import TurnStore
 from server.runner.worker import Worker
@@ -57,10 +58,14 @@ class AgentService:
         workers: int = 1,
         clock: Callable[[], float] = time.time,
         idle_wait: float = 1.0,
+        lease_seconds: float = 30.0,
     ) -> None:
         self.host = host
         self.store = store
-        self.runner = Runner(store, [agent], clock=clock)
+        self.runner = Runner(store, [agent], clock=clock, lease_seconds=lease_seconds)
+        self.metrics = RunnerMetrics()
+        """The runner's counters (a Prometheus collector)."""
+        self.runner.listeners.append(self.metrics)
         self.bridge = ChatBridge(host, agent)
         self.bridge.attach(self.runner)
         self.workers = [

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import msgspec
 
 from server.runner.errors import IllegalTransition
+from server.runner.ids import plain_question_id
 
 
 class TurnStatus(enum.StrEnum):
@@ -201,8 +202,9 @@ class Suspension(Record, frozen=True):
     """Why a turn waits, and what may resume it.
 
     ``correlation_id`` is the tool call id for USER_INPUT from a form and
-    for TOOL_APPROVAL, the child turn id for CHILD_AGENT, and absent for a
-    plain-text USER_INPUT (:meth:`user_input`) and for RETRY.
+    for TOOL_APPROVAL, the child turn id for CHILD_AGENT, the question's own
+    id for a plain-text USER_INPUT (:meth:`user_input`), and absent for
+    RETRY. A USER_INPUT suspension without ``form`` is a plain-text question.
     """
 
     type: SuspensionType
@@ -213,13 +215,22 @@ class Suspension(Record, frozen=True):
     form: FrozenForm | None = None
     due_at: float | None = None
 
+    @property
+    def is_plain_question(self) -> bool:
+        return self.type == SuspensionType.USER_INPUT and self.form is None
+
     @classmethod
-    def user_input(cls, message: str, **metadata: Any) -> Suspension:
-        """A plain-text question with no correlation id; resumed by
-        ``ResumeCommand.user_input(content)``, whose content becomes a user
-        message."""
+    def user_input(
+        cls, message: str, *, question_id: str | None = None, **metadata: Any
+    ) -> Suspension:
+        """A plain-text question, with a correlation id of its own
+        (``question_id``, a new :func:`~server.runner.ids.plain_question_id`
+        by default); resumed by ``ResumeCommand.user_input(content,
+        question=...)`` with that id, whose content becomes a user message.
+        An answer to another question (late, duplicate) is refused."""
         return cls(
             type=SuspensionType.USER_INPUT,
+            correlation_id=question_id or plain_question_id(),
             message=message,
             resume_phase=Phase.MODEL,
             metadata=metadata,
@@ -248,12 +259,16 @@ class ResumeCommand(Record, frozen=True):
         data: dict[str, Any] | None = None,
         *,
         response: Literal["accept", "decline", "cancel"] = "accept",
+        question: str | None = None,
     ) -> ResumeCommand:
-        """``user_input(content)`` answers a plain-text suspension;
+        """``user_input(content, question=id)`` answers the plain-text
+        question ``id`` (the suspension's correlation id);
         ``user_input(call_id, data)`` submits a form (``response`` decline or
         cancel with no data when the people said no)."""
-        if data is None and response == "accept":
-            return cls(type=SuspensionType.USER_INPUT, content=content_or_call_id)
+        if question is not None or (data is None and response == "accept"):
+            return cls(
+                type=SuspensionType.USER_INPUT, correlation_id=question, content=content_or_call_id
+            )
         return cls(
             type=SuspensionType.USER_INPUT,
             correlation_id=content_or_call_id,
@@ -344,6 +359,13 @@ class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
     iterations: int = 0
     tool_calls_made: int = 0
     retry_attempts: int = 0
+    """Transient failures in a row (model or tool), for its backoff."""
+    attempts: int = 0
+    """Executions in a row that ended without a step saved: a worker that
+    died or stalled (its turn taken over), or an error the runner could not
+    turn into a result. Bounded by the runner's ``max_attempts``."""
+    last_error: str | None = None
+    """Why the latest failed attempt failed."""
     suspension: Suspension | None = None
     parent: ParentLink | None = None
     children: list[str] = msgspec.field(default_factory=list)

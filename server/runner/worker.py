@@ -3,7 +3,9 @@
 A worker takes the earliest due turn whose lease is free or expired, runs
 it under a lease it renews, and gives the lease up when the turn is blocked
 or done. A worker whose lease was taken over (it stalled past the lease) is
-fenced: its next save fails and it drops the turn. Now and then a worker
+fenced: its next save fails and it drops the turn. A worker that died is
+noticed by its lease expiring: another takes the turn over, which counts as
+a failed attempt (bounded: see :mod:`server.runner.runner`). Now and then a worker
 also wakes what a crash may have left asleep (Runner.recover, and the chat
 bridge's reconcile).
 """

@@ -1,0 +1,291 @@
+"""The runner's faults as people see them in chats: a real Huddle server
+running the agent, a participant on a real WebSocket.
+
+A child agent's approval is answered in its own chat; a reply cut off by a
+transient failure is marked and retried in a part of its own; a turn whose
+agent version is gone fails with the reason in its chat; a suspension its
+chat never showed (the worker died in between) is shown by the next sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed, ChatTurnStarted
+from protocol.chat import (
+    ChatState,
+    MarkdownPart,
+    TextValue,
+    ToolCallPart,
+    ToolCallPendingConfirmation,
+)
+from protocol.session import SessionState
+from protocol.wire import ErrorInfo
+from server.client import HuddleClient, Mirror
+from server.runner.agent import Agent, Tool, TransientError, require_approval_for
+from server.runner.bridge import INTERRUPTED
+from server.runner.model import ModelReply, ScriptedModel, TextSink, ToolSpec
+from server.runner.runner import Runner
+from server.runner.store import MemoryTurnStore
+from server.runner.turn import ModelMessage, Suspension, TurnStatus
+from server.store.memory import MemoryStore
+from tests.conftest import UNIT, RunningServer, start_server, user_message
+from tests.edge import http
+from tests.mcp_kit import input_parts, submitted
+from tests.runner_kit import Runs, call, say, scripted, use
+
+WITHIN = 10 * UNIT
+
+
+async def until(mirror: Mirror, predicate: Callable[[ChatState], bool]) -> ChatState:
+    def check(state: object) -> bool:
+        return isinstance(state, ChatState) and predicate(state)
+
+    async with asyncio.timeout(WITHIN):
+        state = await mirror.wait_for(check)
+    assert isinstance(state, ChatState)
+    return state
+
+
+def ended(state: ChatState) -> bool:
+    return state.active_turn is None and bool(state.turns)
+
+
+def pending(state: ChatState) -> ToolCallPendingConfirmation | None:
+    for part in state.active_turn.response_parts if state.active_turn else []:
+        if isinstance(part, ToolCallPart) and isinstance(
+            part.tool_call, ToolCallPendingConfirmation
+        ):
+            return part.tool_call
+    return None
+
+
+async def open_chat(huddle: RunningServer, ask: str) -> tuple[HuddleClient, str, Mirror]:
+    """Alice's session, whose default chat has just started turn ``t1``."""
+    alice = await huddle.client(name="alice")
+    await alice.create_session("ahp-session:/faults", title="Faults")
+    session = await alice.subscribe("ahp-session:/faults")
+    assert isinstance(session.state, SessionState)
+    chat = session.state.default_chat
+    assert chat is not None
+    mirror = await alice.subscribe(chat)
+    started = ChatTurnStarted(
+        turn_id="t1", started_at="2027-01-10T10:00:00.000Z", message=user_message(ask)
+    )
+    await alice.dispatch_and_wait(chat, started)
+    return alice, chat, mirror
+
+
+async def approve(person: HuddleClient, chat: str, turn_id: str, call_id: str) -> None:
+    await person.dispatch_and_wait(
+        chat,
+        ChatToolCallConfirmed(
+            turn_id=turn_id, tool_call_id=call_id, approved=True, confirmed="user-action"
+        ),
+    )
+
+
+# ─── A child's approval, from its own chat ───────────────────────────────────
+
+
+def lead_with_a_careful_child(runs: Runs) -> Agent:
+    fetcher = Agent(
+        name="fetcher",
+        instructions="Fetch.",
+        model=scripted(use(call("f1", "fetch")), say("Fetched it.")),
+        tools=(runs.tool("fetch"),),
+        approval_policy=require_approval_for("fetch"),
+    )
+    return Agent(
+        name="lead",
+        instructions="Lead.",
+        model=scripted(use(call("c1", "research", task="fetch the report")), say("All done.")),
+        tools=(Tool(name="research", description="Research", child=fetcher),),
+    )
+
+
+async def test_a_child_agents_approval_is_answered_from_its_own_chat() -> None:
+    runs = Runs()
+    huddle = await start_server(agent=lead_with_a_careful_child(runs))
+    try:
+        alice, chat, mirror = await open_chat(huddle, "Research it")
+        session = await alice.subscribe("ahp-session:/faults")
+
+        def child_chat(state: object) -> bool:
+            return isinstance(state, SessionState) and len(state.chats) == 2
+
+        async with asyncio.timeout(WITHIN):
+            state = await session.wait_for(child_chat)
+        assert isinstance(state, SessionState)
+        child = next(c.resource for c in state.chats if c.resource != chat)
+        child_mirror = await alice.subscribe(child)
+        waiting = await until(child_mirror, lambda s: pending(s) is not None)
+        call_ = pending(waiting)
+        assert call_ is not None
+        assert waiting.active_turn is not None
+        await approve(alice, child, waiting.active_turn.id, call_.tool_call_id)
+        done = await until(mirror, ended)
+    finally:
+        await huddle.stop()
+    assert done.turns[-1].state == "complete"
+    assert runs.count("fetch") == 1
+
+
+# ─── A reply cut off by a transient failure ──────────────────────────────────
+
+
+class CutOffOnce(ScriptedModel):
+    """Streams half a reply and fails (a dropped stream) once; then the whole."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda messages: ModelReply(text="The whole answer."))
+        self.cut = False
+
+    async def complete(
+        self,
+        messages: Sequence[ModelMessage],
+        tools: Sequence[ToolSpec],
+        on_text: TextSink | None = None,
+    ) -> ModelReply:
+        if not self.cut:
+            self.cut = True
+            assert on_text is not None
+            await on_text("The first half")
+            raise TransientError("the stream dropped")
+        return await super().complete(messages, tools, on_text)
+
+
+async def test_a_reply_cut_off_by_a_transient_failure_is_marked_and_retried_in_its_own_part() -> (
+    None
+):
+    agent = Agent(name="talker", instructions="Talk.", model=CutOffOnce(), retry_backoff=0.01)
+    huddle = await start_server(agent=agent)
+    try:
+        _, _, mirror = await open_chat(huddle, "Tell me")
+        done = await until(mirror, ended)
+    finally:
+        await huddle.stop()
+    parts = {p.id: p.content for p in done.turns[-1].response_parts if isinstance(p, MarkdownPart)}
+    assert parts == {"t1:md:0": "The first half" + INTERRUPTED, "t1:md:0.1": "The whole answer."}
+
+
+# ─── A version that is gone ──────────────────────────────────────────────────
+
+
+def deployer(version: str, runs: Runs) -> Agent:
+    """Version ``version``; its ``deploy`` runs are recorded as deploy-v<version>."""
+
+    def deploy(arguments: dict[str, Any]) -> str:
+        runs.record(f"deploy-v{version}", arguments)
+        return "deployed"
+
+    return Agent(
+        name="deployer",
+        instructions="Deploy.",
+        model=scripted(use(call("c1", "deploy")), say("Deployed.")),
+        tools=(Tool(name="deploy", description="Deploy", function=deploy),),
+        version=version,
+        approval_policy=require_approval_for("deploy"),
+    )
+
+
+async def test_a_turn_whose_agent_version_is_gone_fails_with_the_reason_in_its_chat() -> None:
+    runs, store, turns = Runs(), MemoryStore(), MemoryTurnStore()
+    first = await start_server(store=store, turn_store=turns, agent=deployer("1", runs))
+    try:
+        _, chat, mirror = await open_chat(first, "Deploy it")
+        await until(mirror, lambda s: pending(s) is not None)
+    finally:
+        await first.stop()
+    # Redeployed with version 2 only, on the same stores.
+    second = await start_server(store=store, turn_store=turns, agent=deployer("2", runs))
+    try:
+        service = second.server.parts.service
+        assert service is not None
+        service.runner.max_attempts, service.runner.attempt_backoff = 2, 0.01
+        bob = await second.client(name="bob")
+        mirror = await bob.subscribe(chat)
+        await approve(bob, chat, "t1", "c1")
+        done = await until(mirror, ended)
+        reply = await http("GET", f"{second.http}/metrics", token=second.token("agent"))
+        metrics = reply.body.decode()
+    finally:
+        await second.stop()
+    assert 'huddle_runner_attempts_failed_total{kind="AgentVersionGone"} 2.0' in metrics
+    assert 'huddle_runner_turns_ended_total{status="FAILED"} 1.0' in metrics
+    assert done.turns[-1].state == "error"
+    error = done.turns[-1].error
+    assert isinstance(error, ErrorInfo)
+    assert "agent 'deployer' version 1 is no longer deployed" in error.message
+    assert runs.runs == []
+
+
+# ─── A suspension its chat never showed ──────────────────────────────────────
+
+
+async def test_an_approval_the_chat_never_showed_is_shown_by_the_next_sweep() -> None:
+    runs = Runs()
+    agent = Agent(
+        name="deployer",
+        instructions="Deploy.",
+        model=scripted(use(call("c1", "deploy")), say("Deployed.")),
+        tools=(runs.tool("deploy"),),
+        approval_policy=require_approval_for("deploy"),
+    )
+    huddle = await start_server(agent=agent, workers=0)
+    try:
+        service = huddle.server.parts.service
+        assert service is not None
+        alice, chat, mirror = await open_chat(huddle, "Deploy it")
+        turn_id = await service.bridge.turn_of(chat, "t1")
+        assert turn_id is not None
+        # A worker that saves the suspension and dies before its chat shows
+        # it: its runner has no chat to show it in.
+        dying = Runner(service.runner.store, [agent])
+        waiting = await dying.execute(turn_id)
+        assert waiting.status == TurnStatus.WAITING_FOR_APPROVAL
+        assert pending((await huddle.server.host.view(chat)).state) is None  # type: ignore[arg-type]
+        await service.bridge.reconcile()
+        assert pending((await huddle.server.host.view(chat)).state) is None  # type: ignore[arg-type]
+        service.bridge.ask_again_after = 0.0  # as if it had gone unseen for long
+        await service.bridge.reconcile()
+        shown = await until(mirror, lambda s: pending(s) is not None)
+        call_ = pending(shown)
+        assert call_ is not None
+        assert call_.tool_call_id == "c1"
+        await approve(alice, chat, "t1", "c1")
+        resumed: Any = await service.runner.store.load(turn_id)
+        assert resumed.status == TurnStatus.READY
+    finally:
+        await huddle.stop()
+
+
+# ─── A plain-text question ───────────────────────────────────────────────────
+
+
+async def test_a_plain_text_question_is_asked_and_answered_under_its_own_id() -> None:
+    agent = Agent(name="clerk", instructions="Help.", model=scripted(say("Thanks.")))
+    huddle = await start_server(agent=agent, workers=0)
+    try:
+        service = huddle.server.parts.service
+        assert service is not None
+        alice, chat, mirror = await open_chat(huddle, "Where is my order?")
+        turn_id = await service.bridge.turn_of(chat, "t1")
+        assert turn_id is not None
+        turn = await service.runner.store.load(turn_id)
+        question = Suspension.user_input("Which order number?", question_id="text:0000beef")
+        await service.runner.suspend(turn, question)
+        state = await until(mirror, lambda s: bool(input_parts(s)))
+        part = input_parts(state)[-1]
+        assert part.request.id == "t1:input:text:0000beef"
+        answers = submitted(reply=TextValue(value="O-1001"))
+        await alice.dispatch_and_wait(
+            chat, ChatInputCompleted(request_id=part.request.id, response="accept", answers=answers)
+        )
+        resumed = await service.runner.store.load(turn_id)
+        assert resumed.status == TurnStatus.READY
+        assert resumed.messages[-1] == ModelMessage(role="user", content="O-1001")
+    finally:
+        await huddle.stop()

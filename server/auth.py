@@ -32,15 +32,32 @@ TOKEN_PREFIX = "hud1."
 
 
 AGENT_TOKEN_ID = "agent"
+MAX_DECLARED_NAME = 60
+"""Characters of a name typed in for a shared link."""
 
 
-class Identity(msgspec.Struct, frozen=True):
+class Identity(msgspec.Struct, frozen=True, omit_defaults=True):
     """Who did something, as the server knows it: the subject of the token
-    it came with (its role, its name and its id; never the token)."""
+    it came with (its role, its name and its id; never the token).
+    ``declared`` when the name is one its holder typed in (a shared link's
+    token carries none of its own)."""
 
     role: Role
     name: str
     token: str
+    declared: bool = False
+
+    @property
+    def display(self) -> str:
+        """The name to show: a typed-in one says so."""
+        return f"{self.name} · shared link" if self.declared else self.name
+
+    def who(self) -> dict[str, object]:
+        """As the session's notes record it (reducers.notes)."""
+        note: dict[str, object] = {"name": self.name, "role": self.role, "token": self.token}
+        if self.declared:
+            note["declared"] = True
+        return note
 
 
 @dataclass(frozen=True)
@@ -53,10 +70,21 @@ class Grant:
     token_id: str
     expires_at: float | None = None
     """When the token expires (Unix time); None for the agent token."""
+    shared: bool = False
+    """A link's token several people may share: each names themselves."""
 
     @property
     def identity(self) -> Identity:
         return Identity(role=self.role, name=self.name, token=self.token_id)
+
+    def identity_as(self, declared: str | None) -> Identity:
+        """The identity of this token's holder: a shared token's holder goes
+        by the name they typed in (``declared``), marked as such; any other
+        token by its own name, whatever was typed."""
+        if self.shared and declared:
+            name = " ".join(declared.split())[:MAX_DECLARED_NAME]
+            return Identity(role=self.role, name=name, token=self.token_id, declared=True)
+        return self.identity
 
     @property
     def may_dispatch(self) -> bool:
@@ -91,18 +119,23 @@ class TokenAuthority:
         sessions: list[str] | None = None,
         name: str | None = None,
         expires_at: float,
+        shared: bool = False,
     ) -> str:
         """A token for ``role`` on ``sessions`` (all when None) until
-        ``expires_at`` (Unix time)."""
+        ``expires_at`` (Unix time), in the name of ``name``. A ``shared``
+        token is for a link several people may open: its holders type in the
+        names they go by, which are shown marked as such."""
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}")
-        payload = {
+        payload: dict[str, object] = {
             "role": role,
             "sessions": sessions,
             "name": name or role,
             "exp": int(expires_at),
             "n": secrets.token_hex(4),
         }
+        if shared:
+            payload["shared"] = True
         body = _b64(json.dumps(payload, separators=(",", ":")).encode())
         signature = _b64(hmac.new(self._key, body.encode(), hashlib.sha256).digest())
         return f"{TOKEN_PREFIX}{body}.{signature}"
@@ -136,7 +169,12 @@ class TokenAuthority:
             raise AuthError(401, "the token has expired")
         scope = None if sessions is None else frozenset(str(s) for s in sessions)
         return Grant(
-            role=role, sessions=scope, name=str(name), token_id=token_id(token), expires_at=exp
+            role=role,
+            sessions=scope,
+            name=str(name),
+            token_id=token_id(token),
+            expires_at=exp,
+            shared=payload.get("shared") is True,
         )
 
 

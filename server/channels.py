@@ -40,7 +40,7 @@ from typing import Protocol
 
 import msgspec
 
-from protocol.actions import StateAction, action_type
+from protocol.actions import StateAction
 from protocol.codec import convert_state, encode
 from protocol.messages import (
     ActionEnvelope,
@@ -132,6 +132,9 @@ held; returns the follow-up work to await once the lock is released."""
 
 Validator = Callable[[ChannelState, StateAction], Rejection | None]
 """Why ``action`` may not be applied to the state, or None."""
+
+Change = Callable[[ChannelState], StateAction | None]
+"""The action to apply to a channel's current state (None: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,30 +376,51 @@ class ChannelCore(Listener):
         ``sender`` is who sent it (None: the server itself), kept with the
         entry. Raises ActionRejected (nothing changed, no seq used),
         ChannelGone, or StoreUnavailable."""
+        event = await self.update(
+            uri, lambda _: action, origin=origin, sender=sender, validate=validate
+        )
+        assert event is not None
+        return event
+
+    async def update(
+        self,
+        uri: str,
+        change: Change,
+        *,
+        origin: ActionOrigin | None = None,
+        sender: Identity | None = None,
+        validate: Validator | None = None,
+    ) -> Applied | None:
+        """As :meth:`write`, with the action ``change`` makes of the channel's
+        state (asked again whenever another process appended first, so that
+        it always builds on the latest); None when it makes none."""
         started = time.perf_counter()
         ch = await self._channel(uri)
         follow_ups: FollowUps = []
         try:
             async with ch.lock:
-                return await self._commit(ch, action, origin, sender, validate, started, follow_ups)
+                return await self._commit(ch, change, origin, sender, validate, started, follow_ups)
         finally:
-            await _await_all(follow_ups, f"{action_type(action)} on {uri}")
+            await _await_all(follow_ups, f"an action on {uri}")
 
     async def _commit(
         self,
         ch: _Channel,
-        action: StateAction,
+        change: Change,
         origin: ActionOrigin | None,
         sender: Identity | None,
         validate: Validator | None,
         started: float,
         follow_ups: FollowUps,
-    ) -> Applied:
+    ) -> Applied | None:
         """Step and append (the lock held), catching up and retrying when
         another process appended first."""
         for attempt in range(MAX_APPEND_ATTEMPTS):
             if attempt >= 2:
                 await asyncio.sleep(random.uniform(0, 0.001 * attempt))  # jitter
+            action = change(ch.state)
+            if action is None:
+                return None
             now = self.now_ms()
             result = step(ch.view(), action, origin, now, validate)
             if isinstance(result, Rejection):

@@ -19,6 +19,7 @@ import webbrowser
 from importlib.metadata import version
 from typing import Any
 
+from protocol.uris import SESSION_SCHEME, session_uri
 from server.app import create_app
 from server.auth import TokenAuthority
 from server.build import build
@@ -129,6 +130,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--open-browser", action="store_true", default=None, help="open the web client"
     )
+    invite = commands.add_parser(
+        "invite",
+        help="print a web client link with a token of a person's own",
+        description="Mint a token in NAME's name (signed with the agent token: HUDDLE_TOKEN "
+        "or --token, the one the servers run with) and print the web client link that "
+        "carries it. Everything NAME does through it is credited to NAME.",
+    )
+    invite.add_argument("name", metavar="NAME", help="the name the person goes by")
+    invite.add_argument(
+        "--session",
+        dest="sessions",
+        action="append",
+        metavar="ID",
+        help="a session the token reaches (repeatable; default: every session)",
+    )
+    invite.add_argument(
+        "--role", choices=("participant", "observer"), default="participant", help="(participant)"
+    )
+    invite.add_argument("--ttl", type=float, help="lifetime in seconds (7 days; at most 90 days)")
+    invite.add_argument("--token", help="the agent token (also HUDDLE_TOKEN)")
+    invite.add_argument(
+        "--url", help="the server's address (default http://localhost:8765; HUDDLE_URL)"
+    )
     worker = commands.add_parser(
         "worker",
         help="run an agent's turns as a process of its own (Redis store)",
@@ -150,7 +174,10 @@ async def serve(settings: Settings) -> None:
     def announce(port: int) -> None:
         host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
         participant = authority.mint(
-            "participant", name="participant", expires_at=time.time() + settings.participant_ttl
+            "participant",
+            name="participant",
+            expires_at=time.time() + settings.participant_ttl,
+            shared=True,
         )
         link = f"http://{host}:{port}/?token={participant}"
         if generated:
@@ -181,6 +208,23 @@ async def work(settings: Settings) -> None:
         await stop.wait()
 
 
+def invite(args: argparse.Namespace, settings: Settings) -> str:
+    """``huddle invite``: the web client link for a token in a person's name."""
+    if not settings.token:
+        raise ValueError("huddle invite needs the agent token: HUDDLE_TOKEN or --token")
+    ttl = settings.participant_ttl if args.ttl is None else args.ttl
+    if not 0 < ttl <= settings.max_token_ttl:
+        raise ValueError(f"--ttl must be above 0 and at most {settings.max_token_ttl:.0f} seconds")
+    sessions = None
+    if args.sessions:
+        sessions = [s if s.startswith(SESSION_SCHEME) else session_uri(s) for s in args.sessions]
+    token = TokenAuthority(settings.token).mint(
+        args.role, sessions=sessions, name=args.name, expires_at=time.time() + ttl
+    )
+    base = (args.url or os.environ.get("HUDDLE_URL") or "http://localhost:8765").rstrip("/")
+    return f"{base}/?token={token}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -189,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     flags: dict[str, Any] = vars(args)
     settings = settings_from(flags, os.environ)
+    if args.command == "invite":
+        try:
+            print(invite(args, settings))
+        except ValueError as error:
+            print(f"huddle: {error}", file=sys.stderr)
+            return 2
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(serve(settings) if args.command == "serve" else work(settings))

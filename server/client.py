@@ -53,7 +53,7 @@ from server.errors import ActionRejected, InputAbandoned
 from server.errors import Disconnected as Disconnected
 from server.errors import ProtocolError as ProtocolError
 
-EXTENSIONS = ("huddle.channelSeqs", "huddle.turnWindows", "huddle.titles")
+EXTENSIONS = ("huddle.channelSeqs", "huddle.turnWindows", "huddle.titles", "huddle.identity")
 """The Huddle extensions this client asks for (see server.rpc.EXTENSIONS):
 per-channel seqs and cursors, tail windows, titles."""
 

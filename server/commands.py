@@ -32,7 +32,7 @@ from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode
 from protocol.rejections import RejectionCode
 from protocol.session import SessionSummary
 from protocol.uris import BadChannelUri, channel_kind
-from server.auth import ROLES, Grant, Role, TokenAuthority
+from server.auth import ROLES, Grant, Identity, Role, TokenAuthority
 from server.channels import ChannelView
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
 from server.host import Host
@@ -228,6 +228,7 @@ class Commands:
         *,
         origin: ActionOrigin | None = None,
         client_id: str | None = None,
+        sender: Identity | None = None,
         admitted: bool = False,
     ) -> ActionEnvelope:
         """Dispatch ``action`` for ``grant`` (:meth:`admit` first, unless the
@@ -243,8 +244,9 @@ class Commands:
             refusal = dispatch_refusal(grant, uri, action, state, client_id)
             if refusal is not None:
                 raise ActionRejected.of(refusal)
-            action = _as_sent_by(grant, action)
-            return await self.host.dispatch(uri, action, origin=origin, sender=grant.identity)
+            who = sender or grant.identity
+            action = _as_sent_by(grant, who, action)
+            return await self.host.dispatch(uri, action, origin=origin, sender=who)
         except (ActionRejected, StoreUnavailable):
             self.metrics.rejected(action_type(action))
             raise
@@ -308,12 +310,12 @@ class Commands:
         )
 
 
-def _as_sent_by(grant: Grant, action: StateAction) -> StateAction:
-    """``action`` as the server records it from ``grant``: a person's entry
-    in the session's active clients carries the name of their token, never
-    one they chose."""
+def _as_sent_by(grant: Grant, who: Identity, action: StateAction) -> StateAction:
+    """``action`` as the server records it from ``who``: a person's entry in
+    the session's active clients carries the name the server knows them by,
+    never one they chose."""
     if grant.role != "agent" and isinstance(action, SessionActiveClientSet):
-        entry = replace(action.active_client, display_name=grant.name)
+        entry = replace(action.active_client, display_name=who.display)
         return replace(action, active_client=entry)
     return action
 

@@ -43,6 +43,7 @@ from server.auth import Identity
 from server.channels import ChannelCore, ChannelView, Hook, Validator
 from server.errors import ActionRejected
 from server.forms import Form, FormRegistry, chat_session, needs_session
+from server.notes import SessionNotes
 from server.sessions import Sessions
 from server.store.base import ChannelStore
 from server.waiters import InputOutcome, ToolDecision, Waiters
@@ -88,11 +89,13 @@ class Host:
         self.sessions = Sessions(
             self.core, self.aggregate, self.waiters, self._dispatch_derived, agents
         )
-        self.core.hooks = [self.waiters.hook, self.aggregate.hook]
+        self.notes = SessionNotes(self.core)
+        self.core.hooks = [self.waiters.hook, self.notes.hook, self.aggregate.hook]
 
     def add_hook(self, hook: Hook) -> None:
-        """Run ``hook`` on every applied envelope (before the aggregate)."""
-        self.core.hooks.insert(len(self.core.hooks) - 1, hook)
+        """Run ``hook`` on every applied envelope, before the session's
+        notes and aggregate (the side effects people wait for first)."""
+        self.core.hooks.insert(len(self.core.hooks) - 2, hook)
 
     def now_ms(self) -> int:
         return self.core.now_ms()

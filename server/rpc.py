@@ -32,7 +32,7 @@ from typing import Any, Final
 import msgspec
 from msgspec.structs import replace
 
-from protocol.actions import ChatTurnsLoaded
+from protocol.actions import ChatTurnsLoaded, SessionActiveClientRemoved, SessionActiveClientSet
 from protocol.chat import ChatState
 from protocol.codec import MalformedFrame, decode_params, decode_request, encode
 from protocol.messages import (
@@ -63,6 +63,7 @@ from protocol.messages import (
 )
 from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import ROOT_URI
+from server import presence
 from server.auth import Grant
 from server.commands import Commands, not_found
 from server.config import Limits
@@ -77,7 +78,10 @@ from server.sessions import windowed
 CHANNEL_SEQS: Final = "huddle.channelSeqs"
 TURN_WINDOWS: Final = "huddle.turnWindows"
 TITLES: Final = "huddle.titles"
+IDENTITY: Final = "huddle.identity"
 EXTENSIONS: Final = {
+    IDENTITY: "{\"name\": ...}: the name a shared link's holder goes by; the result's "
+    "_meta.huddle.identity says who the server takes the client for",
     CHANNEL_SEQS: "serverSeq per channel (gapless, as the store orders it) everywhere; "
     "reconnect with one cursor per channel; fetchTurns answers with the page",
     TURN_WINDOWS: "subscribe's view.turns keeps a tail window of that many turns",
@@ -139,8 +143,13 @@ class Rpc:
         self.grant = grant
         self.server_info = server_info
         self.client_id: str | None = None
+        self.identity = grant.identity
+        """Who this connection's actions are credited to."""
         self.extensions: frozenset[str] = frozenset()
         self.subscriptions: set[str] = set()
+        self.present: set[str] = set()
+        """The sessions where this connection put itself in the active
+        clients (taken out again when it goes: server.presence)."""
         self._requests: dict[str, Callable[[Any], Awaitable[Any]]] = {
             "initialize": self._initialize,
             "ping": self._ping,
@@ -274,8 +283,13 @@ class Rpc:
                 {"supportedVersions": list(SUPPORTED_PROTOCOL_VERSIONS)},
             )
         await self.commands.claim_client(self.grant, params.client_id)
-        asked = frozenset((params.capabilities or {}).keys()) & EXTENSIONS.keys()
+        capabilities = params.capabilities or {}
+        asked = frozenset(capabilities.keys()) & EXTENSIONS.keys()
         self._set_extensions(asked, self.clients.numbering_of(params.client_id))
+        if IDENTITY in asked:
+            wanted_name = capabilities[IDENTITY]
+            named = wanted_name.get("name") if isinstance(wanted_name, dict) else None
+            self.identity = self.grant.identity_as(named if isinstance(named, str) else None)
         wanted = params.initial_subscriptions or []
         snapshots: list[Snapshot] = []
         try:
@@ -289,7 +303,7 @@ class Rpc:
             raise
         self.label(params.client_id)
         root = await self.host.view(ROOT_URI)
-        extensions = {"huddle": {"extensions": sorted(asked)}} if asked else None
+        extensions = {"huddle": self._announced(asked)} if asked else None
         return InitializeResult(
             protocol_version=version,
             server_seq=root.seq,
@@ -297,6 +311,17 @@ class Rpc:
             snapshots=snapshots,
             meta=extensions,
         )
+
+    def _announced(self, asked: frozenset[str]) -> dict[str, Any]:
+        """What ``initialize``'s ``_meta.huddle`` tells a client that asked."""
+        announced: dict[str, Any] = {"extensions": sorted(asked)}
+        if IDENTITY in asked:
+            announced["identity"] = {
+                **self.identity.who(),
+                "display": self.identity.display,
+                "shared": self.grant.shared,
+            }
+        return announced
 
     def _set_extensions(self, asked: frozenset[str], left: Numbering | None) -> None:
         """Use ``asked``: without per-channel seqs, the connection numbers
@@ -385,6 +410,10 @@ class Rpc:
 
     def closed(self) -> None:
         """Forget every subscription and the client id (the socket is gone)."""
+        if self.client_id is not None:
+            for session in self.present:
+                self.host.core.spawn(presence.leave(self.host, session, self.client_id))
+        self.present.clear()
         for uri in self.subscriptions:
             self.host.core.unsubscribe(uri, self.connection)
         self.connection.metrics.subscribed(-len(self.subscriptions))
@@ -455,8 +484,17 @@ class Rpc:
         uri, action = params.channel, params.action
         try:
             await self.commands.dispatch(
-                self.grant, uri, action, origin=origin, client_id=self.client_id
+                self.grant,
+                uri,
+                action,
+                origin=origin,
+                client_id=self.client_id,
+                sender=self.identity,
             )
+            if isinstance(action, SessionActiveClientSet):
+                self.present.add(uri)
+            elif isinstance(action, SessionActiveClientRemoved):
+                self.present.discard(uri)
         except ChannelGone:
             pass  # AHP: an action for a channel that does not exist is ignored
         except ActionRejected as rejected:

@@ -19,7 +19,7 @@ import { rejectReason } from './validation.js';
 const PROTOCOL_VERSION = '0.7.0';
 /** The Huddle extensions this client asks for: per-channel seqs and cursors,
  * tail windows, titles (the server announces what it serves). */
-const EXTENSIONS = ['huddle.channelSeqs', 'huddle.turnWindows', 'huddle.titles'];
+const EXTENSIONS = ['huddle.channelSeqs', 'huddle.turnWindows', 'huddle.titles', 'huddle.identity'];
 const ROOT = 'ahp-root://';
 const PING_EVERY_MS = 20000;
 const PING_TIMEOUT_MS = 10000;

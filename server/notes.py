@@ -1,0 +1,92 @@
+"""Keeps the session's notes (:mod:`reducers.notes`) as people act.
+
+A hook of the channel core, on what this process accepted: a person's (or
+an agent's) answer, completion or tool decision updates the notes of its
+session, with the server's identity of the sender, by a ``session/
+metaChanged`` built from the session's latest state (so that two processes
+noting at once never lose each other's note). Nothing is dispatched when
+the note is there already: typing on in the same answer adds nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from protocol.actions import (
+    ChatInputAnswerChanged,
+    ChatInputCompleted,
+    ChatToolCallConfirmed,
+    SessionMetaChanged,
+    StateAction,
+)
+from protocol.chat import ChatState
+from protocol.messages import ChannelState
+from protocol.session import SessionState
+from reducers import notes
+from server.auth import Identity
+from server.channels import Applied, ChannelCore
+from server.errors import ChannelGone
+from server.forms import chat_session
+
+Note = Callable[[dict[str, Any] | None], dict[str, Any] | None]
+"""Makes the new ``_meta`` from the current one (None: unchanged)."""
+
+
+class SessionNotes:
+    """See the module docstring."""
+
+    def __init__(self, core: ChannelCore) -> None:
+        self.core = core
+
+    def hook(self, event: Applied) -> Awaitable[None] | None:
+        if not event.local or event.sender is None or not isinstance(event.view.state, ChatState):
+            return None
+        session = chat_session(event.view.state)
+        changes = _notes_of(event.uri, event.action, event.sender)
+        if session is None or not changes:
+            return None
+        return self.note(session, *changes)
+
+    async def note(self, session: str, *changes: Note) -> None:
+        """Apply ``changes`` to the session's notes in one action."""
+
+        def change(state: ChannelState) -> StateAction | None:
+            if not isinstance(state, SessionState):
+                return None
+            meta, touched = state.meta, False
+            for one in changes:
+                new = one(meta)
+                if new is not None:
+                    meta, touched = new, True
+            return SessionMetaChanged(meta=meta) if touched else None
+
+        with contextlib.suppress(ChannelGone):
+            await self.core.update(session, change)
+
+
+def _notes_of(chat: str, action: StateAction, sender: Identity) -> list[Note]:
+    who = sender.who()
+    match action:
+        case ChatInputAnswerChanged(answer=None):
+            request, question = action.request_id, action.question_id
+            return [lambda m: notes.unanswered(m, chat, request, question)]
+        case ChatInputAnswerChanged(answer=answer) if answer is not None:
+            request, question, state = action.request_id, action.question_id, answer.state
+            return [lambda m: notes.answered(m, chat, request, question, who, state)]
+        case ChatInputCompleted():
+            request, response = action.request_id, action.response
+            carried: list[Note] = [
+                _answer(chat, request, question, who, answer.state)
+                for question, answer in (action.answers or {}).items()
+            ]
+            return [*carried, lambda m: notes.completed(m, chat, request, who, response)]
+        case ChatToolCallConfirmed():
+            call, approved = action.tool_call_id, action.approved
+            return [lambda m: notes.decided(m, chat, call, who, approved)]
+    return []
+
+
+def _answer(chat: str, request: str, question: str, who: dict[str, Any], state: str) -> Note:
+    return lambda m: notes.answered(m, chat, request, question, who, state)

@@ -1,0 +1,92 @@
+"""The session's notes on its requests (reducers.notes): who wrote each
+answer, who completed or decided, when a wait expires; pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reducers import notes
+
+CHAT = "ahp-chat:/c"
+DANA: dict[str, Any] = {"name": "Dana", "role": "participant", "token": "t-dana"}
+LEE: dict[str, Any] = {"name": "Lee", "role": "participant", "token": "t-lee", "declared": True}
+
+
+def test_an_answer_is_noted_with_its_author_and_state() -> None:
+    meta = notes.answered(None, CHAT, "r1", "q1", DANA, "draft")
+    assert meta == {
+        "huddle": {"requests": {CHAT: {"r1": {"answers": {"q1": {"by": DANA, "state": "draft"}}}}}}
+    }
+
+
+def test_the_same_note_again_changes_nothing() -> None:
+    meta = notes.answered(None, CHAT, "r1", "q1", DANA, "draft")
+    assert notes.answered(meta, CHAT, "r1", "q1", DANA, "draft") is None
+
+
+def test_another_author_or_state_changes_the_note_and_keeps_other_metadata() -> None:
+    meta = notes.answered({"other": 1}, CHAT, "r1", "q1", DANA, "draft")
+    assert meta is not None
+    lee = notes.answered(meta, CHAT, "r1", "q1", LEE, "submitted")
+    assert lee is not None
+    assert lee["other"] == 1
+    assert notes.note_of(lee, "requests", CHAT, "r1") == {
+        "answers": {"q1": {"by": LEE, "state": "submitted"}}
+    }
+    assert notes.note_of(meta, "requests", CHAT, "r1") == {
+        "answers": {"q1": {"by": DANA, "state": "draft"}}
+    }  # the input is not changed
+
+
+def test_a_cleared_answer_loses_its_note() -> None:
+    meta = notes.answered(None, CHAT, "r1", "q1", DANA, "draft")
+    cleared = notes.unanswered(meta, CHAT, "r1", "q1")
+    assert notes.note_of(cleared, "requests", CHAT, "r1") == {"answers": {}}
+    assert notes.unanswered(cleared, CHAT, "r1", "q1") is None
+
+
+def test_completion_and_decision_are_noted() -> None:
+    meta = notes.completed(None, CHAT, "r1", LEE, "accept")
+    meta = notes.decided(meta, CHAT, "call-1", DANA, False)
+    assert notes.note_of(meta, "requests", CHAT, "r1") == {
+        "completed": {"by": LEE, "response": "accept"}
+    }
+    assert notes.note_of(meta, "toolCalls", CHAT, "call-1") == {
+        "decided": {"by": DANA, "approved": False}
+    }
+
+
+def test_an_expiry_is_noted_and_read_back() -> None:
+    meta = notes.expiring(None, "requests", CHAT, "r1", 5000, "decline")
+    assert notes.expiry_of(meta, "requests", CHAT, "r1") == (5000, "decline")
+    assert notes.expiring(meta, "requests", CHAT, "r1", 5000, "decline") is None
+    later = notes.expiring(meta, "requests", CHAT, "r1", 6000, "decline")
+    assert notes.expiry_of(later, "requests", CHAT, "r1") == (6000, "decline")
+    assert notes.expiry_of(meta, "requests", CHAT, "r2") is None
+    assert (
+        notes.expiry_of(notes.completed(None, CHAT, "r3", DANA, "cancel"), "requests", CHAT, "r3")
+        is None
+    )
+
+
+def test_the_oldest_notes_of_a_chat_go_first() -> None:
+    meta: dict[str, Any] | None = None
+    for n in range(notes.KEPT + 5):
+        meta = notes.completed(meta, CHAT, f"r{n}", DANA, "accept")
+    kept = meta["huddle"]["requests"][CHAT]  # type: ignore[index]
+    assert len(kept) == notes.KEPT
+    assert "r0" not in kept
+    assert f"r{notes.KEPT + 4}" in kept
+
+
+def test_a_note_touched_again_is_the_newest() -> None:
+    meta = notes.completed(None, CHAT, "r1", DANA, "accept")
+    meta = notes.completed(meta, CHAT, "r2", DANA, "accept")
+    meta = notes.answered(meta, CHAT, "r1", "q", DANA, "draft")
+    assert list(meta["huddle"]["requests"][CHAT]) == ["r2", "r1"]  # type: ignore[index]
+
+
+def test_notes_of_something_not_a_mapping_are_absent() -> None:
+    meta = {"huddle": {"requests": {CHAT: {"r1": "not a note"}}}}
+    assert notes.note_of(meta, "requests", CHAT, "r1") is None
+    assert notes.note_of(None, "requests", CHAT, "r1") is None

@@ -1,0 +1,184 @@
+"""The people's side: who typed what, who is here, names people can trust;
+over a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from protocol.actions import (
+    ChatInputAnswerChanged,
+    ChatInputCompleted,
+    ChatInputRequested,
+    SessionActiveClientSet,
+)
+from protocol.chat import InputAnswer, InputRequest, TextQuestion, TextValue
+from protocol.session import ActiveClient, SessionState
+from reducers import notes
+from server.auth import TokenAuthority
+from server.cli import main
+from tests.conftest import AGENT_TOKEN, UNIT, RunningServer
+from tests.edge import Peer, initialize_params
+from tests.test_trust import TURN
+
+SESSION = "ahp-session:/people"
+FORM = InputRequest(
+    id="details",
+    questions=[
+        TextQuestion(id="system", message="Which?"),
+        TextQuestion(id="scope", message="Who?"),
+    ],
+)
+
+
+def text(value: str, state: str = "draft") -> InputAnswer:
+    return InputAnswer(state=state, value=TextValue(value=value))  # type: ignore[arg-type]
+
+
+async def asked(huddle: RunningServer) -> tuple[Any, str]:
+    agent = await huddle.client("agent", name="agent")
+    await agent.create_session(SESSION)
+    mirror = await agent.subscribe(SESSION)
+    assert isinstance(mirror.state, SessionState)
+    chat = mirror.state.default_chat
+    assert chat is not None
+    await agent.dispatch_and_wait(chat, TURN)
+    await agent.dispatch_and_wait(chat, ChatInputRequested(request=FORM))
+    return agent, chat
+
+
+async def eventually_noted(huddle: RunningServer, chat: str, check: Any) -> Any:
+    """The session's note on request ``details`` once ``check`` holds (the
+    note follows the answer's echo by one session action)."""
+    session = huddle.clients[0].mirrors[SESSION]
+
+    def noted(state: Any) -> bool:
+        return bool(check(notes.note_of(state.meta, "requests", chat, "details")))
+
+    async with asyncio.timeout(5 * UNIT):
+        state = await session.wait_for(noted)
+    return notes.note_of(state.meta, "requests", chat, "details")
+
+
+async def test_each_answer_is_credited_to_the_token_that_wrote_it(huddle: RunningServer) -> None:
+    _, chat = await asked(huddle)
+    dana = await huddle.client(name="Dana")
+    lee = await huddle.client(name="Lee")
+
+    await dana.dispatch_and_wait(
+        chat, ChatInputAnswerChanged(request_id="details", question_id="system", answer=text("SS"))
+    )
+    await lee.dispatch_and_wait(
+        chat,
+        ChatInputAnswerChanged(request_id="details", question_id="scope", answer=text("all")),
+    )
+    await lee.dispatch_and_wait(
+        chat,
+        ChatInputCompleted(
+            request_id="details", response="accept", answers={"system": text("SSO", "submitted")}
+        ),
+    )
+
+    note = await eventually_noted(huddle, chat, lambda n: n and "completed" in n)
+    answers = note["answers"]
+    assert answers["scope"]["by"]["name"] == "Lee"
+    assert answers["system"] == {"by": answers["system"]["by"], "state": "submitted"}
+    assert answers["system"]["by"]["name"] == "Lee"  # Lee's submit overwrote Dana's draft
+    assert note["completed"]["by"]["name"] == "Lee"
+    assert note["completed"]["response"] == "accept"
+
+
+async def test_a_shared_links_holder_goes_by_the_name_they_typed_marked_as_such(
+    huddle: RunningServer,
+) -> None:
+    _, chat = await asked(huddle)
+    shared = huddle.authority.mint(
+        "participant", name="participant", expires_at=time.time() + 60, shared=True
+    )
+    peer = await Peer.open(huddle.ws, shared, "dana-tab")
+    params = initialize_params("dana-tab")
+    params["capabilities"]["huddle.identity"] = {"name": "  Dana  "}
+    result = (await peer.request("initialize", params))["result"]
+    await peer.subscribe(chat)
+
+    await peer.dispatch(
+        chat, ChatInputAnswerChanged(request_id="details", question_id="system", answer=text("x"))
+    )
+
+    identity = result["_meta"]["huddle"]["identity"]
+    assert identity["name"] == "Dana"
+    assert identity["declared"] is True
+    assert identity["display"] == "Dana · shared link"
+    note = await eventually_noted(huddle, chat, lambda n: n and "answers" in n)
+    assert note["answers"]["system"]["by"]["declared"] is True
+    assert note["answers"]["system"]["by"]["token"] == huddle.authority.verify(shared, 0).token_id
+
+
+async def test_a_typed_name_is_ignored_for_a_token_of_ones_own(huddle: RunningServer) -> None:
+    peer = await Peer.open(huddle.ws, huddle.token(name="Lee"), "lee-tab")
+    params = initialize_params("lee-tab")
+    params["capabilities"]["huddle.identity"] = {"name": "The Boss"}
+
+    result = (await peer.request("initialize", params))["result"]
+
+    assert result["_meta"]["huddle"]["identity"]["name"] == "Lee"
+    assert "declared" not in result["_meta"]["huddle"]["identity"]
+
+
+async def test_the_session_shows_who_is_here(huddle: RunningServer) -> None:
+    agent, _ = await asked(huddle)
+    session = agent.mirrors[SESSION]
+    dana = await Peer.ready(huddle.ws, huddle.token(name="Dana"), "dana-laptop")
+    await dana.subscribe(SESSION)
+    entry = ActiveClient(client_id="dana-laptop", display_name="The CEO", tools=[])
+    await dana.dispatch(SESSION, SessionActiveClientSet(active_client=entry))
+
+    async with asyncio.timeout(5 * UNIT):
+        state = await session.wait_for(lambda s: bool(s.active_clients))
+    assert [(c.client_id, c.display_name) for c in state.active_clients] == [
+        ("dana-laptop", "Dana")
+    ]
+
+    await dana.close()  # without taking itself out: the server does
+
+    async with asyncio.timeout(5 * UNIT):
+        await session.wait_for(lambda s: not s.active_clients)
+
+
+def test_invite_prints_a_link_with_a_token_of_that_name(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "invite",
+            "Dana",
+            "--session",
+            "ticket-42",
+            "--role",
+            "observer",
+            "--token",
+            AGENT_TOKEN,
+            "--url",
+            "http://huddle.example:8765/",
+        ]
+    )
+
+    link = capsys.readouterr().out.strip()
+    assert code == 0
+    assert link.startswith("http://huddle.example:8765/?token=hud1.")
+    grant = TokenAuthority(AGENT_TOKEN).verify(link.split("token=", 1)[1], time.time())
+    assert (grant.name, grant.role, grant.sessions, grant.shared) == (
+        "Dana",
+        "observer",
+        frozenset({"ahp-session:/ticket-42"}),
+        False,
+    )
+
+
+def test_invite_needs_the_agent_token(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HUDDLE_TOKEN", raising=False)
+    assert main(["invite", "Dana"]) == 2
+    assert "needs the agent token" in capsys.readouterr().err

@@ -41,6 +41,7 @@ class RejectionCode(StrEnum):
     TOO_MANY = "too-many"
     # The host.
     NO_CHANGE = "no-change"
+    DUPLICATE = "duplicate"
     INVALID_ACTION = "invalid-action"
     # The authorisation policy (server.policy).
     FORBIDDEN = "forbidden"

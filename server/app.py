@@ -47,12 +47,14 @@ from server.errors import (
     BodyTooLarge,
     ChannelGone,
     CommandError,
+    HuddleError,
     InputAbandoned,
     StoreUnavailable,
 )
 from server.frames import WRITE_EXTENSION
 from server.headers import Guard, allowed_hosts
 from server.host import Host
+from server.idempotency import Idempotency
 from server.metrics import ServerMetrics
 from server.policy import Command
 from server.ratelimit import Budget, Budgets
@@ -75,6 +77,7 @@ class Server:
     authority: TokenAuthority
     metrics: ServerMetrics
     commands: Commands
+    idempotency: Idempotency
     connections: set[Rpc] = field(default_factory=set)
     """The open WebSocket connections (their JSON-RPC side)."""
     clients: LiveClients = field(default_factory=LiveClients)
@@ -223,28 +226,35 @@ def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         try:
             grant = authenticate(server, request)
             return await handler(request, server, grant)
-        except AuthError as error:
-            return _problem(error.status, error.reason)
-        except BodyTooLarge as error:
-            return _problem(413, str(error))
-        except MalformedFrame as error:
-            return _problem(400, error.reason, path=error.path)
-        except CommandError as error:
-            status = (
-                404 if error.code in (ErrorCode.SESSION_NOT_FOUND, ErrorCode.NOT_FOUND) else 409
-            )
-            if error.code == ErrorCode.PERMISSION_DENIED:
-                status = 403
-            return _problem(status, error.message, code=error.code)
-        except ActionRejected as rejected:
-            status = REJECTION_STATUS.get(rejected.code, 409)
-            return _json({"rejectionReason": rejected.reason, "code": rejected.code}, status)
-        except ChannelGone as error:
-            return _problem(404, str(error))
-        except StoreUnavailable as error:
-            return _problem(503, str(error))
+        except (HuddleError, MalformedFrame) as error:
+            return http_answer(error)
 
     return endpoint
+
+
+def http_answer(error: HuddleError | MalformedFrame) -> Response:
+    """The HTTP answer to an error of a request (its transport's shape of
+    what the socket answers as a JSON-RPC error or a rejection echo)."""
+    match error:
+        case AuthError():
+            return _problem(error.status, error.reason)
+        case BodyTooLarge():
+            return _problem(413, str(error))
+        case MalformedFrame():
+            return _problem(400, error.reason, path=error.path)
+        case CommandError():
+            status = 403 if error.code == ErrorCode.PERMISSION_DENIED else 409
+            if error.code in (ErrorCode.SESSION_NOT_FOUND, ErrorCode.NOT_FOUND):
+                status = 404
+            return _problem(status, error.message, code=error.code)
+        case ActionRejected():
+            status = REJECTION_STATUS.get(error.code, 409)
+            return _json({"rejectionReason": error.reason, "code": error.code}, status)
+        case ChannelGone():
+            return _problem(404, str(error))
+        case StoreUnavailable():
+            return _problem(503, str(error))
+    raise error
 
 
 REJECTION_STATUS: dict[str, int] = {
@@ -259,6 +269,10 @@ async def _body(request: Request, server: Server) -> dict[str, Any]:
     """The request's JSON object body, read only up to ``max_body_bytes``
     (BodyTooLarge beyond, as soon as it is known: from Content-Length before
     a byte is read)."""
+    return _json_object(await _raw_body(request, server))
+
+
+async def _raw_body(request: Request, server: Server) -> bytes:
     limit = server.settings.max_body_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -269,7 +283,11 @@ async def _body(request: Request, server: Server) -> dict[str, Any]:
         if size > limit:
             raise BodyTooLarge(limit)
         chunks.append(chunk)
-    body = decode_json(b"".join(chunks) or b"{}")
+    return b"".join(chunks)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    body = decode_json(raw or b"{}")
     if not isinstance(body, dict):
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "the body must be a JSON object", "$")
     return body
@@ -297,14 +315,27 @@ async def read_snapshot(request: Request, server: Server, grant: Grant) -> Respo
 
 
 async def dispatch_action(request: Request, server: Server, grant: Grant) -> Response:
+    """Dispatch; with an ``Idempotency-Key``, a retry gets the first
+    answer (server.idempotency) and nothing is applied twice."""
     server.commands.admit(grant)
-    body = await _body(request, server)
-    uri = body.get("channel")
-    if not isinstance(uri, str):
-        raise MalformedFrame(ErrorCode.INVALID_PARAMS, "Expected `str`", "$.channel")
-    action: StateAction = convert(body.get("action"), StateAction, "$.action")  # type: ignore[arg-type]
-    envelope = await server.commands.dispatch(grant, uri, action, admitted=True)
-    return _json(envelope)
+    raw = await _raw_body(request, server)
+
+    async def dispatch() -> Response:
+        try:
+            body = _json_object(raw)
+            uri = body.get("channel")
+            if not isinstance(uri, str):
+                raise MalformedFrame(ErrorCode.INVALID_PARAMS, "Expected `str`", "$.channel")
+            action: StateAction = convert(body.get("action"), StateAction, "$.action")  # type: ignore[arg-type]
+            envelope = await server.commands.dispatch(grant, uri, action, admitted=True)
+            return _json(envelope)
+        except (HuddleError, MalformedFrame) as error:
+            return http_answer(error)
+
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return await dispatch()
+    return await server.idempotency.once(grant, key, raw, dispatch)
 
 
 async def wait_input(request: Request, server: Server, grant: Grant) -> Response:
@@ -465,7 +496,13 @@ def create_app(
         default_ttl=parts.settings.participant_ttl,
         max_ttl=parts.settings.max_token_ttl,
     )
-    server = Server(parts=parts, authority=authority, metrics=metrics, commands=commands)
+    server = Server(
+        parts=parts,
+        authority=authority,
+        metrics=metrics,
+        commands=commands,
+        idempotency=Idempotency(parts.store, parts.settings.idempotency_ttl),
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

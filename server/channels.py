@@ -36,7 +36,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, overload
 
 import msgspec
 
@@ -56,7 +56,7 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import ROOT_URI, channel_kind
 from reducers import reduce
 from server.auth import Identity
-from server.errors import ActionRejected, ChannelGone, SeqConflict, StoreError
+from server.errors import ActionRejected, AlreadyApplied, ChannelGone, SeqConflict, StoreError
 from server.frames import OutFrame, action_frame
 from server.store.base import ChannelStore, Listener, decode_entry, encode_entry
 
@@ -424,10 +424,20 @@ class ChannelCore(Listener):
             now = self.now_ms()
             result = step(ch.view(), action, origin, now, validate)
             if isinstance(result, Rejection):
+                # Re-sent after a drop, the first copy is often what makes
+                # the second invalid: say it was applied, not that it fails.
+                if origin is not None:
+                    seq = await self.store.applied(ch.uri, _origin_key(origin))
+                    if seq is not None:
+                        raise await self._applied(ch, seq, action, origin)
                 raise ActionRejected.of(result)
             ch.appending = True
             try:
-                await self.store.append(ch.uri, ch.seq, encode_entry(now, result.data, sender))
+                entry = encode_entry(now, result.data, sender)
+                await self.store.append(ch.uri, ch.seq, entry, _origin_key(origin))
+            except AlreadyApplied as applied:
+                assert origin is not None  # only a client's action has a name
+                raise await self._applied(ch, applied.seq, action, origin) from None
             except SeqConflict as conflict:
                 if conflict.current < ch.seq:
                     await self._restore(ch)
@@ -443,6 +453,21 @@ class ChannelCore(Listener):
         raise ActionRejected(
             RejectionCode.CONFLICT, f"{ch.uri} is too busy to write now; try again"
         )
+
+    async def _applied(
+        self, ch: _Channel, seq: int, action: StateAction, origin: ActionOrigin
+    ) -> AlreadyApplied:
+        """A re-sent action's first outcome: its envelope as the log holds
+        it (rebuilt from what was re-sent when the log no longer does)."""
+        try:
+            entries = await self.store.read_log(ch.uri, seq - 1, ch.epoch)
+        except StoreError:
+            entries = None
+        if entries:
+            first = decode_entry(entries[0]).envelope
+        else:
+            first = ActionEnvelope(channel=ch.uri, action=action, server_seq=seq, origin=origin)
+        return AlreadyApplied(ch.uri, seq, first)
 
     def _apply(
         self,
@@ -661,6 +686,15 @@ class ChannelCore(Listener):
                 snapshot = Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
                 return SnapshotResume(channel=uri, snapshot=snapshot)
             return ReplayResume(channel=uri, actions=[decode_entry(e).envelope for e in entries])
+
+
+@overload
+def _origin_key(origin: ActionOrigin) -> str: ...
+@overload
+def _origin_key(origin: None) -> None: ...
+def _origin_key(origin: ActionOrigin | None) -> str | None:
+    """How the store names a client's action (None: the server's own)."""
+    return None if origin is None else f"{origin.client_id} {origin.client_seq}"
 
 
 async def _await_all(follow_ups: FollowUps, what: str) -> None:

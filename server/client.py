@@ -135,6 +135,8 @@ class HuddleClient:
         self._seqs = itertools.count(1)
         self._calls: dict[int, tuple[asyncio.Future[Any], Callable[[Any], Any] | None]] = {}
         self._echoes: dict[int, asyncio.Future[ActionEnvelope]] = {}
+        self._sent: dict[int, DispatchActionParams] = {}
+        """What the awaited echoes answer, to send again after a drop."""
         self._stale_echoes: set[int] = set()
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
@@ -223,7 +225,7 @@ class HuddleClient:
             ChannelCursor(channel=m.uri, last_seen_server_seq=m.seq) for m in self.mirrors.values()
         ]
         if not cursors:
-            self._fail_stale_echoes()
+            await self._send_again()
             return
 
         def apply(result: Any) -> None:
@@ -239,10 +241,10 @@ class HuddleClient:
                     mirror._reset(decode_snapshot(item["snapshot"]))
                 else:
                     del self.mirrors[item["channel"]]
-            self._fail_stale_echoes()
 
         params = ReconnectParams(channel=ROOT_URI, client_id=self.client_id, cursors=cursors)
         await self.call("reconnect", params, apply)
+        await self._send_again()
 
     async def close(self) -> None:
         self._closed = True
@@ -337,15 +339,22 @@ class HuddleClient:
                 future.set_exception(error)
         self._calls.clear()
 
-    def _fail_stale_echoes(self) -> None:
-        """Fail the echoes awaited when the socket dropped that the replay
-        did not bring: they may or may not have been applied (a snapshot
-        says what was). Echoes of actions sent since are left alone."""
+    async def _send_again(self) -> None:
+        """Send again the actions whose echo the drop cut off and the replay
+        did not bring, with their own clientSeq: the server applies each once
+        (one it took already answers with its first envelope). Echoes of
+        actions sent since are left alone."""
         stale, self._stale_echoes = self._stale_echoes, set()
-        error = Disconnected("the connection dropped before the echo")
-        for seq in stale:
-            future = self._echoes.pop(seq, None)
-            if future is not None and not future.done():
+        for seq in sorted(stale):
+            params = self._sent.get(seq)
+            future = self._echoes.get(seq)
+            if params is None or future is None or future.done():
+                continue
+            try:
+                await self._notify("dispatchAction", params)
+            except Disconnected as error:
+                self._echoes.pop(seq, None)
+                self._sent.pop(seq, None)
                 future.set_exception(error)
 
     def _fail_echoes(self, error: BaseException) -> None:
@@ -353,6 +362,7 @@ class HuddleClient:
             if not future.done():
                 future.set_exception(error)
         self._echoes.clear()
+        self._sent.clear()
 
     # ─── Requests ────────────────────────────────────────────────────────
 
@@ -433,15 +443,19 @@ class HuddleClient:
             await self.subscribe(uri)
         seq = next(self._seqs)
         future: asyncio.Future[ActionEnvelope] = asyncio.get_running_loop().create_future()
+        params = DispatchActionParams(channel=uri, client_seq=seq, action=action)
         self._echoes[seq] = future
+        self._sent[seq] = params
         try:
-            await self._notify(
-                "dispatchAction", DispatchActionParams(channel=uri, client_seq=seq, action=action)
-            )
+            await self._notify("dispatchAction", params)
         except Disconnected:
             self._echoes.pop(seq, None)
+            self._sent.pop(seq, None)
             raise
-        return await future
+        try:
+            return await future
+        finally:
+            self._sent.pop(seq, None)
 
     async def request_input(self, chat: str, request: InputRequest) -> Completion:
         """Ask the people in ``chat`` (needs an agent token and an active

@@ -70,6 +70,9 @@ class Settings:
     participant_ttl: float = 7 * 24 * 3600.0
     """Lifetime of the participant token in the printed link (seconds), and
     of minted tokens that ask for none."""
+    idempotency_ttl: float = 24 * 3600.0
+    """How long a dispatch's answer is kept for retries with its
+    ``Idempotency-Key`` (seconds)."""
     max_token_ttl: float = 90 * 24 * 3600.0
     """The longest lifetime a minted token may ask for (seconds)."""
     open_browser: bool = False
@@ -158,5 +161,6 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         idle_check_interval=src.number("idle_check_interval", base.idle_check_interval),
         participant_ttl=src.number("participant_ttl", base.participant_ttl),
         max_token_ttl=src.number("max_token_ttl", base.max_token_ttl),
+        idempotency_ttl=src.number("idempotency_ttl", base.idempotency_ttl),
         open_browser=src.flag("open_browser", base.open_browser),
     )

@@ -32,6 +32,9 @@ down: this module imports nothing from ``server.runner`` or ``server.mcp``::
     │   ├── SeqConflict             another writer appended first: catch up,
     │   │                           retry
     │   ├── ChannelGone             the channel does not exist (any more)
+    │   ├── AlreadyApplied          an action re-sent with the clientId and
+    │   │                           clientSeq of one the channel took: it gets
+    │   │                           the first one's envelope, nothing twice
     │   ├── TurnNotFound            server.runner.errors: no such turn
     │   ├── TurnExists              server.runner.errors: ``create`` of an id
     │   │                           the turn store holds
@@ -197,6 +200,20 @@ class SeqConflict(StoreError):
 
     def __str__(self) -> str:
         return f"{self.channel}: expected seq {self.expected}, store is at {self.current}"
+
+
+class AlreadyApplied(StoreError):
+    """The channel took this client's action already, as seq ``seq``;
+    ``envelope`` is that envelope once the host knows it."""
+
+    def __init__(self, channel: str, seq: int, envelope: object = None) -> None:
+        super().__init__(channel, seq)
+        self.channel = channel
+        self.seq = seq
+        self.envelope = envelope
+
+    def __str__(self) -> str:
+        return f"{self.channel}: that action was applied already as seq {self.seq}"
 
 
 class ChannelGone(StoreError):

@@ -68,7 +68,13 @@ from server.auth import Grant
 from server.commands import Commands, not_found
 from server.config import Limits
 from server.connection import CLOSE_NORMAL, Connection
-from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
+from server.errors import (
+    ActionRejected,
+    AlreadyApplied,
+    ChannelGone,
+    CommandError,
+    StoreUnavailable,
+)
 from server.frames import action_frame
 from server.numbering import Numbering, Retired
 from server.policy import reaches
@@ -497,6 +503,8 @@ class Rpc:
                 self.present.discard(uri)
         except ChannelGone:
             pass  # AHP: an action for a channel that does not exist is ignored
+        except AlreadyApplied as applied:
+            self._echo_applied(applied)
         except ActionRejected as rejected:
             # A flooder is closed before its last echo goes out.
             self.connection.count_action(limited=rejected.code == RejectionCode.RATE_LIMITED)
@@ -506,6 +514,25 @@ class Rpc:
             reason = Rejection(RejectionCode.STORE_UNAVAILABLE, f"{error}; try again").reason
             await self._echo_rejection(uri, encode(action), origin, reason)
         self.connection.count_action(limited=False)
+
+    def _echo_applied(self, applied: AlreadyApplied) -> None:
+        """An action re-sent after a reconnect gets the first one's outcome:
+        its envelope, to its sender alone (a Huddle client's mirror holds it
+        already, or will from the replay; the echo settles what it sent). A
+        plain connection numbers what it gets, so there it is said in words."""
+        envelope = applied.envelope
+        assert isinstance(envelope, ActionEnvelope)
+        if self.numbering is None:
+            frame = action_frame(encode(envelope), applied.channel, applied.seq)
+        else:
+            reason = Rejection(
+                RejectionCode.DUPLICATE,
+                f"clientSeq {envelope.origin.client_seq if envelope.origin else '?'} was "
+                "applied already",
+            ).reason
+            echo = replace(envelope, rejection_reason=reason)
+            frame = action_frame(encode(echo), applied.channel, applied.seq, rejected=True)
+        self.connection.send_frame(frame)
 
     async def _echo_undecodable(self, request: Request, error: MalformedFrame) -> bool:
         """AHP: an invalid action comes back to its sender with a

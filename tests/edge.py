@@ -307,3 +307,81 @@ async def assert_still_serving(running: RunningServer, session: str) -> None:
         mirror = await client.subscribe(session)
         assert getattr(mirror.state, "lifecycle", None) == "ready"
         await client.close()
+
+
+# ─── A network that drops a frame's answer ───────────────────────────────────
+
+
+class CuttingProxy:
+    """A TCP proxy in front of a server that can cut a connection right
+    after the client's next bytes went through and before anything comes
+    back ("the socket cut after the frame is sent, before the echo
+    arrives"), or right before they go through. Connections made after the
+    cut pass untouched."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.listening_port = 0
+        self._armed = False
+        self._forward_last = True
+        self._server: asyncio.Server | None = None
+        self.cuts = 0
+
+    async def start(self) -> Self:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.listening_port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def url(self, path: str = "/ahp") -> str:
+        return f"ws://127.0.0.1:{self.listening_port}{path}"
+
+    def cut_after_next_send(self) -> None:
+        """The next bytes a client sends are its last on that connection."""
+        self._armed = True
+        self._forward_last = True
+
+    def cut_at_next_send(self) -> None:
+        """The next bytes a client sends are lost, and the connection with
+        them: the server never sees that frame."""
+        self._armed = True
+        self._forward_last = False
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        cut = asyncio.Event()
+
+        async def upstream() -> None:
+            while data := await reader.read(65536):
+                armed = self._armed  # frames are masked: the next chunk is the one
+                if armed:
+                    self._armed = False
+                    cut.set()  # nothing more comes back on this connection
+                if not armed or self._forward_last:
+                    up_writer.write(data)
+                    await up_writer.drain()
+                if armed:
+                    self.cuts += 1
+                    writer.transport.abort()
+                    return
+
+        async def downstream() -> None:
+            while data := await up_reader.read(65536):
+                if cut.is_set():
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        tasks = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            for task in tasks:
+                task.cancel()
+            writer.transport.abort()
+            up_writer.transport.abort()

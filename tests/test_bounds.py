@@ -15,6 +15,7 @@ from protocol.codec import encode
 from protocol.session import SessionState
 from reducers.limits import SizeLimits
 from server.config import Limits, Settings
+from server.store.memory import KEPT_BYTES, MemoryStore
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
 from tests.edge import Peer, http
 from tests.test_serve_cli import TOKEN, start
@@ -222,3 +223,15 @@ async def test_memory_stays_bounded_under_large_actions_and_many_connections() -
         served.process.kill()
         await served.process.wait()
     assert grown < 48 << 10, f"RSS grew by {grown} KiB"
+
+
+async def test_what_the_memory_store_keeps_for_retries_is_bounded() -> None:
+    store = MemoryStore()
+    value = b"x" * (1 << 20)
+    for n in range(2 * (KEPT_BYTES >> 20)):
+        await store.remember(f"idempotency:t:{n}", value, 3600)
+
+    assert await store.recall("idempotency:t:0") is None  # the oldest went first
+    newest = f"idempotency:t:{2 * (KEPT_BYTES >> 20) - 1}"
+    assert await store.recall(newest) == value
+    assert store._kept_bytes <= KEPT_BYTES

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from server.errors import ChannelGone, SeqConflict
+from server.errors import AlreadyApplied, ChannelGone, SeqConflict
 from server.store.base import ChannelStore, Listener
 from server.store.memory import MemoryStore
 from server.store.redis import RedisStore
@@ -159,6 +159,35 @@ async def test_records_are_set_read_listed_and_deleted(store: ChannelStore) -> N
     assert await store.records("other") == {}
 
 
+async def test_a_clients_action_is_appended_once_however_often_it_comes(
+    store: ChannelStore,
+) -> None:
+    await store.create("ahp-chat:/once", b"{}")
+    await store.append("ahp-chat:/once", 0, b"first", "browser-1 7")
+    await store.append("ahp-chat:/once", 1, b"other", "browser-1 8")
+
+    with pytest.raises(AlreadyApplied) as again:
+        await store.append("ahp-chat:/once", 2, b"first", "browser-1 7")
+    with pytest.raises(AlreadyApplied) as stale:
+        await store.append("ahp-chat:/once", 0, b"first", "browser-1 7")  # even behind
+
+    assert again.value.seq == stale.value.seq == 1
+    assert await store.applied("ahp-chat:/once", "browser-1 8") == 2
+    assert await store.applied("ahp-chat:/once", "browser-1 9") is None
+    stored = await store.load("ahp-chat:/once")
+    assert stored.log == [b"first", b"other"]
+    await store.append("ahp-chat:/once", 2, b"server", None)  # the server's own: no name
+
+
+async def test_what_is_remembered_lasts_its_time(store: ChannelStore) -> None:
+    await store.remember("answer:a", b"kept", 60)
+    await store.remember("answer:b", b"brief", 0.05)
+    assert await store.recall("answer:a") == b"kept"
+    assert await store.recall("answer:missing") is None
+    await asyncio.sleep(0.2)  # the time it takes to lapse
+    assert await store.recall("answer:b") is None
+
+
 async def test_a_claim_is_held_by_one_owner_until_it_expires(store: ChannelStore) -> None:
     assert await store.claim("client:web-1", "token-a", 60) is None
     assert await store.claim("client:web-1", "token-a", 60) is None  # renewed
@@ -166,6 +195,9 @@ async def test_a_claim_is_held_by_one_owner_until_it_expires(store: ChannelStore
     assert await store.claim("client:web-2", "token-b", 0.05) is None
     await asyncio.sleep(0.2)  # the time it takes a claim to lapse
     assert await store.claim("client:web-2", "token-a", 60) is None
+    assert await store.claim("client:web-2", "token-b", 0) == "token-a"  # not b's to give up
+    assert await store.claim("client:web-2", "token-a", 0) is None  # given up
+    assert await store.claim("client:web-2", "token-b", 60) is None
 
 
 async def test_listeners_hear_appends_and_notices(store: ChannelStore) -> None:

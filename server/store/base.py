@@ -118,9 +118,20 @@ class ChannelStore(ABC):
         """The latest snapshot and the log after it; raises ChannelGone."""
 
     @abstractmethod
-    async def append(self, channel: str, expected_seq: int, envelope: bytes) -> None:
-        """Append ``envelope`` as seq ``expected_seq + 1``. Raises SeqConflict
-        when the channel is elsewhere, ChannelGone, or StoreUnavailable."""
+    async def append(
+        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+    ) -> None:
+        """Append ``envelope`` as seq ``expected_seq + 1``. ``origin`` names a
+        client's action (``<clientId> <clientSeq>``): when the channel took one
+        of that name within its replay window, raises AlreadyApplied (before
+        anything else is compared). Raises SeqConflict when the channel is
+        elsewhere, ChannelGone, or StoreUnavailable."""
+
+    @abstractmethod
+    async def applied(self, channel: str, origin: str) -> int | None:
+        """The seq at which ``channel`` took the client action ``origin``
+        (named as for :meth:`append`), while its replay window remembers it;
+        None when it did not (or no longer remembers)."""
 
     @abstractmethod
     async def read_log(self, channel: str, after_seq: int, epoch: str) -> list[bytes] | None:
@@ -170,7 +181,17 @@ class ChannelStore(ABC):
         """Claim ``key`` for ``owner`` for ``ttl`` seconds, atomically across
         processes: None when it is ``owner``'s now (it was free, expired, or
         already ``owner``'s; the claim is renewed), else the owner that holds
-        it. Claims expire by themselves, so they stay bounded."""
+        it. Claims expire by themselves, so they stay bounded; a ``ttl`` of
+        0 gives ``owner``'s claim up at once."""
+
+    @abstractmethod
+    async def remember(self, key: str, value: bytes, ttl: float) -> None:
+        """Keep ``value`` under ``key`` for ``ttl`` seconds (shared by every
+        process; expires by itself)."""
+
+    @abstractmethod
+    async def recall(self, key: str) -> bytes | None:
+        """What :meth:`remember` keeps under ``key``, while it lasts."""
 
     @abstractmethod
     async def publish(self, topic: str, payload: bytes) -> None:

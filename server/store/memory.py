@@ -16,8 +16,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from server.errors import ChannelGone, SeqConflict
+from server.errors import AlreadyApplied, ChannelGone, SeqConflict
 from server.store.base import ChannelStore, Listener, StoredChannel
+
+KEPT_BYTES = 32 << 20
+"""What :meth:`MemoryStore.remember` keeps at most, all keys together: the
+oldest go first beyond it."""
 
 
 @dataclass
@@ -28,6 +32,8 @@ class _Channel:
     snapshot: bytes
     log: deque[bytes] = field(default_factory=deque)  # seqs seq-len(log)+1 .. seq
     log_bytes: int = 0
+    origins: dict[str, int] = field(default_factory=dict)
+    """The clients' actions of the replay window, by origin: their seqs."""
 
     @property
     def first_seq(self) -> int:
@@ -44,6 +50,8 @@ class MemoryStore(ChannelStore):
         self._claims: dict[str, tuple[str, float]] = {}
         self._claims_seen = 1024
         """Expired claims are swept when the map doubles past this."""
+        self._kept: dict[str, tuple[bytes, float]] = {}
+        self._kept_bytes = 0
 
     def _get(self, channel: str) -> _Channel:
         found = self._channels.get(channel)
@@ -69,16 +77,27 @@ class MemoryStore(ChannelStore):
             log=list(ch.log)[skip:],
         )
 
-    async def append(self, channel: str, expected_seq: int, envelope: bytes) -> None:
+    async def append(
+        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+    ) -> None:
         ch = self._get(channel)
+        if origin is not None and origin in ch.origins:
+            raise AlreadyApplied(channel, ch.origins[origin])
         if ch.seq != expected_seq:
             raise SeqConflict(channel, expected_seq, ch.seq)
         ch.seq += 1
         ch.log.append(envelope)
         ch.log_bytes += len(envelope)
+        if origin is not None:
+            ch.origins[origin] = ch.seq
+            while len(ch.origins) > self.retention:
+                del ch.origins[next(iter(ch.origins))]
         self._trim(ch)
         for listener in list(self._listeners):
             listener.envelope_appended(channel, ch.seq, envelope)
+
+    async def applied(self, channel: str, origin: str) -> int | None:
+        return self._get(channel).origins.get(origin)
 
     def _trim(self, ch: _Channel) -> None:
         # Keep `retention` envelopes and `retention_bytes`, and always
@@ -132,11 +151,35 @@ class MemoryStore(ChannelStore):
         held = self._claims.get(key)
         if held is not None and held[1] > now and held[0] != owner:
             return held[0]
+        if ttl <= 0:
+            self._claims.pop(key, None)
+            return None
         self._claims[key] = (owner, now + ttl)
         if len(self._claims) > 2 * self._claims_seen:
             self._claims = {k: v for k, v in self._claims.items() if v[1] > now}
             self._claims_seen = max(1024, len(self._claims))
         return None
+
+    async def remember(self, key: str, value: bytes, ttl: float) -> None:
+        now = time.monotonic()
+        self._forget(key)
+        self._kept[key] = (value, now + ttl)
+        self._kept_bytes += len(key) + len(value)
+        # Oldest first (insertion order): the expired, then beyond the bound.
+        while self._kept:
+            oldest, (_, until) = next(iter(self._kept.items()))
+            if until > now and self._kept_bytes <= KEPT_BYTES:
+                break
+            self._forget(oldest)
+
+    def _forget(self, key: str) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self._kept_bytes -= len(key) + len(kept[0])
+
+    async def recall(self, key: str) -> bytes | None:
+        kept = self._kept.get(key)
+        return kept[0] if kept is not None and kept[1] > time.monotonic() else None
 
     async def publish(self, topic: str, payload: bytes) -> None:
         for listener in list(self._listeners):

@@ -70,7 +70,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from server.errors import ChannelGone, SeqConflict, StoreError, StoreUnavailable
+from server.errors import AlreadyApplied, ChannelGone, SeqConflict, StoreError, StoreUnavailable
 from server.store.base import ChannelStore, Listener, StoredChannel
 from server.store.redis_link import RedisLink, Script
 from server.store.redis_topics import Topics
@@ -78,11 +78,18 @@ from server.store.redis_topics import Topics
 log = logging.getLogger("huddle.store.redis")
 
 
-# KEYS: meta, log.  ARGV: expected seq, entry, the channel's topic.
-# Returns {1, seq} on success, {0, head} on a conflict, {-1} when gone.
+# KEYS: meta, log, origins.  ARGV: expected seq, entry, the channel's topic,
+# the action's origin ('' for none), the retention.
+# Returns {1, seq} on success, {0, head} on a conflict, {-1} when gone, {2, seq}
+# when the origin was applied already (as seq).
 # XADD goes first: a script that fails keeps its earlier writes, and a
 # stream that refuses the id must not leave the head moved without an entry.
 APPEND = """
+local origin = ARGV[4] or ''
+if origin ~= '' then
+  local seen = redis.call('ZSCORE', KEYS[3], origin)
+  if seen then return {2, tonumber(seen)} end
+end
 local head = redis.call('HGET', KEYS[1], 'seq')
 if not head then return {-1} end
 head = tonumber(head)
@@ -90,6 +97,12 @@ if head ~= tonumber(ARGV[1]) then return {0, head} end
 head = head + 1
 redis.call('XADD', KEYS[2], head .. '-0', 'e', ARGV[2])
 redis.call('HSET', KEYS[1], 'seq', head)
+if origin ~= '' then
+  redis.call('ZADD', KEYS[3], head, origin)
+  if head % 64 == 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', head - tonumber(ARGV[5]))
+  end
+end
 redis.call('SPUBLISH', ARGV[3], 'a' .. head .. '\\n' .. ARGV[2])
 return {1, head}
 """
@@ -190,7 +203,11 @@ return 1
 CLAIM = """
 local held = redis.call('GET', KEYS[1])
 if held and held ~= ARGV[1] then return held end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if tonumber(ARGV[2]) <= 0 then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
 return false
 """
 
@@ -202,6 +219,11 @@ _READ_LOG, _SNAPSHOT, _RESTORE = Script(READ_LOG), Script(SNAPSHOT), Script(REST
 def _keys(channel: str) -> tuple[str, str, str]:
     tag = "{" + channel + "}"
     return f"huddle:{tag}:meta", f"huddle:{tag}:log", f"huddle:{tag}:snap"
+
+
+def _origins(channel: str) -> str:
+    """The clients' actions of the replay window: a sorted set, origin by seq."""
+    return "huddle:{" + channel + "}:origins"
 
 
 _TOPIC_HEAD, _TOPIC_TAIL = "huddle:{", "}:news"
@@ -222,6 +244,7 @@ class _Pending:
     expected: int
     entry: bytes
     future: asyncio.Future[None]
+    origin: str = ""
 
 
 class RedisStore(ChannelStore):
@@ -263,9 +286,11 @@ class RedisStore(ChannelStore):
             epoch=_text(epoch), snapshot_seq=int(snap_seq), snapshot=state, log=list(entries)
         )
 
-    async def append(self, channel: str, expected_seq: int, envelope: bytes) -> None:
+    async def append(
+        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+    ) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(channel, expected_seq, envelope, future))
+        self._pending.append(_Pending(channel, expected_seq, envelope, future, origin or ""))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         await future
@@ -278,7 +303,16 @@ class RedisStore(ChannelStore):
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             try:
                 calls = [
-                    (_keys(item.channel)[:2], (item.expected, item.entry, topic_of(item.channel)))
+                    (
+                        (*_keys(item.channel)[:2], _origins(item.channel)),
+                        (
+                            item.expected,
+                            item.entry,
+                            topic_of(item.channel),
+                            item.origin,
+                            self.retention,
+                        ),
+                    )
                     for item in batch
                 ]
                 results = await self.link.run_batch(_APPEND, calls)
@@ -297,6 +331,10 @@ class RedisStore(ChannelStore):
                         item.future.set_exception(failure)
                 if not isinstance(error, Exception):
                     raise
+
+    async def applied(self, channel: str, origin: str) -> int | None:
+        seen: Any = await self.link.call(self.client.zscore(_origins(channel), origin))
+        return None if seen is None else int(seen)
 
     async def read_log(self, channel: str, after_seq: int, epoch: str) -> list[bytes] | None:
         out = await self.link.run(
@@ -330,7 +368,7 @@ class RedisStore(ChannelStore):
         await self.link.run(_SNAPSHOT, _keys(channel), args, replicate=False)
 
     async def delete(self, channel: str) -> None:
-        keys = _keys(channel)
+        keys = (*_keys(channel), _origins(channel))
         await self.link.write(keys[0], lambda pipe: pipe.execute_command("DEL", *keys))
 
     # ─── Records ─────────────────────────────────────────────────────────
@@ -347,9 +385,20 @@ class RedisStore(ChannelStore):
         name = f"huddle:rec:{kind}"
         await self.link.write(name, lambda pipe: pipe.hdel(name, key))
 
+    async def remember(self, key: str, value: bytes, ttl: float) -> None:
+        name = "huddle:kept:{" + key + "}"
+        milliseconds = max(1, int(ttl * 1000))
+        await self.link.write(name, lambda pipe: pipe.set(name, value, px=milliseconds))
+
+    async def recall(self, key: str) -> bytes | None:
+        value: Any = await self.link.call(self.client.get("huddle:kept:{" + key + "}"))
+        return None if value is None else bytes(value)
+
     async def claim(self, key: str, owner: str, ttl: float) -> str | None:
         name = "huddle:claim:{" + key + "}"
-        held = await self.link.run(_CLAIM, [name], [owner, max(1, int(ttl * 1000))])
+        held = await self.link.run(
+            _CLAIM, [name], [owner, max(1, int(ttl * 1000)) if ttl > 0 else 0]
+        )
         return None if held is None else _text(held)
 
     async def records(self, kind: str) -> dict[str, bytes]:
@@ -415,6 +464,8 @@ def _answer(item: _Pending, result: Any) -> None:
         item.future.set_result(None)
     elif int(result[0]) == 0:
         item.future.set_exception(SeqConflict(item.channel, item.expected, int(result[1])))
+    elif int(result[0]) == 2:
+        item.future.set_exception(AlreadyApplied(item.channel, int(result[1])))
     else:
         item.future.set_exception(ChannelGone(item.channel))
 

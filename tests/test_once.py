@@ -1,0 +1,246 @@
+"""Submissions that count once: a submit re-sent after a drop (the socket
+cut after the frame went out, before its echo came back) is applied once,
+and the retry gets the first one's answer; over HTTP, Idempotency-Key."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from starlette.responses import Response
+
+from protocol.actions import (
+    ChatDraftChanged,
+    ChatInputAnswerChanged,
+    ChatInputCompleted,
+    ChatInputRequested,
+)
+from protocol.chat import ChatState, InputAnswer, InputRequest, TextQuestion, TextValue
+from protocol.codec import encode
+from protocol.session import SessionState
+from reducers.chat import select_input_settlement
+from server.auth import Grant
+from server.client import HuddleClient
+from server.idempotency import Idempotency
+from server.store.memory import MemoryStore
+from tests.conftest import AGENT_TOKEN, UNIT, RunningServer
+from tests.edge import CuttingProxy, Peer, http
+from tests.test_trust import TURN
+
+SESSION = "ahp-session:/once"
+FORM = InputRequest(id="details", questions=[TextQuestion(id="system", message="Which?")])
+ACCEPT = ChatInputCompleted(
+    request_id="details",
+    response="accept",
+    answers={"system": InputAnswer(state="submitted", value=TextValue(value="SSO"))},
+)
+
+
+@pytest.fixture
+async def proxy(huddle: RunningServer) -> AsyncIterator[CuttingProxy]:
+    running = await CuttingProxy(huddle.port).start()
+    try:
+        yield running
+    finally:
+        await running.close()
+
+
+async def asked(huddle: RunningServer) -> tuple[HuddleClient, str]:
+    agent = await huddle.client("agent", name="agent")
+    await agent.create_session(SESSION)
+    mirror = await agent.subscribe(SESSION)
+    assert isinstance(mirror.state, SessionState)
+    chat = mirror.state.default_chat
+    assert chat is not None
+    await agent.dispatch_and_wait(chat, TURN)
+    await agent.dispatch_and_wait(chat, ChatInputRequested(request=FORM))
+    return agent, chat
+
+
+async def test_a_submit_cut_off_before_its_echo_counts_once(
+    huddle: RunningServer, proxy: CuttingProxy
+) -> None:
+    agent, chat = await asked(huddle)
+    completions: list[int] = []
+    agent.mirrors[chat].listeners.append(
+        lambda e: (
+            completions.append(e.server_seq) if isinstance(e.action, ChatInputCompleted) else None
+        )
+    )
+    lee = await HuddleClient.connect(proxy.url(), huddle.token(name="Lee"))
+    await lee.subscribe(chat)
+
+    proxy.cut_after_next_send()
+    async with asyncio.timeout(10 * UNIT):
+        envelope = await lee.dispatch_and_wait(chat, ACCEPT)
+
+    assert proxy.cuts == 1
+    assert lee.reconnects == 1
+    assert envelope.rejection_reason is None
+    state = (await huddle.server.host.view(chat)).state
+    assert isinstance(state, ChatState)
+    settled = select_input_settlement(state, "details")
+    assert settled.status == "resolved"
+    assert settled.part is not None
+    assert settled.part.response == "accept"
+    async with asyncio.timeout(5 * UNIT):
+        await agent.mirrors[chat].wait_for(lambda _: bool(completions))
+    assert completions == [envelope.server_seq]  # applied once, and this is it
+    await lee.close()
+
+
+async def test_a_retry_with_the_same_idempotency_key_applies_nothing_twice(
+    huddle: RunningServer,
+) -> None:
+    _, chat = await asked(huddle)
+    body = encode({"channel": chat, "action": ACCEPT})
+    key = {"Idempotency-Key": "submit-7f3a", "Content-Type": "application/json"}
+    url = huddle.http + "/api/dispatch"
+
+    first = await http("POST", url, token=AGENT_TOKEN, data=body, headers=key)
+    again = await http("POST", url, token=AGENT_TOKEN, data=body, headers=key)
+    other = await http(
+        "POST", url, token=AGENT_TOKEN, data=body, headers={**key, "Idempotency-Key": "new"}
+    )
+
+    assert first.status == again.status == 200
+    assert first.json() == again.json()
+    assert other.status == 409  # without the key's protection: completed already
+    assert other.json()["code"] == "no-open-input-request"
+
+
+async def test_an_idempotency_key_goes_with_its_body(huddle: RunningServer) -> None:
+    _, chat = await asked(huddle)
+    key = {"Idempotency-Key": "k-1", "Content-Type": "application/json"}
+    url = huddle.http + "/api/dispatch"
+    first = await http(
+        "POST",
+        url,
+        token=AGENT_TOKEN,
+        data=encode({"channel": chat, "action": ACCEPT}),
+        headers=key,
+    )
+    changed = ChatInputCompleted(request_id="details", response="decline")
+
+    reply = await http(
+        "POST",
+        url,
+        token=AGENT_TOKEN,
+        data=encode({"channel": chat, "action": changed}),
+        headers=key,
+    )
+
+    assert first.status == 200
+    assert reply.status == 422
+
+
+async def test_a_rejection_is_kept_for_its_key_too(huddle: RunningServer) -> None:
+    _, chat = await asked(huddle)
+    bad = ChatInputCompleted(request_id="no-such-request", response="accept")
+    body = encode({"channel": chat, "action": bad})
+    key = {"Idempotency-Key": "k-2", "Content-Type": "application/json"}
+    url = huddle.http + "/api/dispatch"
+
+    first = await http("POST", url, token=AGENT_TOKEN, data=body, headers=key)
+    again = await http("POST", url, token=AGENT_TOKEN, data=body, headers=key)
+
+    assert first.status == again.status == 409
+    assert first.json() == again.json()
+
+
+async def test_a_submit_cut_off_before_the_server_saw_it_is_sent_again(
+    huddle: RunningServer, proxy: CuttingProxy
+) -> None:
+    _, chat = await asked(huddle)
+    lee = await HuddleClient.connect(proxy.url(), huddle.token(name="Lee"))
+    await lee.subscribe(chat)
+
+    proxy.cut_at_next_send()
+    async with asyncio.timeout(10 * UNIT):
+        envelope = await lee.dispatch_and_wait(chat, ACCEPT)
+
+    assert proxy.cuts == 1
+    assert envelope.rejection_reason is None  # not lost: applied on the new connection
+    state = (await huddle.server.host.view(chat)).state
+    assert isinstance(state, ChatState)
+    assert select_input_settlement(state, "details").status == "resolved"
+    await lee.close()
+
+
+def again(channel: str, client_seq: int, action: object) -> dict[str, object]:
+    """The dispatchAction frame a client sends again after a reconnect."""
+    params = {"channel": channel, "clientSeq": client_seq, "action": action}
+    return {"jsonrpc": "2.0", "method": "dispatchAction", "params": params}
+
+
+DRAFT = ChatInputAnswerChanged(
+    request_id="details",
+    question_id="system",
+    answer=InputAnswer(state="draft", value=TextValue(value="SS")),
+)
+
+
+@pytest.mark.parametrize("action", [ACCEPT, DRAFT], ids=["invalid-twice", "valid-twice"])
+async def test_the_same_client_seq_again_gets_the_first_envelope(
+    huddle: RunningServer, action: object
+) -> None:
+    agent, chat = await asked(huddle)
+    seen: list[int] = []
+    agent.mirrors[chat].listeners.append(lambda e: seen.append(e.server_seq))
+    token = huddle.token(name="Lee")
+    first_peer = await Peer.ready(huddle.ws, token, "lee-browser")
+    await first_peer.subscribe(chat)
+    await first_peer.send(again(chat, 1, action))
+    first = await first_peer.envelope()
+    await first_peer.close()
+
+    peer = await Peer.ready(huddle.ws, token, "lee-browser")  # its reconnect
+    await peer.subscribe(chat)
+    await peer.send(again(chat, 1, action))
+    echo = await peer.envelope()
+    await agent.dispatch_and_wait(chat, ChatDraftChanged(draft=None))  # a marker after it
+
+    assert echo == first
+    assert "rejectionReason" not in echo
+    assert seen == [first["serverSeq"], seen[-1]]  # the others saw it once
+    await peer.close()
+
+
+async def test_a_plain_client_sending_a_seq_again_is_told_it_was_applied(
+    huddle: RunningServer,
+) -> None:
+    _, chat = await asked(huddle)
+    token = huddle.token(name="Lee")
+    peer = await Peer.ready(huddle.ws, token, "plain-browser", extensions=())
+    await peer.subscribe(chat)
+    await peer.send(again(chat, 1, DRAFT))
+    first = await peer.envelope()
+    await peer.send(again(chat, 1, DRAFT))
+    echo = await peer.envelope()
+
+    assert "rejectionReason" not in first
+    assert echo["rejectionReason"].startswith("duplicate: clientSeq 1 was applied already")
+    assert echo["origin"] == {"clientId": "plain-browser", "clientSeq": 1}
+    await peer.close()
+
+
+async def test_an_answer_that_says_try_again_is_not_kept_for_its_key() -> None:
+    once = Idempotency(MemoryStore(), ttl=60)
+    grant = Grant(role="participant", sessions=None, name="Lee", token_id="tok-1")
+    answers = iter([Response(b"{}", 503), Response(b'{"ok":1}', 200)])
+    runs: list[int] = []
+
+    async def run() -> Response:
+        runs.append(1)
+        return next(answers)
+
+    busy = await once.once(grant, "k", b"body", run)
+    retried = await once.once(grant, "k", b"body", run)
+    kept = await once.once(grant, "k", b"body", run)
+
+    assert (busy.status_code, retried.status_code, kept.status_code) == (503, 200, 200)
+    assert kept.body == b'{"ok":1}'
+    assert len(runs) == 2
+    refused = await once.once(grant, "", b"body", run)
+    assert refused.status_code == 400

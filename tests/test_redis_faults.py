@@ -738,12 +738,14 @@ async def test_a_garbled_pubsub_message_does_not_end_the_subscription(
         store.add_listener(heard)
         await store.watch("ahp-chat:/after")
         async with raw_redis(redis_server) as db:
-            await db.spublish(topic_of("ahp-chat:/after"), b"not an announcement")
+            # ("n..." would be a notice, "a..." an append: neither is this)
+            await db.spublish(topic_of("ahp-chat:/after"), b"? garbled")
             await db.spublish(topic_of("ahp-chat:/after"), b"a-not-a-seq")
         await store.create("ahp-chat:/after", b"{}")
         await store.append("ahp-chat:/after", 0, b"entry")
         await heard.until(1)
         assert heard.appends == [("ahp-chat:/after", 1, b"entry")]
+        assert heard.notices == []
     finally:
         await store.close()
 

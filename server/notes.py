@@ -21,10 +21,11 @@ from protocol.actions import (
     SessionMetaChanged,
     StateAction,
 )
-from protocol.chat import ChatState
+from protocol.chat import ChatState, InputAnswer
 from protocol.messages import ChannelState
 from protocol.session import SessionState
 from reducers import notes
+from reducers.chat import select_open_input_part
 from server.auth import Identity
 from server.channels import Applied, ChannelCore
 from server.errors import ChannelGone
@@ -44,7 +45,7 @@ class SessionNotes:
         if not event.local or event.sender is None or not isinstance(event.view.state, ChatState):
             return None
         session = chat_session(event.view.state)
-        changes = _notes_of(event.uri, event.action, event.sender)
+        changes = _notes_of(event.uri, event.action, event.sender, event.before)
         if session is None or not changes:
             return None
         return self.note(session, *changes)
@@ -66,7 +67,7 @@ class SessionNotes:
             await self.core.update(session, change)
 
 
-def _notes_of(chat: str, action: StateAction, sender: Identity) -> list[Note]:
+def _notes_of(chat: str, action: StateAction, sender: Identity, before: ChannelState) -> list[Note]:
     who = sender.who()
     match action:
         case ChatInputAnswerChanged(answer=None):
@@ -77,8 +78,9 @@ def _notes_of(chat: str, action: StateAction, sender: Identity) -> list[Note]:
             return [lambda m: notes.answered(m, chat, request, question, who, state)]
         case ChatInputCompleted():
             request, response = action.request_id, action.response
+            drafts = _drafts(before, request)
             carried: list[Note] = [
-                _answer(chat, request, question, who, answer.state)
+                _answer(chat, request, question, who, answer, drafts.get(question))
                 for question, answer in (action.answers or {}).items()
             ]
             return [*carried, lambda m: notes.completed(m, chat, request, who, response)]
@@ -88,5 +90,34 @@ def _notes_of(chat: str, action: StateAction, sender: Identity) -> list[Note]:
     return []
 
 
-def _answer(chat: str, request: str, question: str, who: dict[str, Any], state: str) -> Note:
-    return lambda m: notes.answered(m, chat, request, question, who, state)
+def _drafts(before: ChannelState, request_id: str) -> dict[str, InputAnswer]:
+    """The answers the open request held before it was completed."""
+    turn = before.active_turn if isinstance(before, ChatState) else None
+    found = select_open_input_part(turn.response_parts, request_id) if turn else None
+    return (found[1].request.answers or {}) if found is not None else {}
+
+
+def _answer(
+    chat: str,
+    request: str,
+    question: str,
+    who: dict[str, Any],
+    answer: InputAnswer,
+    draft: InputAnswer | None,
+) -> Note:
+    """A completion's answer is the completer's, unless it only submits
+    what someone else wrote: then that author keeps it."""
+    unchanged = draft is not None and (draft.value, draft.freeform_values) == (
+        answer.value,
+        answer.freeform_values,
+    )
+
+    def note(meta: dict[str, Any] | None) -> dict[str, Any] | None:
+        by = who
+        if unchanged:
+            earlier = notes.note_of(meta, "requests", chat, request) or {}
+            author = ((earlier.get("answers") or {}).get(question) or {}).get("by")
+            by = author if isinstance(author, dict) else who
+        return notes.answered(meta, chat, request, question, by, answer.state)
+
+    return note

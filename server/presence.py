@@ -5,13 +5,15 @@ AHP's clients put themselves in a session's ``activeClients``
 session) and take themselves out. The server's part: the entry carries the
 name the server knows its holder by (server.commands), and when a
 connection goes without taking its entry out, the server does (:func:`leave`),
-so the list says who is here now. An entry a crashed process left behind
-stays until that client id connects and goes again.
+so the list says who is here now (unless the client is back on another
+connection of this process by then). An entry a crashed process left
+behind stays until that client id connects and goes again.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from protocol.actions import SessionActiveClientRemoved, StateAction
 from protocol.messages import ChannelState
@@ -20,10 +22,15 @@ from server.errors import ChannelGone, StoreError
 from server.host import Host
 
 
-async def leave(host: Host, session: str, client_id: str) -> None:
-    """``client_id`` is no longer here."""
+async def leave(
+    host: Host, session: str, client_id: str, back: Callable[[], bool] = lambda: False
+) -> None:
+    """``client_id`` is no longer here, unless it is ``back`` (connected
+    again) by the time its entry would be taken out."""
 
     def change(state: ChannelState) -> StateAction | None:
+        if back():
+            return None
         if isinstance(state, SessionState) and any(
             c.client_id == client_id for c in state.active_clients
         ):

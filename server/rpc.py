@@ -113,6 +113,10 @@ class LiveClients:
         self._by_id[client_id] = rpc
         return older if older is not rpc else None
 
+    def live(self, client_id: str) -> Rpc | None:
+        """The open connection of ``client_id`` in this process, if any."""
+        return self._by_id.get(client_id)
+
     def unbind(self, client_id: str, rpc: Rpc) -> None:
         if self._by_id.get(client_id) is rpc:
             del self._by_id[client_id]
@@ -417,8 +421,13 @@ class Rpc:
     def closed(self) -> None:
         """Forget every subscription and the client id (the socket is gone)."""
         if self.client_id is not None:
+            client_id = self.client_id
+
+            def back() -> bool:
+                return self.clients.live(client_id) not in (None, self)
+
             for session in self.present:
-                self.host.core.spawn(presence.leave(self.host, session, self.client_id))
+                self.host.core.spawn(presence.leave(self.host, session, client_id, back))
         self.present.clear()
         for uri in self.subscriptions:
             self.host.core.unsubscribe(uri, self.connection)

@@ -18,6 +18,7 @@ from protocol.actions import (
 from protocol.chat import InputAnswer, InputRequest, TextQuestion, TextValue
 from protocol.session import ActiveClient, SessionState
 from reducers import notes
+from server import presence
 from server.auth import TokenAuthority
 from server.cli import main
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer
@@ -182,3 +183,52 @@ def test_invite_needs_the_agent_token(
     monkeypatch.delenv("HUDDLE_TOKEN", raising=False)
     assert main(["invite", "Dana"]) == 2
     assert "needs the agent token" in capsys.readouterr().err
+
+
+async def test_a_client_back_on_a_new_connection_keeps_its_entry(huddle: RunningServer) -> None:
+    agent, _ = await asked(huddle)
+    session = agent.mirrors[SESSION]
+    dana = await Peer.ready(huddle.ws, huddle.token(name="Dana"), "dana-laptop")
+    await dana.subscribe(SESSION)
+    entry = ActiveClient(client_id="dana-laptop", display_name="Dana", tools=[])
+    await dana.dispatch(SESSION, SessionActiveClientSet(active_client=entry))
+    async with asyncio.timeout(5 * UNIT):
+        await session.wait_for(lambda s: bool(s.active_clients))
+
+    await presence.leave(huddle.server.host, SESSION, "dana-laptop", back=lambda: True)
+    kept = (await huddle.server.host.view(SESSION)).state
+    await presence.leave(huddle.server.host, SESSION, "dana-laptop")
+    gone = (await huddle.server.host.view(SESSION)).state
+
+    assert isinstance(kept, SessionState)
+    assert isinstance(gone, SessionState)
+    assert [c.client_id for c in kept.active_clients] == ["dana-laptop"]
+    assert gone.active_clients == []
+    await dana.close()
+
+
+async def test_submitting_what_someone_else_wrote_leaves_it_theirs(huddle: RunningServer) -> None:
+    _, chat = await asked(huddle)
+    dana = await huddle.client(name="Dana")
+    lee = await huddle.client(name="Lee")
+    await dana.dispatch_and_wait(
+        chat, ChatInputAnswerChanged(request_id="details", question_id="system", answer=text("SSO"))
+    )
+    await lee.dispatch_and_wait(
+        chat, ChatInputAnswerChanged(request_id="details", question_id="scope", answer=text("al"))
+    )
+
+    await lee.dispatch_and_wait(
+        chat,
+        ChatInputCompleted(
+            request_id="details",
+            response="accept",
+            answers={"system": text("SSO", "submitted"), "scope": text("all", "submitted")},
+        ),
+    )
+
+    note = await eventually_noted(huddle, chat, lambda n: n and "completed" in n)
+    assert note["answers"]["system"]["by"]["name"] == "Dana"  # Lee only submitted it
+    assert note["answers"]["system"]["state"] == "submitted"
+    assert note["answers"]["scope"]["by"]["name"] == "Lee"
+    assert note["completed"]["by"]["name"] == "Lee"

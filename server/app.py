@@ -26,7 +26,13 @@ from urllib.parse import urlsplit
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection, Request
-from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from starlette.responses import (
+    FileResponse,
+    HTMLResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -35,7 +41,8 @@ from protocol.actions import StateAction
 from protocol.codec import MalformedFrame, convert, decode_json, encode
 from protocol.messages import ErrorCode, Implementation
 from protocol.rejections import RejectionCode
-from protocol.uris import session_uri
+from protocol.uris import SESSION_SCHEME, channel_id, session_uri
+from server.audit import export as audit_export
 from server.auth import Grant, TokenAuthority
 from server.build import Parts
 from server.commands import Commands
@@ -314,6 +321,29 @@ async def read_snapshot(request: Request, server: Server, grant: Grant) -> Respo
     return _json({"resource": uri, "state": view.state, "fromSeq": view.seq})
 
 
+async def read_audit(request: Request, server: Server, grant: Grant) -> Response:
+    """The session's audit as JSON Lines (server.audit), streamed."""
+    server.commands.allow(grant, Command.READ_AUDIT)
+    uri = request.query_params.get("session", "")
+    if not uri.startswith(SESSION_SCHEME):
+        raise MalformedFrame(ErrorCode.INVALID_PARAMS, "expected ahp-session:/<id>", "$.session")
+    await server.commands.reach(grant, uri, "$.session")  # a malformed id: 400
+    store = server.parts.store
+    if await store.last_audit(uri) is None:
+        await server.commands.snapshot(grant, uri)  # 404 when there is no such session
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in channel_id(uri))
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for line in audit_export(store, uri):
+            yield line + b"\n"
+
+    return StreamingResponse(
+        lines(),
+        media_type="application/x-ndjson",
+        headers={"Content-Disposition": f'attachment; filename="audit-{name}.jsonl"'},
+    )
+
+
 async def dispatch_action(request: Request, server: Server, grant: Grant) -> Response:
     """Dispatch; with an ``Idempotency-Key``, a retry gets the first
     answer (server.idempotency) and nothing is applied twice."""
@@ -521,6 +551,7 @@ def create_app(
         WebSocketRoute("/ahp", ahp_socket),
         Route("/api/sessions", api(create_session), methods=["POST"]),
         Route("/api/snapshot", api(read_snapshot), methods=["GET"]),
+        Route("/api/audit", api(read_audit), methods=["GET"]),
         Route("/api/dispatch", api(dispatch_action), methods=["POST"]),
         Route("/api/input/wait", api(wait_input), methods=["GET"]),
         Route("/api/tokens", api(mint_token), methods=["POST"]),

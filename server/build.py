@@ -108,6 +108,8 @@ def build(
         snapshot_every=settings.snapshot_every,
         idle_check_interval=settings.idle_check_interval,
         sizes=settings.sizes,
+        audit_values=settings.audit_values,
+        audit_max_records=settings.audit_max_records,
     )
     service = None
     if agent is not None:
@@ -119,4 +121,5 @@ def build(
             clock=clock,
             lease_seconds=settings.lease_seconds,
         )
+        service.runner.listeners.append(host.audit.runner_listener)
     return Parts(settings=settings, store=store, host=host, service=service, clock=clock)

@@ -15,15 +15,22 @@ import os
 import signal
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import webbrowser
+from collections.abc import AsyncIterator
 from importlib.metadata import version
 from typing import Any
 
 from protocol.uris import SESSION_SCHEME, session_uri
 from server.app import create_app
+from server.audit import AuditBroken, verify
+from server.audit import export as audit_export
 from server.auth import TokenAuthority
-from server.build import build
+from server.build import build, open_store
 from server.config import Settings, settings_from
+from server.errors import StoreError
 from server.runner.service import load_agent
 from server.serve import UvicornServer, uvicorn_config
 
@@ -128,6 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--snapshot-every", type=int, help="actions between stored snapshots of a channel (100)"
     )
     serve.add_argument(
+        "--audit-values",
+        choices=("keep", "redact"),
+        help="keep answer values and tool input in the audit, or redact them all (keep; "
+        "fields a form marks writeOnly or x-huddle-sensitive are redacted either way)",
+    )
+    serve.add_argument(
+        "--audit-max-records", type=int, help="records a session's audit holds at most (100000)"
+    )
+    serve.add_argument(
         "--open-browser", action="store_true", default=None, help="open the web client"
     )
     invite = commands.add_parser(
@@ -152,6 +168,35 @@ def build_parser() -> argparse.ArgumentParser:
     invite.add_argument("--token", help="the agent token (also HUDDLE_TOKEN)")
     invite.add_argument(
         "--url", help="the server's address (default http://localhost:8765; HUDDLE_URL)"
+    )
+    audit = commands.add_parser(
+        "audit",
+        help="export a session's audit, or check an exported one",
+        description="A session's audit is a hash chain of records (JSON Lines): "
+        "export it, from the store or from a running server, and verify it.",
+    )
+    audits = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
+    exporting = audits.add_parser(
+        "export",
+        help="write a session's audit as JSON Lines",
+        description="Read from --store (a redis:// URL; the embedded store lives in its "
+        "server) or else from the server at --url with the agent token. Prints the "
+        "record count and the last hash on stderr.",
+    )
+    exporting.add_argument("session", metavar="SESSION", help="the session's id or URI")
+    exporting.add_argument("--store", help="the store to read: redis://host:port/db")
+    exporting.add_argument("--url", help="the server (default http://localhost:8765; HUDDLE_URL)")
+    exporting.add_argument("--token", help="the agent token (also HUDDLE_TOKEN)")
+    exporting.add_argument("--out", help="the file to write (default: stdout)")
+    verifying = audits.add_parser(
+        "verify",
+        help="check an exported audit's hash chain",
+        description="Exit 0 when every record is in its place and unaltered, 1 naming the "
+        "first line that is not.",
+    )
+    verifying.add_argument("file", metavar="FILE", help="JSON Lines, as exported ('-': stdin)")
+    verifying.add_argument(
+        "--head", help="the last hash the export reported: also catches records cut off the end"
     )
     worker = commands.add_parser(
         "worker",
@@ -225,6 +270,86 @@ def invite(args: argparse.Namespace, settings: Settings) -> str:
     return f"{base}/?token={token}"
 
 
+async def export_audit(args: argparse.Namespace, settings: Settings) -> list[bytes]:
+    """``huddle audit export``: the session's records, each a line."""
+    session = args.session if args.session.startswith(SESSION_SCHEME) else session_uri(args.session)
+    return [line async for line in _audit_lines(args, settings, session)]
+
+
+async def _audit_lines(
+    args: argparse.Namespace, settings: Settings, session: str
+) -> AsyncIterator[bytes]:
+    if args.store:
+        if args.store == "memory":
+            raise ValueError("the embedded store lives in its server: leave out --store")
+        store = open_store(settings)
+        try:
+            async for line in audit_export(store, session):
+                yield line
+        finally:
+            await store.close()
+        return
+    if not settings.token:
+        raise ValueError("reading from a server needs the agent token: HUDDLE_TOKEN or --token")
+    base = (args.url or os.environ.get("HUDDLE_URL") or "http://localhost:8765").rstrip("/")
+    query = urllib.parse.urlencode({"session": session})
+    request = urllib.request.Request(
+        f"{base}/api/audit?{query}", headers={"Authorization": f"Bearer {settings.token}"}
+    )
+    try:
+        body = await asyncio.to_thread(_read_url, request)
+    except urllib.error.HTTPError as error:
+        raise ValueError(f"the server answered {error.code}: {error.read().decode()}") from None
+    except urllib.error.URLError as error:
+        raise ValueError(f"cannot reach {base}: {error.reason}") from None
+    for line in body.splitlines():
+        if line:
+            yield line
+
+
+def _read_url(request: urllib.request.Request) -> bytes:
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return bytes(response.read())
+
+
+def audit(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        if args.audit_command == "verify":
+            print(verify_audit(args))
+            return 0
+        lines = asyncio.run(export_audit(args, settings))
+        data = b"".join(line + b"\n" for line in lines)
+        if args.out:
+            with open(args.out, "wb") as out:
+                out.write(data)
+        else:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        result = verify(lines)
+    except AuditBroken as error:
+        print(f"huddle: the audit is broken at {error}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError, StoreError) as error:
+        print(f"huddle: {error}", file=sys.stderr)
+        return 2
+    print(f"{result.records} records, last hash {result.head}", file=sys.stderr)
+    return 0
+
+
+def verify_audit(args: argparse.Namespace) -> str:
+    """``huddle audit verify``: what the file holds; raises AuditBroken."""
+    if args.file == "-":
+        result = verify(sys.stdin.buffer)
+    else:
+        with open(args.file, "rb") as lines:
+            result = verify(lines)
+    if args.head and args.head != result.head:
+        raise AuditBroken(result.records, "the last record is not the one the export reported")
+    return (
+        f"ok: {result.records} records of {result.session}, chain intact, last hash {result.head}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -240,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"huddle: {error}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "audit":
+        return audit(args, settings)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(serve(settings) if args.command == "serve" else work(settings))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from reducers.limits import SizeLimits
 
@@ -75,6 +75,11 @@ class Settings:
     ``Idempotency-Key`` (seconds)."""
     max_token_ttl: float = 90 * 24 * 3600.0
     """The longest lifetime a minted token may ask for (seconds)."""
+    audit_values: Literal["keep", "redact"] = "keep"
+    """Whether the audit keeps answer values and tool input (fields a form
+    marks sensitive are redacted either way)."""
+    audit_max_records: int = 100_000
+    """Records a session's audit holds at most."""
     open_browser: bool = False
 
 
@@ -162,5 +167,13 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         participant_ttl=src.number("participant_ttl", base.participant_ttl),
         max_token_ttl=src.number("max_token_ttl", base.max_token_ttl),
         idempotency_ttl=src.number("idempotency_ttl", base.idempotency_ttl),
+        audit_values=_audit_values(src.text("audit_values", base.audit_values)),
+        audit_max_records=src.integer("audit_max_records", base.audit_max_records),
         open_browser=src.flag("open_browser", base.open_browser),
     )
+
+
+def _audit_values(value: str) -> Literal["keep", "redact"]:
+    if value not in ("keep", "redact"):
+        raise ValueError(f"audit values are keep or redact, not {value!r}")
+    return "keep" if value == "keep" else "redact"

@@ -92,6 +92,10 @@ their own::
                                     JSON-RPC error (HTTP 400)
     ValueError
     ├── BadChannelUri               protocol.uris: not a channel URI
+    ├── AuditBroken                 server.audit: an audit's hash chain is
+    │                               broken (a record removed, altered or
+    │                               out of place): ``huddle audit verify``
+    │                               exits 1 naming the line
     └── FormError                   protocol.forms: a form problem
         ├── FormSchemaError         the schema is outside the flat subset
         └── FormDataError           answers or data do not fit the form

@@ -39,6 +39,7 @@ from reducers import reduce
 from reducers.limits import SizeLimits, limit_problem
 from reducers.validation import reject_reason
 from server.aggregate import SessionAggregate
+from server.audit import AuditTrail, AuditValues
 from server.auth import Identity
 from server.channels import ChannelCore, ChannelView, Hook, Validator
 from server.errors import ActionRejected
@@ -67,6 +68,8 @@ class Host:
         modified_at_interval: float = 1.0,
         idle_check_interval: float = 2.0,
         sizes: SizeLimits | None = None,
+        audit_values: AuditValues = "keep",
+        audit_max_records: int = 100_000,
     ) -> None:
         self.store = store
         self.agents = agents
@@ -90,12 +93,25 @@ class Host:
             self.core, self.aggregate, self.waiters, self._dispatch_derived, agents
         )
         self.notes = SessionNotes(self.core)
-        self.core.hooks = [self.waiters.hook, self.notes.hook, self.aggregate.hook]
+        self.audit = AuditTrail(
+            store,
+            self.forms,
+            now_ms=self.core.now_ms,
+            session_of=self._session_of_cached,
+            values=audit_values,
+            max_records=audit_max_records,
+        )
+        self.core.hooks = [
+            self.waiters.hook,
+            self.notes.hook,
+            self.audit.hook,
+            self.aggregate.hook,
+        ]
 
     def add_hook(self, hook: Hook) -> None:
         """Run ``hook`` on every applied envelope, before the session's
-        notes and aggregate (the side effects people wait for first)."""
-        self.core.hooks.insert(len(self.core.hooks) - 2, hook)
+        notes, audit and aggregate (the side effects people wait for first)."""
+        self.core.hooks.insert(len(self.core.hooks) - 3, hook)
 
     def now_ms(self) -> int:
         return self.core.now_ms()
@@ -113,6 +129,7 @@ class Host:
                 await self.dispatch(ROOT_URI, RootAgentsChanged(agents=self.agents))
 
     async def stop(self) -> None:
+        await self.audit.settled()
         self.aggregate.stop()
         await self.core.stop()
         self.waiters.abandon_all("the server is stopping")
@@ -134,6 +151,10 @@ class Host:
             assert isinstance(state, ChatState)
             return chat_session(state)
         return None
+
+    def _session_of_cached(self, chat: str) -> str | None:
+        view = self.core.cached(chat)
+        return chat_session(view.state) if view and isinstance(view.state, ChatState) else None
 
     def _session_state(self, session: str) -> Any:
         view = self.core.cached(session)

@@ -70,6 +70,7 @@ class Command(StrEnum):
     CREATE_CHAT = "create-chat"
     DISPOSE_CHAT = "dispose-chat"
     MINT_TOKEN = "mint-token"
+    READ_AUDIT = "read-audit"
 
 
 def reaches(grant: Grant, session: str | None) -> bool:
@@ -97,6 +98,8 @@ def command_refusal(grant: Grant, command: Command) -> str | None:
             return None if grant.role == "agent" else "only an agent token may dispose chats"
         case Command.MINT_TOKEN:
             return None if grant.role == "agent" else "only an agent token may mint tokens"
+        case Command.READ_AUDIT:
+            return None if grant.may_dispatch else "observers may not read the audit"
 
 
 def admission_refusal(grant: Grant) -> Rejection | None:

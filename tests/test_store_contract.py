@@ -230,3 +230,24 @@ async def test_restore_puts_back_what_the_store_lost_under_a_new_epoch(
     assert await store.read_log(CHAT, 3, before) is None
     await store.append(CHAT, 5, b"next")
     assert (await store.load(CHAT)).log == [b"next"]
+
+
+async def test_an_audit_is_appended_in_order_and_read_in_pages(store: ChannelStore) -> None:
+    session = "ahp-session:/audit"
+    assert await store.last_audit(session) is None
+    await store.append_audit(session, 1, b"one")
+    with pytest.raises(SeqConflict) as ahead:
+        await store.append_audit(session, 3, b"three")
+    with pytest.raises(SeqConflict):
+        await store.append_audit(session, 1, b"again")
+    await store.append_audit(session, 2, b"two")
+    await store.append_audit(session, 3, b"three")
+
+    assert ahead.value.current == 1
+    assert await store.read_audit(session, 0, 2) == [b"one", b"two"]
+    assert await store.read_audit(session, 2, 10) == [b"three"]
+    assert await store.read_audit(session, 3, 10) == []
+    assert await store.last_audit(session) == b"three"
+    await store.delete_audit(session)
+    assert await store.read_audit(session, 0, 10) == []
+    assert await store.last_audit(session) is None

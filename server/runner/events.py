@@ -19,6 +19,8 @@ class EventType(enum.StrEnum):
     TOOL_INPUT_REQUESTED = "TOOL_INPUT_REQUESTED"
     TURN_SUSPENDED = "TURN_SUSPENDED"
     TURN_RESUMED = "TURN_RESUMED"
+    """A resume was taken: data ``command``, ``chat`` (the turn's chat, if
+    any), ``resume`` (the turn's Audit entry for it)."""
     TOOL_STARTED = "TOOL_STARTED"
     TOOL_PROGRESS = "TOOL_PROGRESS"
     TOOL_COMPLETED = "TOOL_COMPLETED"

@@ -234,7 +234,13 @@ class Runner:
                 saved = await self.store.save(turn)
             except VersionConflict:
                 continue  # someone else changed it: decide again on what is there now
-            self._emit(EventType.TURN_RESUMED, saved, command=command.type.value)
+            self._emit(
+                EventType.TURN_RESUMED,
+                saved,
+                command=command.type.value,
+                chat=saved.chat,
+                resume=saved.audit[-1],
+            )
             return saved
 
     def _check_resume(self, turn: Turn, command: ResumeCommand) -> None:

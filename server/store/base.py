@@ -193,6 +193,30 @@ class ChannelStore(ABC):
     async def recall(self, key: str) -> bytes | None:
         """What :meth:`remember` keeps under ``key``, while it lasts."""
 
+    # ─── Audit ───────────────────────────────────────────────────────────
+
+    @abstractmethod
+    async def append_audit(self, session: str, n: int, record: bytes) -> None:
+        """Append ``record`` as record ``n`` (1, 2, ...) of the session's
+        audit: a compare-and-set, like :meth:`append`; raises SeqConflict
+        (its ``current``: how many records there are) when the audit does
+        not hold ``n - 1`` records. The audit is never trimmed."""
+
+    @abstractmethod
+    async def read_audit(self, session: str, after: int, limit: int) -> list[bytes]:
+        """At most ``limit`` records of the session's audit from record
+        ``after + 1`` on, in order ([] past the end, or for none)."""
+
+    @abstractmethod
+    async def last_audit(self, session: str) -> bytes | None:
+        """The session's latest audit record (None: none yet)."""
+
+    @abstractmethod
+    async def delete_audit(self, session: str) -> None:
+        """Remove the session's audit (no error if absent)."""
+
+    # ─── Other processes ─────────────────────────────────────────────────
+
     @abstractmethod
     async def publish(self, topic: str, payload: bytes) -> None:
         """Send a notice to the listeners of every process that watches

@@ -51,6 +51,7 @@ class MemoryStore(ChannelStore):
         self._claims_seen = 1024
         """Expired claims are swept when the map doubles past this."""
         self._kept: dict[str, tuple[bytes, float]] = {}
+        self._audits: dict[str, list[bytes]] = {}
         self._kept_bytes = 0
 
     def _get(self, channel: str) -> _Channel:
@@ -180,6 +181,22 @@ class MemoryStore(ChannelStore):
     async def recall(self, key: str) -> bytes | None:
         kept = self._kept.get(key)
         return kept[0] if kept is not None and kept[1] > time.monotonic() else None
+
+    async def append_audit(self, session: str, n: int, record: bytes) -> None:
+        records = self._audits.setdefault(session, [])
+        if len(records) != n - 1:
+            raise SeqConflict(session, n - 1, len(records))
+        records.append(record)
+
+    async def read_audit(self, session: str, after: int, limit: int) -> list[bytes]:
+        return self._audits.get(session, [])[max(0, after) : max(0, after) + limit]
+
+    async def last_audit(self, session: str) -> bytes | None:
+        records = self._audits.get(session)
+        return records[-1] if records else None
+
+    async def delete_audit(self, session: str) -> None:
+        self._audits.pop(session, None)
 
     async def publish(self, topic: str, payload: bytes) -> None:
         for listener in list(self._listeners):

@@ -211,8 +211,17 @@ end
 return false
 """
 
+# KEYS: the audit list.  ARGV: n, record.  Returns -1 when appended, else
+# how many records the audit holds.
+AUDIT = """
+local held = redis.call('LLEN', KEYS[1])
+if held ~= tonumber(ARGV[1]) - 1 then return held end
+redis.call('RPUSH', KEYS[1], ARGV[2])
+return -1
+"""
+
 _CREATE, _LOAD, _APPEND = Script(CREATE), Script(LOAD), Script(APPEND)
-_CLAIM = Script(CLAIM)
+_CLAIM, _AUDIT = Script(CLAIM), Script(AUDIT)
 _READ_LOG, _SNAPSHOT, _RESTORE = Script(READ_LOG), Script(SNAPSHOT), Script(RESTORE)
 
 
@@ -224,6 +233,11 @@ def _keys(channel: str) -> tuple[str, str, str]:
 def _origins(channel: str) -> str:
     """The clients' actions of the replay window: a sorted set, origin by seq."""
     return "huddle:{" + channel + "}:origins"
+
+
+def _audit(session: str) -> str:
+    """The session's audit: a list of records, never trimmed."""
+    return "huddle:audit:{" + session + "}"
 
 
 _TOPIC_HEAD, _TOPIC_TAIL = "huddle:{", "}:news"
@@ -404,6 +418,28 @@ class RedisStore(ChannelStore):
     async def records(self, kind: str) -> dict[str, bytes]:
         raw: dict[Any, Any] = await self.link.call(self.client.hgetall(f"huddle:rec:{kind}"))
         return {_text(k): v for k, v in raw.items()}
+
+    # ─── Audit ───────────────────────────────────────────────────────────
+
+    async def append_audit(self, session: str, n: int, record: bytes) -> None:
+        held = int(await self.link.run(_AUDIT, [_audit(session)], [n, record]))
+        if held >= 0:
+            raise SeqConflict(session, n - 1, held)
+
+    async def read_audit(self, session: str, after: int, limit: int) -> list[bytes]:
+        start = max(0, after)
+        out: list[Any] = await self.link.call(
+            self.client.lrange(_audit(session), start, start + limit - 1)
+        )
+        return [bytes(record) for record in out]
+
+    async def last_audit(self, session: str) -> bytes | None:
+        record: Any = await self.link.call(self.client.lindex(_audit(session), -1))
+        return None if record is None else bytes(record)
+
+    async def delete_audit(self, session: str) -> None:
+        name = _audit(session)
+        await self.link.write(name, lambda pipe: pipe.delete(name))
 
     # ─── Other processes ─────────────────────────────────────────────────
 

@@ -1,0 +1,501 @@
+"""A session's audit: every answer and approval on record, with who did it,
+in a hash chain that catches a record removed or altered; redaction of
+sensitive fields; export over HTTP and from the store; one chain across
+processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol.actions import (
+    ChatInputAnswerChanged,
+    ChatInputCompleted,
+    ChatToolCallConfirmed,
+    ChatTurnStarted,
+)
+from protocol.chat import (
+    ChatState,
+    InputAnswer,
+    InputRequest,
+    SelectedValue,
+    TextQuestion,
+    TextValue,
+)
+from protocol.session import SessionState
+from server.audit import GENESIS, REDACTED, AuditBroken, seal, verify
+from server.auth import TokenAuthority
+from server.cli import main
+from server.client import HuddleClient
+from server.config import Settings
+from server.runner.demo import agent as demo
+from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server, user_message
+from tests.edge import Peer, http, initialize_params
+from tests.redis_server import RedisServer
+from tests.test_runner_demo import open_request, pending_call, wait
+from tests.test_serve_cli import TOKEN, Served, start
+from tests.test_trust import TURN
+
+SESSION = "ahp-session:/audited"
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "system": {"type": "string", "title": "Which system?"},
+        "password": {"type": "string", "title": "Admin password", "writeOnly": True},
+        "pin": {"type": "string", "title": "PIN", "x-huddle-sensitive": True},
+    },
+}
+FORM = InputRequest(id="access", message="Access details")
+
+
+def text(value: str, state: str = "submitted") -> InputAnswer:
+    return InputAnswer(state=state, value=TextValue(value=value))  # type: ignore[arg-type]
+
+
+async def audit_of(huddle: RunningServer, token: str, session: str = SESSION) -> list[bytes]:
+    await huddle.server.host.audit.settled()
+    reply = await http("GET", f"{huddle.http}/api/audit?session={session}", token=token)
+    assert reply.status == 200, reply.body
+    assert reply.headers["Content-Type"].startswith("application/x-ndjson")
+    return reply.body.splitlines()
+
+
+def records(lines: list[bytes]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in lines]
+
+
+async def asked(huddle: RunningServer) -> str:
+    agent = await huddle.client("agent", name="agent")
+    await agent.create_session(SESSION)
+    mirror = await agent.subscribe(SESSION)
+    assert isinstance(mirror.state, SessionState)
+    chat = mirror.state.default_chat
+    assert chat is not None
+    await agent.dispatch_and_wait(chat, TURN)
+    await huddle.server.host.ask(chat, FORM, schema=SCHEMA)
+    return chat
+
+
+# ─── The story on record ─────────────────────────────────────────────────────
+
+
+@pytest.fixture
+async def with_demo() -> AsyncIterator[RunningServer]:
+    running = await start_server(agent=demo)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+async def test_the_demo_story_is_on_record_with_who_did_what(with_demo: RunningServer) -> None:
+    alice = await with_demo.client(name="Alice")
+    await alice.create_session("ahp-session:/story")
+    session = await alice.subscribe("ahp-session:/story")
+    assert isinstance(session.state, SessionState)
+    chat = session.state.default_chat
+    assert chat is not None
+    mirror = await alice.subscribe(chat)
+    await alice.dispatch_and_wait(
+        chat,
+        ChatTurnStarted(
+            turn_id="t1", started_at="2026-12-01T10:00:00.000Z", message=user_message("Login")
+        ),
+    )
+    request = open_request(await wait(mirror, lambda s: open_request(s) is not None))
+    assert request is not None
+    await alice.dispatch_and_wait(
+        chat,
+        ChatInputCompleted(
+            request_id=request.request.id,
+            response="accept",
+            answers={
+                "affectedSystem": text("SSO"),
+                "impactScope": InputAnswer(
+                    state="submitted", value=SelectedValue(value="ALL_USERS")
+                ),
+            },
+        ),
+    )
+    call = pending_call(await wait(mirror, lambda s: pending_call(s) is not None))
+    assert call is not None
+    await alice.dispatch_and_wait(
+        chat,
+        ChatToolCallConfirmed(
+            turn_id="t1", tool_call_id=call.tool_call_id, approved=True, confirmed="user-action"
+        ),
+    )
+    await wait(mirror, lambda s: isinstance(s, ChatState) and bool(s.turns))
+
+    lines = await audit_of(with_demo, with_demo.token(name="Alice"), "ahp-session:/story")
+
+    checked = verify(lines)
+    assert checked.records == len(lines)
+    assert checked.session == "ahp-session:/story"
+    kept = records(lines)
+    what = [r["what"] for r in kept]
+    assert what[0] == "chat/turnStarted"
+    for step in ("chat/inputRequested", "chat/toolCallReady", "chat/turnComplete"):
+        assert step in what
+    assert what.count("runner/resumed") == 2
+    assert what.index("chat/inputCompleted") < what.index("runner/resumed")
+    by_what = {r["what"]: r for r in kept}
+    alice_token = by_what["chat/turnStarted"]["who"]["token"]
+    assert by_what["chat/turnStarted"]["who"] == {
+        "name": "Alice",
+        "role": "participant",
+        "token": alice_token,
+    }
+    completed = by_what["chat/inputCompleted"]
+    assert completed["who"]["name"] == "Alice"
+    assert completed["action"]["answers"]["affectedSystem"]["value"]["value"] == "SSO"
+    assert "redacted" not in completed
+    assert by_what["chat/toolCallConfirmed"]["who"]["name"] == "Alice"
+    assert by_what["chat/inputRequested"]["who"] == {"role": "server"}
+    resumes = [r for r in kept if r["what"] == "runner/resumed"]
+    assert resumes[0]["resume"]["command"] == "USER_INPUT"
+    assert resumes[0]["resume"]["metadata"]["by"] == "Alice"
+    assert resumes[1]["resume"]["command"] == "TOOL_APPROVAL"
+    assert [r["n"] for r in kept] == list(range(1, len(kept) + 1))
+    assert kept[0]["prev"] == GENESIS
+
+
+# ─── Drafts, redaction, identity ────────────────────────────────────────────
+
+
+async def test_sensitive_fields_are_redacted_and_drafts_recorded_when_their_author_changes(
+    huddle: RunningServer,
+) -> None:
+    chat = await asked(huddle)
+    lee = await huddle.client(name="Lee")
+    dana = await huddle.client(name="Dana")
+    for typed in ("S", "SS", "SSO"):  # one author, one state: one record
+        await lee.dispatch_and_wait(
+            chat,
+            ChatInputAnswerChanged(
+                request_id="access", question_id="system", answer=text(typed, "draft")
+            ),
+        )
+    await dana.dispatch_and_wait(
+        chat,
+        ChatInputAnswerChanged(
+            request_id="access", question_id="system", answer=text("SSO+", "draft")
+        ),
+    )
+    await dana.dispatch_and_wait(
+        chat,
+        ChatInputAnswerChanged(
+            request_id="access", question_id="password", answer=text("hunter2", "draft")
+        ),
+    )
+    await lee.dispatch_and_wait(
+        chat,
+        ChatInputCompleted(
+            request_id="access",
+            response="accept",
+            answers={"system": text("SSO"), "password": text("hunter2"), "pin": text("1234")},
+        ),
+    )
+
+    kept = records(await audit_of(huddle, AGENT_TOKEN))
+
+    drafts = [r for r in kept if r["what"] == "chat/inputAnswerChanged"]
+    assert [(r["who"]["name"], r["action"]["questionId"]) for r in drafts] == [
+        ("Lee", "system"),
+        ("Dana", "system"),
+        ("Dana", "password"),
+    ]
+    assert drafts[0]["action"]["answer"]["value"]["value"] == "S"
+    assert drafts[2]["action"]["answer"]["value"] == REDACTED
+    assert drafts[2]["redacted"] == ["answer"]
+    completed = next(r for r in kept if r["what"] == "chat/inputCompleted")
+    answers = completed["action"]["answers"]
+    assert answers["system"]["value"]["value"] == "SSO"
+    assert answers["password"]["value"] == answers["pin"]["value"] == REDACTED
+    assert sorted(completed["redacted"]) == ["answers/password", "answers/pin"]
+    assert b"hunter2" not in b"".join(await audit_of(huddle, AGENT_TOKEN))
+
+
+async def test_redacting_every_value_keeps_who_and_what() -> None:
+    huddle = await start_server(Settings(port=0, audit_values="redact"))
+    try:
+        chat = await asked(huddle)
+        lee = await huddle.client(name="Lee")
+        await lee.dispatch_and_wait(
+            chat,
+            ChatInputCompleted(
+                request_id="access", response="accept", answers={"system": text("SSO")}
+            ),
+        )
+        kept = records(await audit_of(huddle, AGENT_TOKEN))
+    finally:
+        await huddle.stop()
+
+    completed = next(r for r in kept if r["what"] == "chat/inputCompleted")
+    assert completed["action"]["answers"]["system"]["value"] == REDACTED
+    assert completed["who"]["name"] == "Lee"
+
+
+async def test_a_shared_links_holder_is_recorded_with_the_token_and_the_typed_name(
+    huddle: RunningServer,
+) -> None:
+    chat = await asked(huddle)
+    shared = huddle.authority.mint(
+        "participant", name="participant", expires_at=time.time() + 60, shared=True
+    )
+    peer = await Peer.open(huddle.ws, shared, "dana-tab")
+    params = initialize_params("dana-tab")
+    params["capabilities"]["huddle.identity"] = {"name": "Dana"}
+    await peer.request("initialize", params)
+    await peer.subscribe(chat)
+    await peer.dispatch(
+        chat, ChatInputAnswerChanged(request_id="access", question_id="system", answer=text("x"))
+    )
+    assert "rejectionReason" not in await peer.envelope()
+
+    draft = records(await audit_of(huddle, AGENT_TOKEN))[-1]
+
+    assert draft["who"] == {
+        "name": "Dana",
+        "role": "participant",
+        "token": huddle.authority.verify(shared, 0).token_id,
+        "declared": True,
+    }
+    assert draft["origin"]["clientId"] == "dana-tab"  # what it said, beside who it is
+    await peer.close()
+
+
+async def test_a_full_audit_says_so_and_records_no_more() -> None:
+    huddle = await start_server(Settings(port=0, audit_max_records=3))
+    try:
+        chat = await asked(huddle)  # turn started, input requested: 2
+        lee = await huddle.client(name="Lee")
+        for state in ("draft", "submitted", "draft"):
+            await lee.dispatch_and_wait(
+                chat,
+                ChatInputAnswerChanged(
+                    request_id="access", question_id="system", answer=text("x", state)
+                ),
+            )
+        kept = records(await audit_of(huddle, AGENT_TOKEN))
+    finally:
+        await huddle.stop()
+
+    assert [r["what"] for r in kept] == ["chat/turnStarted", "chat/inputRequested", "audit/full"]
+    assert verify([json.dumps(r).encode() for r in kept]).records == 3
+
+
+# ─── Who may read it ─────────────────────────────────────────────────────────
+
+
+async def test_who_may_read_a_sessions_audit(huddle: RunningServer) -> None:
+    await asked(huddle)
+    url = f"{huddle.http}/api/audit?session="
+
+    observer = await http("GET", url + SESSION, token=huddle.token("observer"))
+    elsewhere = await http(
+        "GET", url + SESSION, token=huddle.token(sessions=["ahp-session:/other"])
+    )
+    unknown = await http("GET", url + "ahp-session:/nope", token=AGENT_TOKEN)
+    chat = await http("GET", url + "ahp-chat:/x", token=AGENT_TOKEN)
+    garbled = await http("GET", url + "not%20a%20uri", token=AGENT_TOKEN)
+    scoped = await http("GET", url + SESSION, token=huddle.token(sessions=[SESSION]))
+
+    assert observer.status == 403
+    assert elsewhere.status == unknown.status == 404
+    assert chat.status == garbled.status == 400
+    assert scoped.status == 200
+    assert 'filename="audit-audited.jsonl"' in scoped.headers["Content-Disposition"]
+
+
+# ─── Checking a chain ────────────────────────────────────────────────────────
+
+
+async def test_a_removed_altered_or_reordered_record_breaks_the_chain(
+    huddle: RunningServer,
+) -> None:
+    chat = await asked(huddle)
+    lee = await huddle.client(name="Lee")
+    await lee.dispatch_and_wait(
+        chat,
+        ChatInputCompleted(request_id="access", response="accept", answers={"system": text("a")}),
+    )
+    lines = await audit_of(huddle, AGENT_TOKEN)
+    assert len(lines) == 3
+    altered = lines[2].replace(b'"a"', b'"b"')
+
+    with pytest.raises(AuditBroken, match="altered") as edited:
+        verify([lines[0], lines[1], altered])
+    with pytest.raises(AuditBroken, match="missing") as removed:
+        verify([lines[0], lines[2]])
+    with pytest.raises(AuditBroken, match="missing"):
+        verify([lines[1], lines[0], lines[2]])
+    with pytest.raises(AuditBroken, match="not JSON"):
+        verify([b"{"])
+    with pytest.raises(AuditBroken, match="no hash"):
+        verify([b"{}"])
+    with pytest.raises(AuditBroken, match="not a JSON object"):
+        verify([b"[]"])
+    assert (edited.value.line, removed.value.line) == (3, 2)
+    assert verify([]).head == GENESIS
+
+
+def test_a_record_numbered_out_of_place_or_of_another_session_is_caught() -> None:
+    first, digest = seal({"session": "ahp-session:/a", "what": "x"}, 1, GENESIS)
+    skipped, _ = seal({"session": "ahp-session:/a", "what": "y"}, 3, digest)
+    other, _ = seal({"session": "ahp-session:/b", "what": "y"}, 2, digest)
+
+    with pytest.raises(AuditBroken, match="record 3 where 2 belongs"):
+        verify([first, skipped])
+    with pytest.raises(AuditBroken, match="another session"):
+        verify([first, other])
+
+
+async def test_the_command_line_exports_and_verifies(
+    huddle: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await asked(huddle)
+    await huddle.server.host.audit.settled()
+    out = tmp_path / "audit.jsonl"
+
+    exported = await asyncio.to_thread(
+        main,
+        [
+            "audit",
+            "export",
+            "audited",
+            "--url",
+            huddle.http,
+            "--token",
+            AGENT_TOKEN,
+            "--out",
+            str(out),
+        ],
+    )
+    reported = capsys.readouterr().err
+    head = reported.split("last hash ")[1].strip()
+    verified = main(["audit", "verify", str(out), "--head", head])
+    said = capsys.readouterr().out
+    out.write_bytes(b"\n".join(out.read_bytes().splitlines()[:-1]) + b"\n")  # cut off the end
+    intact_but_cut = main(["audit", "verify", str(out)])
+    capsys.readouterr()
+    caught = main(["audit", "verify", str(out), "--head", head])
+    broken = capsys.readouterr().err
+
+    assert exported == 0
+    assert reported.startswith("2 records, last hash ")
+    assert verified == 0
+    assert said.startswith("ok: 2 records of ahp-session:/audited, chain intact")
+    assert intact_but_cut == 0  # a chain alone cannot tell it was cut...
+    assert caught == 1  # ...the head the export reported can
+    assert "not the one the export reported" in broken
+
+
+async def test_exporting_needs_the_agent_token_and_a_real_store(
+    huddle: RunningServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HUDDLE_TOKEN", raising=False)
+    no_token = await asyncio.to_thread(main, ["audit", "export", "audited", "--url", huddle.http])
+    memory = await asyncio.to_thread(main, ["audit", "export", "audited", "--store", "memory"])
+    wrong = await asyncio.to_thread(
+        main, ["audit", "export", "audited", "--url", huddle.http, "--token", "nope"]
+    )
+    errors = capsys.readouterr().err
+    unreachable = await asyncio.to_thread(
+        main, ["audit", "export", "x", "--url", "http://127.0.0.1:9", "--token", "t"]
+    )
+
+    assert no_token == memory == wrong == unreachable == 2
+    assert "needs the agent token" in errors
+    assert "embedded store lives in its server" in errors
+    assert "the server answered 401" in errors
+
+
+# ─── Across processes, from the store ────────────────────────────────────────
+
+
+@pytest.fixture
+async def two_servers(redis_server: RedisServer) -> AsyncIterator[tuple[Served, Served]]:
+    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": redis_server.url, "HUDDLE_AGENT": "none"}
+    first, second = await asyncio.gather(start(env=env), start(env=env))
+    try:
+        yield first, second
+    finally:
+        for served in (first, second):
+            if served.process.returncode is None:
+                served.process.terminate()
+                await served.process.wait()
+
+
+@pytest.mark.redis
+async def test_two_processes_writing_one_session_keep_one_chain(
+    two_servers: tuple[Served, Served], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    a, b = (f"ws://127.0.0.1:{served.port}/ahp" for served in two_servers)
+    mint = TokenAuthority(TOKEN).mint
+    agent = await HuddleClient.connect(a, TOKEN)
+    await agent.create_session(SESSION)
+    mirror = await agent.subscribe(SESSION)
+    assert isinstance(mirror.state, SessionState)
+    chat = mirror.state.default_chat
+    assert chat is not None
+    await agent.dispatch_and_wait(chat, TURN)
+    request = InputRequest(
+        id="r", questions=[TextQuestion(id=q, message=q) for q in ("one", "two")]
+    )
+    asking = asyncio.create_task(agent.request_input(chat, request))
+    lee = await HuddleClient.connect(
+        a, mint("participant", name="Lee", expires_at=time.time() + 600)
+    )
+    dana = await HuddleClient.connect(
+        b, mint("participant", name="Dana", expires_at=time.time() + 600)
+    )
+    chat_mirror = await lee.subscribe(chat)
+    async with asyncio.timeout(5 * UNIT):
+        await chat_mirror.wait_for(
+            lambda s: (
+                isinstance(s, ChatState)
+                and s.active_turn is not None
+                and any(getattr(p, "request", None) for p in s.active_turn.response_parts)
+            )
+        )
+
+    async def toggle(client: HuddleClient, question: str) -> None:
+        for n in range(20):  # every change of state is a record
+            state = "draft" if n % 2 == 0 else "submitted"
+            await client.dispatch_and_wait(
+                chat,
+                ChatInputAnswerChanged(
+                    request_id="r", question_id=question, answer=text(f"{n}", state)
+                ),
+            )
+
+    await asyncio.gather(toggle(lee, "one"), toggle(dana, "two"))
+    await lee.dispatch_and_wait(chat, ChatInputCompleted(request_id="r", response="accept"))
+    await asking
+    for client in (agent, lee, dana):
+        await client.close()
+    for served in two_servers:
+        served.process.terminate()  # a clean stop writes what is queued
+        await served.process.wait()
+    out = tmp_path / "audit.jsonl"
+
+    code = await asyncio.to_thread(
+        main, ["audit", "export", SESSION, "--store", redis_server.url, "--out", str(out)]
+    )
+
+    assert code == 0
+    lines = out.read_bytes().splitlines()
+    checked = verify(lines)
+    kept = records(lines)
+    assert checked.records == 2 + 40 + 1
+    assert {r["who"].get("name") for r in kept if r["what"] == "chat/inputAnswerChanged"} == {
+        "Lee",
+        "Dana",
+    }

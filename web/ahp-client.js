@@ -216,7 +216,6 @@ export class AhpClient extends EventTarget {
     if (this.reopening) {
       // Closed on purpose to initialize again (a new name): no backoff.
       this.reopening = false;
-      this.setStatus('renaming');
       this.open();
       return;
     }
@@ -240,6 +239,7 @@ export class AhpClient extends EventTarget {
     this.name = name;
     if (this.socket && this.socket.readyState === WebSocket.OPEN) {
       this.reopening = true;
+      this.setStatus('renaming'); // nothing more goes out under the old name
       this.socket.close(1000, 'a new name');
     }
   }

@@ -100,6 +100,7 @@ function navigate({ focus = false } = {}) {
     }
     app.sessionUri = route.session;
     app.chatUri = null;
+    if (route.session) app.presenceTries.delete(route.session);
     if (route.session) {
       client.subscribe(route.session).catch((error) => fail(route.session, error));
     }

@@ -541,3 +541,27 @@ async def test_a_submit_that_landed_is_confirmed_by_the_server_after_a_snapshot_
         assert wire.rejections() == []
     finally:
         await proxy.close()
+
+
+async def test_an_observer_sees_who_is_here_without_being_listed(
+    browser: Browser, plain_server: RunningServer
+) -> None:
+    base = plain_server.http
+    session, _ = await create_session(base, "Watching")
+    _, lee = await open_client(browser, base, plain_server.token(name="Lee"), session=session)
+    wire = Wire()
+    _, olga = await open_client(
+        browser,
+        base,
+        plain_server.token("observer", name="Olga"),
+        session=session,
+        prepare=recording(wire),
+    )
+    await expect(here(olga)).to_have_text(["Lee"])
+    # Lee leaves and comes back: Olga's page has long settled by then.
+    await lee.goto(base + "/#/")
+    await expect(olga.get_by_role("list", name="Here now")).to_be_hidden()
+    await lee.go_back()
+    await expect(here(olga)).to_have_text(["Lee"])
+    assert wire.dispatched(0, "session/activeClientSet") == []
+    await expect(olga.get_by_role("alert")).to_have_count(0)

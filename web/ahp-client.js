@@ -21,7 +21,8 @@
 // Events (an EventTarget): `status` {status, attempt}, `change` {uri},
 // `rejected` {uri, action, reason}, `notice` {method, params} for root
 // notifications, `missing` {uri}, `identity` {identity} after every
-// initialize, `resumed` after every reconnect.
+// initialize, `resumed` {renaming} after every reconnect (renaming: one
+// `rename` asked for, not a drop).
 
 import { reduce } from './reducers.js';
 import { Replica } from './replica.js';
@@ -129,6 +130,7 @@ export class AhpClient extends EventTarget {
 
   async handshake(socket) {
     const resuming = this.everOpen;
+    const renaming = this.status === 'renaming';
     try {
       const initial = resuming ? [] : [...this.replicas.keys()];
       const result = await this.call(
@@ -165,7 +167,7 @@ export class AhpClient extends EventTarget {
     this.setStatus('open');
     this.flushPending();
     this.schedulePing(socket);
-    if (resuming) this.emit('resumed', {});
+    if (resuming) this.emit('resumed', { renaming });
   }
 
   /** Catch every channel up after a drop, with one cursor per channel. */

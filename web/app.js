@@ -204,7 +204,7 @@ function markRead(session) {
  */
 function enter() {
   const uri = app.sessionUri;
-  if (!uri || !client.connected || app.naming === 'asking') return;
+  if (!uri || !client.connected || app.naming === 'asking' || client.identity?.role === 'observer') return;
   const replica = client.replicas.get(uri);
   if (!replica?.ready || replica.state?.activeClients?.some((c) => c.clientId === client.clientId)) return;
   const tries = app.presenceTries.get(uri) ?? 0;
@@ -536,9 +536,11 @@ client.addEventListener('identity', ({ detail: { identity } }) => {
   scheduleRender();
 });
 
-client.addEventListener('resumed', () => {
-  app.backOnlineUntil = Date.now() + 2500;
-  setTimeout(scheduleRender, 2600);
+client.addEventListener('resumed', ({ detail }) => {
+  if (!detail?.renaming) {
+    app.backOnlineUntil = Date.now() + 2500;
+    setTimeout(scheduleRender, 2600);
+  }
   loadSessions().catch(() => {});
 });
 
@@ -566,7 +568,7 @@ client.addEventListener('missing', ({ detail: { uri } }) => {
   scheduleRender();
 });
 
-client.addEventListener('rejected', ({ detail: { action, reason } }) => {
+client.addEventListener('rejected', ({ detail: { uri, action, reason } }) => {
   const sentence = reasonSentence(reason);
   switch (action.type) {
     case 'chat/inputCompleted':
@@ -582,6 +584,12 @@ client.addEventListener('rejected', ({ detail: { action, reason } }) => {
       break;
     case 'chat/inputAnswerChanged':
       toast(`Your answer was not saved: ${sentence}`, 'error');
+      break;
+    case 'session/activeClientSet':
+      // Not being listed as here is not worth an error; stop asking on this connection.
+      app.presenceTries.set(uri, PRESENCE_TRIES);
+      break;
+    case 'session/activeClientRemoved':
       break;
     default:
       toast(`Not done: ${sentence}`, 'error');

@@ -19,7 +19,7 @@ import {
   isExpired,
   requestNote,
 } from './people.js';
-import { createField } from './questions.js';
+import { createField, sameAnswer } from './questions.js';
 
 const RESPONSE_LABEL = { accept: 'Submitted', decline: 'Declined', cancel: 'Cancelled' };
 const URL_RESPONSE_LABEL = { accept: 'Done', decline: 'Declined', cancel: 'Cancelled' };
@@ -43,21 +43,6 @@ export function urlParts(raw) {
     rest: `${url.pathname}${url.search}${url.hash}`,
     protocol: url.protocol,
   };
-}
-
-/** Whether two answers say the same (state and value, whatever the key order). */
-export function sameAnswer(a, b) {
-  if (!a || !b) return !a && !b;
-  return a.state === b.state && canonical(a.value) === canonical(b.value);
-}
-
-function canonical(value) {
-  if (Array.isArray(value)) return `[${value.map(canonical).join(',')}]`;
-  if (value && typeof value === 'object') {
-    const keys = Object.keys(value).filter((key) => value[key] !== undefined).sort();
-    return `{${keys.map((key) => `${JSON.stringify(key)}:${canonical(value[key])}`).join(',')}}`;
-  }
-  return JSON.stringify(value ?? null);
 }
 
 /** The full URL with its host highlighted, as DOM. */

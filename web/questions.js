@@ -32,6 +32,21 @@ const FORMAT_HINT = {
 
 const INPUT_TYPE = { email: 'email', uri: 'url', date: 'date' };
 
+/** Whether two answers say the same (state and value, whatever the key order). */
+export function sameAnswer(a, b) {
+  if (!a || !b) return !a && !b;
+  return a.state === b.state && canonical(a.value) === canonical(b.value);
+}
+
+function canonical(value) {
+  if (Array.isArray(value)) return `[${value.map(canonical).join(',')}]`;
+  if (value && typeof value === 'object') {
+    const keys = Object.keys(value).filter((key) => value[key] !== undefined).sort();
+    return `{${keys.map((key) => `${JSON.stringify(key)}:${canonical(value[key])}`).join(',')}}`;
+  }
+  return JSON.stringify(value ?? null);
+}
+
 function plural(n, noun) {
   return `${n} ${noun}${n === 1 ? '' : 's'}`;
 }
@@ -209,7 +224,9 @@ class Field {
       return true;
     }
     const fits = final && answerProblem(this.question, { state: 'submitted', value }, this.ctx.requestId) === null;
-    this.send({ state: fits ? 'submitted' : 'draft', value });
+    const answer = { state: fits ? 'submitted' : 'draft', value };
+    if (final && sameAnswer(answer, this.lastAnswer)) return false; // said already
+    this.send(answer);
     return true;
   }
 

@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { sameAnswer } from '../input-request.js';
+import { sameAnswer } from '../questions.js';
 import {
   answerActivity,
   answerCredit,

@@ -317,7 +317,7 @@ class CuttingProxy:
     after the client's next bytes went through and before anything comes
     back ("the socket cut after the frame is sent, before the echo
     arrives"), or right before they go through. Connections made after the
-    cut pass untouched."""
+    cut pass untouched (held first, when :meth:`hold_new_connections` says so)."""
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -325,6 +325,8 @@ class CuttingProxy:
         self._armed = False
         self._forward_last = True
         self._server: asyncio.Server | None = None
+        self._open = asyncio.Event()
+        self._open.set()
         self.cuts = 0
 
     async def start(self) -> Self:
@@ -346,11 +348,22 @@ class CuttingProxy:
         self._armed = True
         self._forward_last = False
 
+    def hold_new_connections(self) -> None:
+        """Connections made from now on wait, accepted but not yet passed on
+        to the server, until :meth:`release` (a client kept away while the
+        server moves on)."""
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
     async def close(self) -> None:
+        self._open.set()
         if self._server is not None:
             self._server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._open.wait()
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
         cut = asyncio.Event()
 

@@ -13,7 +13,7 @@ import contextlib
 import json
 import re
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,15 +146,19 @@ async def open_client(
     width: int = 1280,
     height: int = 900,
     drafts: list[dict[str, Any]] | None = None,
+    prepare: Callable[[Page], Awaitable[None]] | None = None,
 ) -> tuple[BrowserContext, Page]:
     """A fresh browser profile that opened the web client's link (the token
     becomes a cookie), then the session. ``drafts`` collects the answer
-    changes the page sends."""
+    changes the page sends; ``prepare`` runs before the page loads anything
+    (to install a clock or listen to its sockets)."""
     context = await browser.new_context(viewport={"width": width, "height": height})
     context.set_default_timeout(WAIT_MS)
     page = await context.new_page()
     if drafts is not None:
         record_drafts(page, drafts)
+    if prepare is not None:
+        await prepare(page)
     await page.goto(f"{base}/?token={token}")
     await expect(page.get_by_role("heading", name="Sessions")).to_be_visible()
     if session is not None:

@@ -5,21 +5,33 @@
 // and survives drops: while the socket is down, dispatches queue up as
 // pending (the UI keeps rendering them); once a new socket is open it
 // initializes with the same clientId, sends `reconnect` with one cursor per
-// channel, applies each channel's replay or snapshot, and then sends the
-// pending actions the server has not seen.
+// channel (Huddle's per-channel extension), applies each channel's replay or
+// snapshot, and then sends every action still pending again, with its own
+// clientSeq. No guessing which of them landed before the drop: Huddle
+// applies an action with the same (clientId, clientSeq) once, and answers a
+// copy with the first one's envelope (a replay has confirmed most of them
+// already; after a snapshot the echo does, see replica.js).
+//
+// Who the server takes this client for comes back from `initialize`
+// (`identity`: {name, role, token, declared?, display, shared}); a shared
+// link's holder gives the name they go by (`name`, sent as the
+// `huddle.identity` capability on every initialize; `rename` reconnects
+// with a new one).
 //
 // Events (an EventTarget): `status` {status, attempt}, `change` {uri},
 // `rejected` {uri, action, reason}, `notice` {method, params} for root
-// notifications, `missing` {uri}, `resumed` after every reconnect.
+// notifications, `missing` {uri}, `identity` {identity} after every
+// initialize, `resumed` {renaming} after every reconnect (renaming: one
+// `rename` asked for, not a drop).
 
 import { reduce } from './reducers.js';
 import { Replica } from './replica.js';
-import { rejectReason } from './validation.js';
 
 const PROTOCOL_VERSION = '0.7.0';
 /** The Huddle extensions this client asks for: per-channel seqs and cursors,
- * tail windows, titles (the server announces what it serves). */
+ * tail windows, titles, identity (the server announces what it serves). */
 const EXTENSIONS = ['huddle.channelSeqs', 'huddle.turnWindows', 'huddle.titles', 'huddle.identity'];
+const IDENTITY = 'huddle.identity';
 const ROOT = 'ahp-root://';
 const PING_EVERY_MS = 20000;
 const PING_TIMEOUT_MS = 10000;
@@ -49,12 +61,17 @@ export class RpcError extends Error {
 
 export class AhpClient extends EventTarget {
   /**
-   * @param {{url: string, clientId?: string, now?: () => number}} options
+   * @param {{url: string, clientId?: string, name?: string, now?: () => number}} options
+   *   `name`: the name to go by where the token is a shared link's
    */
-  constructor({ url, clientId = `web-${randomId()}`, now = Date.now }) {
+  constructor({ url, clientId = `web-${randomId()}`, name = '', now = Date.now }) {
     super();
     this.url = url;
     this.clientId = clientId;
+    this.name = name;
+    /** Who the server takes this client for (initialize's `_meta.huddle.identity`), once known. */
+    this.identity = null;
+    this.reopening = false;
     this.now = now;
     this.status = 'connecting';
     this.attempt = 0;
@@ -104,8 +121,16 @@ export class AhpClient extends EventTarget {
     socket.onerror = () => {}; // a close event follows; that is where we act
   }
 
+  /** The capabilities asked for at initialize: every extension, and the name to go by. */
+  capabilities() {
+    const capabilities = Object.fromEntries(EXTENSIONS.map((key) => [key, {}]));
+    if (this.name) capabilities[IDENTITY] = { name: this.name };
+    return capabilities;
+  }
+
   async handshake(socket) {
     const resuming = this.everOpen;
+    const renaming = this.status === 'renaming';
     try {
       const initial = resuming ? [] : [...this.replicas.keys()];
       const result = await this.call(
@@ -116,10 +141,13 @@ export class AhpClient extends EventTarget {
           clientId: this.clientId,
           clientInfo: { name: 'huddle-web', version: '0.1.0' },
           initialSubscriptions: initial,
-          capabilities: Object.fromEntries(EXTENSIONS.map((key) => [key, {}])),
+          capabilities: this.capabilities(),
         },
         socket,
       );
+      if (socket !== this.socket) return;
+      this.identity = result._meta?.huddle?.identity ?? null;
+      this.emit('identity', { identity: this.identity });
       if (resuming) {
         await this.resume(socket);
       } else {
@@ -139,7 +167,7 @@ export class AhpClient extends EventTarget {
     this.setStatus('open');
     this.flushPending();
     this.schedulePing(socket);
-    if (resuming) this.emit('resumed', {});
+    if (resuming) this.emit('resumed', { renaming });
   }
 
   /** Catch every channel up after a drop, with one cursor per channel. */
@@ -165,8 +193,9 @@ export class AhpClient extends EventTarget {
     if (resume.type === 'replay') {
       for (const envelope of resume.actions) this.applyEnvelope(replica, envelope);
     } else if (resume.type === 'snapshot') {
+      // Pending actions stay: they are sent again, and the server's answer
+      // to any that landed before the drop confirms it.
       this.reset(replica, resume.snapshot);
-      this.dropSettled(replica);
     } else if (resume.type === 'missing') {
       this.replicas.delete(resume.channel);
       this.emit('missing', { uri: resume.channel });
@@ -186,6 +215,12 @@ export class AhpClient extends EventTarget {
       for (const entry of replica.pending) entry.sentOn = 0;
     }
     if (this.stopped) return;
+    if (this.reopening) {
+      // Closed on purpose to initialize again (a new name): no backoff.
+      this.reopening = false;
+      this.open();
+      return;
+    }
     this.attempt += 1;
     this.setStatus(this.everOpen ? 'reconnecting' : 'connecting');
     const base = BACKOFF_MS[Math.min(this.attempt - 1, BACKOFF_MS.length - 1)];
@@ -195,6 +230,20 @@ export class AhpClient extends EventTarget {
   retryNow() {
     if (this.stopped || this.socket) return;
     this.open();
+  }
+
+  /**
+   * Go by `name` from now on (it counts only for a shared link's token):
+   * the connection is opened again, since the server fixes who a
+   * connection is at initialize. Nothing pending is lost (see above).
+   */
+  rename(name) {
+    this.name = name;
+    if (this.socket && this.socket.readyState === WebSocket.OPEN) {
+      this.reopening = true;
+      this.setStatus('renaming'); // nothing more goes out under the old name
+      this.socket.close(1000, 'a new name');
+    }
   }
 
   schedulePing(socket) {
@@ -289,25 +338,6 @@ export class AhpClient extends EventTarget {
     }
   }
 
-  /**
-   * After a snapshot resume we cannot tell which of our pending actions the
-   * server applied before the drop. Drop those it would refuse now (a
-   * request already completed, a call no longer pending, a turn already
-   * there): sending them again would only be refused or, for a turn that
-   * has ended since, start it twice. Drafts stay; sending one again is harmless.
-   */
-  dropSettled(replica) {
-    let state = replica.confirmed;
-    for (const entry of [...replica.pending]) {
-      const action = entry.action;
-      const known =
-        action.type === 'chat/turnStarted' &&
-        (state.activeTurn?.id === action.turnId || state.turns?.some((turn) => turn.id === action.turnId));
-      if (known || rejectReason(state, action) !== null) replica.dropPending(entry.clientSeq);
-      else state = replica.reduce(state, action, entry.nowMs);
-    }
-  }
-
   /** Start a replica over from a snapshot, then apply what arrived early. */
   reset(replica, snapshot) {
     replica.reset(snapshot);
@@ -385,7 +415,8 @@ export class AhpClient extends EventTarget {
     });
   }
 
-  /** Send every pending action not sent on this connection, in clientSeq order. */
+  /** Send every pending action not sent on this connection, in clientSeq order
+   * (after a reconnect: all of them, the ones that landed before the drop too). */
   flushPending() {
     const unsent = [];
     for (const replica of this.replicas.values()) {

@@ -1,6 +1,9 @@
 // The Huddle web client: wires the AHP client to the sessions list and the
 // chat view, routes by URL hash (#/s/<session>[/c/<chat>]), shows the
-// connection state, and reports what the server refused.
+// connection state, and reports what the server refused. It also keeps the
+// people's side: who this page is (asking a shared link's holder for the
+// name they go by), its entry in the open session's active clients, and
+// the session's audit download.
 
 import { AhpClient, randomId, RpcError } from './ahp-client.js';
 import { ChatView } from './chat-view.js';
@@ -16,9 +19,13 @@ const CHAT = 'ahp-chat:/';
 const TURN_WINDOW = 50;
 const SUGGESTIONS = ['Open a high-priority ticket: users cannot log in'];
 const SEEN_KEY = 'huddle.seen';
+const NAME_KEY = 'huddle.name';
+const MAX_NAME = 60; // server/auth.py MAX_DECLARED_NAME
+const PRESENCE_TRIES = 3;
 
 const client = new AhpClient({
   url: `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/ahp`,
+  name: loadName(),
 });
 
 const app = {
@@ -31,6 +38,10 @@ const app = {
   missing: new Set(),
   seen: loadSeen(),
   backOnlineUntil: 0,
+  /** 'unasked' | 'asking' | 'done': a shared link's holder is asked for a name once. */
+  naming: 'unasked',
+  /** Active-client entries set per session on this connection (a bound on retries). */
+  presenceTries: new Map(),
 };
 
 function loadSeen() {
@@ -38,6 +49,22 @@ function loadSeen() {
     return JSON.parse(localStorage.getItem(SEEN_KEY) ?? '{}') ?? {};
   } catch {
     return {};
+  }
+}
+
+function loadName() {
+  try {
+    return localStorage.getItem(NAME_KEY) ?? '';
+  } catch {
+    return '';
+  }
+}
+
+function saveName(name) {
+  try {
+    localStorage.setItem(NAME_KEY, name);
+  } catch {
+    // storage may be off; the name then lasts as long as the page
   }
 }
 
@@ -67,9 +94,13 @@ function navigate({ focus = false } = {}) {
   const route = parseRoute();
   if (route.session !== app.sessionUri) {
     if (app.chatUri) client.unsubscribe(app.chatUri);
-    if (app.sessionUri) client.unsubscribe(app.sessionUri);
+    if (app.sessionUri) {
+      leave(app.sessionUri);
+      client.unsubscribe(app.sessionUri);
+    }
     app.sessionUri = route.session;
     app.chatUri = null;
+    if (route.session) app.presenceTries.delete(route.session);
     if (route.session) {
       client.subscribe(route.session).catch((error) => fail(route.session, error));
     }
@@ -111,6 +142,8 @@ function render() {
   renderSessions();
   renderMain();
   renderConnection();
+  renderIdentity();
+  enter();
 }
 
 function renderSessions() {
@@ -147,6 +180,8 @@ function renderMain() {
     chat: app.chatUri ? client.state(app.chatUri) : null,
     missing: app.missing.has(app.sessionUri) || app.missing.has(app.chatUri),
     chatHref: (uri) => chatHref(app.sessionUri, uri),
+    me: client.identity,
+    clientId: client.clientId,
   });
 }
 
@@ -156,6 +191,110 @@ function markRead(session) {
   if (!session || isRead(session.status) || app.markedRead.has(uri)) return;
   app.markedRead.add(uri);
   client.dispatch(uri, { type: 'session/isReadChanged', isRead: true });
+}
+
+// ─── Who is here ────────────────────────────────────────────────────────
+
+/**
+ * Put this page in the open session's active clients (AHP's
+ * `session/activeClientSet`; the server writes the name it knows this
+ * token by into the entry) whenever it is not there: after opening the
+ * session, and after every reconnect, since the server takes a closed
+ * connection's entry out. A shared link's holder is first asked for a name.
+ */
+function enter() {
+  const uri = app.sessionUri;
+  if (!uri || !client.connected || app.naming === 'asking' || client.identity?.role === 'observer') return;
+  const replica = client.replicas.get(uri);
+  if (!replica?.ready || replica.state?.activeClients?.some((c) => c.clientId === client.clientId)) return;
+  const tries = app.presenceTries.get(uri) ?? 0;
+  if (tries >= PRESENCE_TRIES) return; // refused, or taken out again and again: stop asking
+  app.presenceTries.set(uri, tries + 1);
+  const entry = { clientId: client.clientId, tools: [] };
+  if (client.identity?.display) entry.displayName = client.identity.display;
+  client.dispatch(uri, { type: 'session/activeClientSet', activeClient: entry });
+}
+
+/** Take this page out of a session's active clients (it is being left). */
+function leave(uri) {
+  const state = client.state(uri);
+  if (!client.connected || !state?.activeClients?.some((c) => c.clientId === client.clientId)) return;
+  client.dispatch(uri, { type: 'session/activeClientRemoved', clientId: client.clientId });
+}
+
+// ─── Who I am ───────────────────────────────────────────────────────────
+
+const nameInput = h('input', { id: 'display-name', type: 'text', maxlength: MAX_NAME, autocomplete: 'name' });
+const nameError = h('p', { class: 'form-error', role: 'alert', hidden: true });
+const nameDialog = h(
+  'dialog',
+  { class: 'name-dialog', 'aria-labelledby': 'name-dialog-title' },
+  h(
+    'form',
+    {
+      onsubmit: (event) => {
+        event.preventDefault();
+        chooseName();
+      },
+    },
+    h('h2', { id: 'name-dialog-title' }, 'What should people call you?'),
+    h(
+      'p',
+      { class: 'muted' },
+      'You opened a shared link, so Huddle does not know who you are. The name you give is shown with your answers and approvals, marked “shared link”.',
+    ),
+    h('label', { for: 'display-name' }, 'Your name'),
+    nameInput,
+    nameError,
+    h(
+      'div',
+      { class: 'actions' },
+      h('button', { type: 'submit', class: 'primary' }, 'Continue'),
+      h('button', { type: 'button', class: 'ghost', onclick: () => nameDialog.close() }, 'Not now'),
+    ),
+  ),
+);
+nameDialog.addEventListener('close', () => {
+  if (app.naming === 'asking') app.naming = 'done'; // dismissed: go on unnamed, ask no more
+  scheduleRender();
+});
+document.body.append(nameDialog);
+
+function askName() {
+  app.naming = 'asking';
+  nameInput.value = client.identity?.declared ? client.identity.name : loadName();
+  nameError.hidden = true;
+  if (!nameDialog.open) nameDialog.showModal();
+  nameInput.focus();
+}
+
+function chooseName() {
+  const name = nameInput.value.split(/\s+/).filter(Boolean).join(' ').slice(0, MAX_NAME);
+  if (!name) {
+    nameError.textContent = 'Type the name people know you by.';
+    nameError.hidden = false;
+    nameInput.focus();
+    return;
+  }
+  saveName(name);
+  app.naming = 'done';
+  nameDialog.close();
+  if (name !== client.name || !client.identity?.declared) client.rename(name);
+}
+
+const identityBox = document.getElementById('identity');
+const identityName = h('span', { class: 'identity-name' });
+const renameButton = h('button', { type: 'button', class: 'link', onclick: () => askName() }, 'Change name');
+identityBox.append(h('span', { class: 'muted' }, 'You: '), identityName, ' ', renameButton);
+
+function renderIdentity() {
+  const identity = client.identity;
+  identityBox.hidden = !identity;
+  if (!identity) return;
+  const text = identity.display ?? identity.name;
+  if (identityName.textContent !== text) identityName.textContent = text;
+  renameButton.hidden = !identity.shared;
+  renameButton.textContent = identity.declared ? 'Change name' : 'Set your name';
 }
 
 // ─── Connection state ───────────────────────────────────────────────────
@@ -172,6 +311,8 @@ function renderConnection() {
       ? 'Cannot reach Huddle. Retrying… If this page was opened without its link, open the link that huddle serve printed.'
       : 'Connecting…';
     tone = attempt >= 3 ? 'error' : 'info';
+  } else if (status === 'renaming') {
+    text = 'Joining under your name…';
   } else if (status === 'reconnecting') {
     text = 'Connection lost. Reconnecting…';
     if (pending) text += ` ${pending} change${pending === 1 ? '' : 's'} will be sent when it is back.`;
@@ -276,7 +417,67 @@ const chatCtx = {
     }
   },
   announce,
+  downloadAudit,
 };
+
+// ─── The session's audit ────────────────────────────────────────────────
+
+/** `audit-<session id>.jsonl`, safe as a file name. */
+function auditFileName(uri) {
+  const id = uri.slice(SESSION.length).replace(/[^A-Za-z0-9._-]+/g, '-').replace(/^[.-]+/, '') || 'session';
+  return `audit-${id}.jsonl`;
+}
+
+/** GET /api/audit for the open session (the page's token goes as its cookie)
+ * and save it (JSON Lines); say clearly why not when the server refuses. */
+async function downloadAudit() {
+  const uri = app.sessionUri;
+  if (!uri) return;
+  let response;
+  try {
+    response = await fetch(`/api/audit?session=${encodeURIComponent(uri)}`, {
+      credentials: 'same-origin',
+      headers: { Accept: 'application/x-ndjson' },
+      cache: 'no-store',
+    });
+  } catch {
+    toast('Could not reach Huddle to download the audit. Try again once the connection is back.', 'error');
+    return;
+  }
+  if (!response.ok) {
+    toast(await auditRefusal(response), 'error');
+    return;
+  }
+  const blob = await response.blob();
+  const name = auditFileName(uri);
+  const link = h('a', { href: URL.createObjectURL(blob), download: name, hidden: true });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+  toast(`The audit was saved as ${name}.`, 'ok');
+}
+
+async function auditRefusal(response) {
+  let reason = '';
+  try {
+    const body = await response.json();
+    if (typeof body?.error === 'string') reason = body.error;
+  } catch {
+    // not JSON: the status says enough
+  }
+  const said = reason ? ` (${reason})` : '';
+  switch (response.status) {
+    case 401:
+      return `Your link is no longer valid, so the audit cannot be downloaded${said}. Open a new link.`;
+    case 403:
+      return `You may not download this session's audit${said}.`;
+    case 404:
+      return `There is no audit for this session${said}.`;
+    default:
+      return `Could not download the audit: the server answered ${response.status}${said}.`;
+  }
+}
 
 // ─── Views ──────────────────────────────────────────────────────────────
 
@@ -322,13 +523,24 @@ async function loadSessions() {
 client.addEventListener('change', scheduleRender);
 
 client.addEventListener('status', (event) => {
-  if (event.detail.status === 'open' && !app.loaded) loadSessions().catch(() => {});
+  if (event.detail.status === 'open') {
+    app.presenceTries.clear(); // a new connection: the server took the old one's entries out
+    if (!app.loaded) loadSessions().catch(() => {});
+  }
   scheduleRender();
 });
 
-client.addEventListener('resumed', () => {
-  app.backOnlineUntil = Date.now() + 2500;
-  setTimeout(scheduleRender, 2600);
+client.addEventListener('identity', ({ detail: { identity } }) => {
+  // A shared link's holder who gave no name yet is asked once.
+  if (identity?.shared && !identity.declared && app.naming === 'unasked') askName();
+  scheduleRender();
+});
+
+client.addEventListener('resumed', ({ detail }) => {
+  if (!detail?.renaming) {
+    app.backOnlineUntil = Date.now() + 2500;
+    setTimeout(scheduleRender, 2600);
+  }
   loadSessions().catch(() => {});
 });
 
@@ -356,7 +568,7 @@ client.addEventListener('missing', ({ detail: { uri } }) => {
   scheduleRender();
 });
 
-client.addEventListener('rejected', ({ detail: { action, reason } }) => {
+client.addEventListener('rejected', ({ detail: { uri, action, reason } }) => {
   const sentence = reasonSentence(reason);
   switch (action.type) {
     case 'chat/inputCompleted':
@@ -372,6 +584,12 @@ client.addEventListener('rejected', ({ detail: { action, reason } }) => {
       break;
     case 'chat/inputAnswerChanged':
       toast(`Your answer was not saved: ${sentence}`, 'error');
+      break;
+    case 'session/activeClientSet':
+      // Not being listed as here is not worth an error; stop asking on this connection.
+      app.presenceTries.set(uri, PRESENCE_TRIES);
+      break;
+    case 'session/activeClientRemoved':
       break;
     default:
       toast(`Not done: ${sentence}`, 'error');

@@ -4,12 +4,15 @@
 //
 // The transcript is kept in step with the state by key (turn id, part id),
 // so an update touches only what changed and never rebuilds a form that
-// someone is typing in.
+// someone is typing in. The header says who is here now (the session's
+// active clients) and offers the session's audit; the cards credit people
+// from the session's notes (people.js).
 
 import { h, syncKeyed, uid } from './dom.js';
 import { ACTIVITY_LABEL, activityOf, clockTime } from './format.js';
 import { InputRequestView } from './input-request.js';
 import { renderMarkdown } from './markdown.js';
+import { peopleOf, presentPeople } from './people.js';
 import { ToolCallView } from './tool-call.js';
 
 const NEAR_BOTTOM_PX = 96;
@@ -30,13 +33,13 @@ function partKey(part) {
 }
 
 /** Unique keys for the parts of one turn (ids may repeat: a resolved request and its successor). */
-function keyed(parts, turn) {
+function keyed(parts, turn, people) {
   const counts = new Map();
   return parts.map((part) => {
     const base = partKey(part);
     const n = counts.get(base) ?? 0;
     counts.set(base, n + 1);
-    return { key: n ? `${base}#${n}` : base, part, turn };
+    return { key: n ? `${base}#${n}` : base, part, turn, people };
   });
 }
 
@@ -90,9 +93,9 @@ function createPartView(item, ctx) {
     case 'reasoning':
       return new ReasoningView(item);
     case 'toolCall':
-      return new ToolCallView(item.part, item.turn, ctx);
+      return new ToolCallView(item.part, item.turn, ctx, item.people);
     case 'inputRequest':
-      return new InputRequestView(item.part, item.turn, ctx);
+      return new InputRequestView(item.part, item.turn, ctx, item.people);
     default:
       return new NoticeView(item);
   }
@@ -121,14 +124,17 @@ class TurnView {
     this.update(item);
   }
 
-  update({ turn, active }) {
+  update({ turn, active, people }) {
     const descriptor = { id: turn.id, active };
-    // A finished turn that did not change needs nothing; the active one may
+    // A finished turn that did not change needs nothing, unless the notes
+    // did (who answered arrives just after the answer); the active one may
     // change without a new object (a pending action was confirmed).
-    if (turn === this.turn && active === this.active && !active) return;
+    const same = people?.notes === this.people?.notes && people?.me === this.people?.me;
+    if (turn === this.turn && active === this.active && !active && same) return;
     this.turn = turn;
     this.active = active;
-    syncKeyed(this.response, this.parts, keyed(turn.responseParts ?? [], descriptor), (i) => i.key, (i) =>
+    this.people = people;
+    syncKeyed(this.response, this.parts, keyed(turn.responseParts ?? [], descriptor, people), (i) => i.key, (i) =>
       createPartView(i, this.ctx),
     );
     this.el.classList.toggle('active', active);
@@ -156,7 +162,8 @@ class TurnView {
 export class ChatView {
   /**
    * @param {object} ctx dispatch(action), check(action), isSending(id),
-   *   takeError(id), startTurn(text), cancelTurn(), loadOlder(), announce(text)
+   *   takeError(id), startTurn(text), cancelTurn(), loadOlder(), announce(text),
+   *   downloadAudit()
    */
   constructor(ctx, { suggestions = [] } = {}) {
     this.ctx = ctx;
@@ -164,6 +171,19 @@ export class ChatView {
     this.titleId = uid('chat-title');
     this.title = h('h2', { id: this.titleId, class: 'chat-title' });
     this.status = h('span', { class: 'status-chip' });
+    const presenceId = uid('presence');
+    this.presenceList = h('ul', { class: 'presence-list', 'aria-labelledby': presenceId });
+    this.presence = h(
+      'div',
+      { class: 'presence', hidden: true },
+      h('span', { class: 'presence-label', id: presenceId }, 'Here now'),
+      this.presenceList,
+    );
+    this.auditButton = h(
+      'button',
+      { type: 'button', class: 'ghost small audit', onclick: () => this.downloadAudit() },
+      'Download audit',
+    );
     this.tabs = h('nav', { class: 'chat-tabs', 'aria-label': 'Chats in this session', hidden: true });
     this.older = h('button', { type: 'button', class: 'ghost load-older', hidden: true, onclick: () => ctx.loadOlder() }, 'Load earlier turns');
     this.list = h('div', { class: 'turns' });
@@ -217,7 +237,13 @@ export class ChatView {
     this.el = h(
       'section',
       { class: 'chat-view', 'aria-labelledby': this.titleId },
-      h('header', { class: 'chat-head' }, this.back, h('div', { class: 'chat-title-row' }, this.title, this.status)),
+      h(
+        'header',
+        { class: 'chat-head' },
+        this.back,
+        h('div', { class: 'chat-title-row' }, this.title, this.status),
+        h('div', { class: 'chat-head-side' }, this.presence, this.auditButton),
+      ),
       this.tabs,
       this.transcript,
       this.composer,
@@ -229,6 +255,15 @@ export class ChatView {
     this.input.value = text;
     this.grow();
     this.input.focus();
+  }
+
+  async downloadAudit() {
+    this.auditButton.disabled = true;
+    try {
+      await this.ctx.downloadAudit();
+    } finally {
+      this.auditButton.disabled = false;
+    }
   }
 
   grow() {
@@ -257,10 +292,12 @@ export class ChatView {
   }
 
   /**
-   * Show the chat. `view` = {uri, session, sessionUri, chat, chatHref(uri), loading, missing}.
+   * Show the chat. `view` = {uri, session, chat, chatHref(uri), missing,
+   * me (who the server takes this page for), clientId}.
    */
   update(view) {
     const { session, chat } = view;
+    const people = peopleOf(session, view.uri, view.me);
     if (view.uri !== this.uri) {
       this.uri = view.uri;
       this.seen = null;
@@ -278,11 +315,13 @@ export class ChatView {
       this.status.textContent = ACTIVITY_LABEL[activity];
     }
     this.updateTabs(view);
+    this.updatePresence(session, view.clientId);
+    this.auditButton.hidden = !session;
     const before = this.transcript.scrollHeight - this.transcript.scrollTop - this.transcript.clientHeight;
     const atBottom = this.stickToBottom || before < NEAR_BOTTOM_PX;
     const items = [];
-    for (const turn of chat?.turns ?? []) items.push({ turn, active: false });
-    if (chat?.activeTurn) items.push({ turn: chat.activeTurn, active: true });
+    for (const turn of chat?.turns ?? []) items.push({ turn, active: false, people });
+    if (chat?.activeTurn) items.push({ turn: chat.activeTurn, active: true, people });
     this.activeTurn = chat?.activeTurn ?? null;
     syncKeyed(this.list, this.turns, items, (item) => item.turn.id, (item) => new TurnView(item, this.ctx));
     this.empty.hidden = !chat || items.length > 0;
@@ -298,6 +337,27 @@ export class ChatView {
       this.stickToBottom = false;
       this.revealTop(fresh[0]);
     }
+  }
+
+  /** Who is here now: the session's active clients, by the names the server gave them. */
+  updatePresence(session, clientId) {
+    const people = session ? presentPeople(session.activeClients, clientId) : [];
+    const key = JSON.stringify(people);
+    if (key === this.presenceKey) return;
+    this.presenceKey = key;
+    this.presence.hidden = people.length === 0;
+    this.presenceList.replaceChildren(
+      ...people.map((person) =>
+        h(
+          'li',
+          { class: `person${person.me ? ' me' : ''}` },
+          h('span', { class: 'avatar', 'aria-hidden': 'true' }, initial(person.name)),
+          h('span', { class: 'person-name' }, person.name),
+          person.count > 1 ? h('span', { class: 'muted' }, ` ×${person.count}`) : null,
+          person.me ? h('span', { class: 'muted' }, ' (you)') : null,
+        ),
+      ),
+    );
   }
 
   updateTabs(view) {
@@ -349,4 +409,8 @@ export class ChatView {
     const top = el.getBoundingClientRect().top - this.transcript.getBoundingClientRect().top;
     if (top < 0) this.transcript.scrollTop += top - 12;
   }
+}
+
+function initial(name) {
+  return [...name.trim()][0]?.toUpperCase() ?? '?';
 }

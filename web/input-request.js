@@ -4,12 +4,22 @@
 // `ctx` is the chat's: `dispatch(action)`, `check(action)` (the server's
 // validation run locally: a reason or null), `isSending(requestId)` and
 // `takeError(requestId)` (the reason the server gave for refusing the last
-// completion, shown once).
+// completion, shown once). `people` (people.js) credits each answer and the
+// completion to the person the server's notes name, and gives the deadline.
 
 import { h, replaceChildren, uid } from './dom.js';
 import { answerText, reasonSentence } from './format.js';
 import { renderMarkdown, safeHref } from './markdown.js';
-import { createField } from './questions.js';
+import {
+  answerActivity,
+  answerCredit,
+  countdown,
+  deadlineOf,
+  displayOf,
+  isExpired,
+  requestNote,
+} from './people.js';
+import { createField, sameAnswer } from './questions.js';
 
 const RESPONSE_LABEL = { accept: 'Submitted', decline: 'Declined', cancel: 'Cancelled' };
 const URL_RESPONSE_LABEL = { accept: 'Done', decline: 'Declined', cancel: 'Cancelled' };
@@ -50,30 +60,36 @@ export function urlDisplay(raw) {
 }
 
 export class InputRequestView {
-  constructor(part, turn, ctx) {
+  constructor(part, turn, ctx, people = null) {
     this.ctx = ctx;
     this.el = h('section', { class: 'card request' });
     this.fields = new Map();
     this.mode = null;
-    this.update({ part, turn });
+    this.update({ part, turn, people });
   }
 
-  update({ part, turn }) {
+  update({ part, turn, people = null }) {
     const request = part.request;
     this.request = request;
     this.turn = turn;
+    this.people = people;
+    const note = requestNote(people, request.id);
     const open = part.response == null && turn.active;
     const mode = open ? (request.url && !request.questions?.length ? 'url' : 'form') : 'resolved';
     const shape = JSON.stringify(request.questions ?? []);
     if (mode !== this.mode || (mode === 'form' && shape !== this.shape) || mode === 'resolved') {
-      if (mode === 'resolved' && this.mode === 'resolved' && this.resolvedKey === this.keyOf(part)) return;
+      if (mode === 'resolved' && this.mode === 'resolved' && this.resolvedKey === this.keyOf(part, note)) return;
       this.mode = mode;
       this.shape = shape;
-      this.build(part);
+      this.build(part, note);
     }
+    this.showDeadline(mode === 'resolved' ? null : deadlineOf(note));
     if (mode === 'form') {
+      const me = people?.me ?? null;
       for (const question of request.questions ?? []) {
-        this.fields.get(question.id)?.sync(request.answers?.[question.id]);
+        const field = this.fields.get(question.id);
+        field?.sync(request.answers?.[question.id]);
+        field?.showAuthor(answerActivity(note, question.id, me));
       }
       this.showError(this.ctx.takeError(request.id));
     } else if (mode === 'url') {
@@ -81,11 +97,20 @@ export class InputRequestView {
     }
   }
 
-  keyOf(part) {
-    return JSON.stringify([part.response, part.request.answers, this.ctx.isSending(part.request.id)]);
+  keyOf(part, note) {
+    return JSON.stringify([part.response, part.request.answers, this.ctx.isSending(part.request.id), note, isExpired(note)]);
   }
 
-  build(part) {
+  /** The live countdown of an open request's deadline, if it has one. */
+  showDeadline(deadline) {
+    const key = deadline ? `${deadline.expiresAt} ${deadline.onExpiry}` : '';
+    if (key === this.deadlineKey) return;
+    this.deadlineKey = key;
+    this.deadlineSlot.replaceChildren(deadline ? countdown(deadline, 'requests') : '');
+    this.deadlineSlot.hidden = !deadline;
+  }
+
+  build(part, note) {
     for (const field of this.fields.values()) field.destroy();
     this.fields.clear();
     const request = part.request;
@@ -93,11 +118,13 @@ export class InputRequestView {
     this.el.className = `card request ${this.mode}`;
     this.el.setAttribute('aria-labelledby', this.titleId);
     this.formError = h('p', { class: 'form-error', role: 'alert', hidden: true });
+    this.deadlineSlot = h('span', { class: 'deadline', hidden: true });
+    this.deadlineKey = '';
     if (this.mode === 'form') replaceChildren(this.el, this.buildForm(request));
     else if (this.mode === 'url') replaceChildren(this.el, this.buildUrl(request));
     else {
-      this.resolvedKey = this.keyOf(part);
-      replaceChildren(this.el, this.buildResolved(part));
+      this.resolvedKey = this.keyOf(part, note);
+      replaceChildren(this.el, this.buildResolved(part, note));
     }
   }
 
@@ -135,7 +162,7 @@ export class InputRequestView {
       ),
     );
     return [
-      h('div', { class: 'card-head' }, h('span', { class: 'badge need' }, 'Input needed'), shared()),
+      h('div', { class: 'card-head' }, h('span', { class: 'badge need' }, 'Input needed'), this.deadlineSlot, shared()),
       this.title(request, 'The agent needs some answers.'),
       form,
     ];
@@ -165,7 +192,7 @@ export class InputRequestView {
       ? h('p', { class: 'muted' }, 'Check the address before you open it. It opens in a new tab; come back and press Done when you have finished there.')
       : h('p', { class: 'warning' }, 'This is not an http or https link, so Huddle will not open it.');
     return [
-      h('div', { class: 'card-head' }, h('span', { class: 'badge need' }, 'Link to visit'), shared()),
+      h('div', { class: 'card-head' }, h('span', { class: 'badge need' }, 'Link to visit'), this.deadlineSlot, shared()),
       this.title(request, 'The agent asks you to visit a page.'),
       h('div', { class: 'url-box' }, h('span', { class: 'url-label' }, 'Address'), urlDisplay(request.url)),
       warning,
@@ -181,25 +208,36 @@ export class InputRequestView {
     ];
   }
 
-  buildResolved(part) {
+  buildResolved(part, note) {
     const request = part.request;
     const url = Boolean(request.url && !request.questions?.length);
     const sending = this.ctx.isSending(request.id);
+    const by = note?.completed?.by;
     let badge;
+    let credit = null;
     if (sending) badge = h('span', { class: 'badge pending' }, 'Sending…');
     else if (part.response) {
       const label = (url ? URL_RESPONSE_LABEL : RESPONSE_LABEL)[part.response] ?? part.response;
       badge = h('span', { class: `badge ${part.response === 'accept' ? 'ok' : 'muted'}` }, label);
+      // No person completed it and its time is up: it expired.
+      if (by?.name) credit = h('span', { class: 'credit' }, `by ${displayOf(by)}`);
+      else if (isExpired(note)) credit = h('span', { class: 'badge muted expired' }, 'Expired');
     } else badge = h('span', { class: 'badge muted' }, 'Not answered');
     const answers = (request.questions ?? []).map((question) => {
       const text = answerText(question, request.answers?.[question.id]);
+      const who = text === null ? '' : answerCredit(note, question.id);
       return [
         h('dt', null, question.title || question.message),
-        h('dd', { class: text === null ? 'muted' : null }, text ?? 'No answer'),
+        h(
+          'dd',
+          { class: text === null ? 'muted' : null },
+          h('span', { class: 'answer-text' }, text ?? 'No answer'),
+          who ? h('span', { class: 'credit' }, ` — ${who}`) : null,
+        ),
       ];
     });
     return [
-      h('div', { class: 'card-head' }, badge),
+      h('div', { class: 'card-head' }, h('span', { class: 'outcome' }, badge, credit ? ' ' : null, credit)),
       this.title(request, url ? 'A page to visit.' : 'Questions from the agent.'),
       url ? h('div', { class: 'url-box' }, h('span', { class: 'url-label' }, 'Address'), urlDisplay(request.url)) : null,
       answers.length ? h('dl', { class: 'answers' }, answers) : null,
@@ -220,10 +258,13 @@ export class InputRequestView {
         firstBad.focus();
         return;
       }
+      // Only what this completion changes: an answer already in the shared
+      // state as it is stays its author's (the server credits the sender
+      // with every answer the completion carries).
       const answers = {};
       for (const [id, field] of this.fields) {
         const answer = field.current();
-        if (answer && answer !== 'invalid') answers[id] = answer;
+        if (answer && answer !== 'invalid' && !sameAnswer(answer, field.lastAnswer)) answers[id] = answer;
       }
       action.answers = answers;
     }

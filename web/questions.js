@@ -8,6 +8,12 @@
 // or unsent typing, which is never disturbed. Typing is sent as a draft
 // after a pause (DEBOUNCE_MS, at most MAX_WAIT_MS while typing goes on),
 // never per keystroke; a click on an option is sent at once.
+//
+// An answer is `submitted` once its author is done with it: when they
+// leave the field, or choose an option, and it passes the question's rules
+// (else it stays a draft). So others see "Dana is typing…" while she types
+// and "answered by Dana" after, and the answer stays hers when someone
+// else submits the request (which carries only the answers it changes).
 
 import { h, uid } from './dom.js';
 import { fieldMessage } from './format.js';
@@ -25,6 +31,21 @@ const FORMAT_HINT = {
 };
 
 const INPUT_TYPE = { email: 'email', uri: 'url', date: 'date' };
+
+/** Whether two answers say the same (state and value, whatever the key order). */
+export function sameAnswer(a, b) {
+  if (!a || !b) return !a && !b;
+  return a.state === b.state && canonical(a.value) === canonical(b.value);
+}
+
+function canonical(value) {
+  if (Array.isArray(value)) return `[${value.map(canonical).join(',')}]`;
+  if (value && typeof value === 'object') {
+    const keys = Object.keys(value).filter((key) => value[key] !== undefined).sort();
+    return `{${keys.map((key) => `${JSON.stringify(key)}:${canonical(value[key])}`).join(',')}}`;
+  }
+  return JSON.stringify(value ?? null);
+}
 
 function plural(n, noun) {
   return `${n} ${noun}${n === 1 ? '' : 's'}`;
@@ -87,6 +108,8 @@ class Field {
     this.touched = false;
     this.skipped = false;
     this.lastAnswer = undefined;
+    /** A draft of mine is the field's answer, and I have not left the field since. */
+    this.ownDraft = false;
     this.disabled = false;
     this.messageId = `${this.id}-message`;
     this.hintId = `${this.id}-hint`;
@@ -131,8 +154,10 @@ class Field {
       : h('button', { type: 'button', class: 'link q-skip', onclick: () => this.skip() }, 'Skip');
     this.skipButton = skip;
     const header = h('div', { class: 'q-header' }, labelEl, skip);
+    this.authorEl = h('p', { class: 'q-author', hidden: true });
     const content = [
       header,
+      this.authorEl,
       description ? h('p', { class: 'q-message', id: this.messageId }, description) : null,
       this.body,
       this.skippedNote,
@@ -144,7 +169,7 @@ class Field {
     this.el.dataset.questionId = this.question.id;
     this.el.addEventListener('focusout', (event) => {
       if (this.el.contains(event.relatedTarget)) return;
-      const sent = this.flush();
+      const sent = this.settle();
       if (this.touched) this.validate();
       // Show what others changed meanwhile (after our own send, the next render does).
       if (!sent && this.lastAnswer !== undefined) this.sync(this.lastAnswer);
@@ -165,12 +190,20 @@ class Field {
     this.timer = setTimeout(() => this.flush(), wait);
   }
 
-  /** A discrete choice changed: send it now. */
+  /** A discrete choice changed: send it now, as the answer if it fits. */
   chosen() {
     this.touched = true;
     this.clearError();
     this.cancel();
-    this.sendCurrent();
+    this.sendCurrent(true);
+  }
+
+  /** The person left the field: their draft becomes their answer
+   * (submitted if it fits the question). True if something was sent. */
+  settle() {
+    if (this.timer === null && !this.ownDraft) return false;
+    this.cancel();
+    return this.sendCurrent(true);
   }
 
   /** Send the unsent draft, if any; true if something was sent. */
@@ -180,17 +213,33 @@ class Field {
     return this.sendCurrent();
   }
 
-  /** Send what the controls hold now as a draft (or clear the answer). */
-  sendCurrent() {
+  /** Send what the controls hold now as a draft, or as `final` the
+   * submitted answer when it fits the question (or clear the answer). */
+  sendCurrent(final = false) {
     const value = this.read();
     if (value === 'invalid') return false;
-    this.send(value === null ? this.emptyAnswer() : { state: 'draft', value });
+    if (value === null) {
+      this.send(this.emptyAnswer());
+      this.ownDraft = false;
+      return true;
+    }
+    const fits = final && answerProblem(this.question, { state: 'submitted', value }, this.ctx.requestId) === null;
+    const answer = { state: fits ? 'submitted' : 'draft', value };
+    if (final && sameAnswer(answer, this.lastAnswer)) return false; // said already
+    this.send(answer);
     return true;
   }
 
   send(answer) {
     this.lastAnswer = answer; // what the shared state will say once it arrives
+    this.ownDraft = answer?.state === 'draft';
     this.ctx.send(this.question.id, answer);
+  }
+
+  /** Say what someone else is doing with this answer ('' for nothing). */
+  showAuthor(text) {
+    if (this.authorEl.textContent !== text) this.authorEl.textContent = text;
+    this.authorEl.hidden = !text;
   }
 
   /** What clearing the field sends: null (no answer) by default. */
@@ -252,6 +301,7 @@ class Field {
     }
     if (this.skipped) this.setSkipped(false);
     if (this.editing()) return;
+    this.ownDraft = false; // what the field shows now is the shared answer
     const before = this.read();
     this.write(answer?.value ?? null);
     const after = this.read();

@@ -65,7 +65,9 @@ export class Replica {
    * Apply one envelope. Returns what it was:
    * `{kind: 'applied', own}` for an accepted action (own: it confirmed one of ours),
    * `{kind: 'rejected', action, reason}` for our action the server refused,
-   * `{kind: 'duplicate'}` for one already applied, or
+   * `{kind: 'duplicate', own}` for one already applied (own: the server's
+   *   answer to one of ours sent again after a reconnect, which the confirmed
+   *   state holds already: it confirms that pending action), or
    * `{kind: 'gap', expected}` when envelopes were missed (resync the channel).
    */
   applyEnvelope(envelope, clientId, nowMs) {
@@ -76,7 +78,13 @@ export class Replica {
       const entry = this.dropPending(origin.clientSeq);
       return { kind: 'rejected', action: entry?.action ?? envelope.action, reason: envelope.rejectionReason };
     }
-    if (envelope.serverSeq <= this.serverSeq) return { kind: 'duplicate' };
+    if (envelope.serverSeq <= this.serverSeq) {
+      // Huddle answers an action sent again with the same clientSeq with its
+      // first envelope, which a snapshot taken since holds already.
+      if (!own) return { kind: 'duplicate' };
+      this.dropPending(origin.clientSeq);
+      return { kind: 'duplicate', own: true };
+    }
     if (envelope.serverSeq !== this.serverSeq + 1) return { kind: 'gap', expected: this.serverSeq + 1 };
     this.confirmed = this.reduce(this.confirmed, envelope.action, nowMs);
     this.serverSeq = envelope.serverSeq;

@@ -2,10 +2,13 @@
 // approval (tool, what it will do, its input, editable when the call allows
 // it and checked as JSON before sending, the options the server gives, a
 // reason on deny), running, result confirmation, completed, cancelled.
+// Who approved or denied it, and how long it still waits, come from the
+// session's notes (people.js).
 
 import { h, plainText, replaceChildren, uid } from './dom.js';
 import { reasonSentence } from './format.js';
 import { renderMarkdown } from './markdown.js';
+import { countdown, deadlineOf, displayOf, isExpired, toolCallNote } from './people.js';
 
 /** StringOrMarkdown as DOM: markdown rendered safely, a string as text. */
 function richText(value, tag = 'div') {
@@ -49,16 +52,21 @@ function contentText(content) {
 const CANCEL_LABEL = { denied: 'Denied', skipped: 'Skipped', 'result-denied': 'Result rejected' };
 
 export class ToolCallView {
-  constructor(part, turn, ctx) {
+  constructor(part, turn, ctx, people = null) {
     this.ctx = ctx;
     this.el = h('section', { class: 'card tool' });
     this.status = null;
-    this.update({ part, turn });
+    this.update({ part, turn, people });
   }
 
-  update({ part, turn }) {
+  update({ part, turn, people = null }) {
     const call = part.toolCall;
-    const key = JSON.stringify([call.status, turn.active, this.ctx.isSending(call.toolCallId)]);
+    const note = toolCallNote(people, call.toolCallId);
+    this.note = note;
+    // While it waits only its deadline matters (a rebuild would drop a typed
+    // reason); afterwards who decided, and whether it expired.
+    const told = call.status === 'pending-confirmation' ? [note?.expiresAt, note?.onExpiry] : [note, isExpired(note)];
+    const key = JSON.stringify([call.status, turn.active, this.ctx.isSending(call.toolCallId), told]);
     const changed = key !== this.key;
     this.call = call;
     this.turn = turn;
@@ -107,7 +115,21 @@ export class ToolCallView {
         children = this.buildSummary('muted', call.status);
     }
     this.el.className = `card tool ${call.status}`;
-    replaceChildren(this.el, children);
+    replaceChildren(this.el, children, this.decision());
+  }
+
+  /** Who approved or denied the call (from the notes), or that it expired undecided. */
+  decision() {
+    const call = this.call;
+    if (call.status === 'pending-confirmation' && this.turn.active) return null;
+    const decided = this.note?.decided;
+    if (decided?.by?.name) {
+      return h('p', { class: 'credit' }, `${decided.approved ? 'Approved' : 'Denied'} by ${displayOf(decided.by)}`);
+    }
+    if (isExpired(this.note) && ['pending-confirmation', 'cancelled'].includes(call.status)) {
+      return h('p', { class: 'credit' }, 'Expired');
+    }
+    return null;
   }
 
   name() {
@@ -199,8 +221,14 @@ export class ToolCallView {
       ),
     );
     const risk = call.riskAssessment;
+    const deadline = deadlineOf(this.note);
     return [
-      h('div', { class: 'card-head' }, h('span', { class: 'badge need' }, sending ? 'Sending…' : 'Approval needed')),
+      h(
+        'div',
+        { class: 'card-head' },
+        h('span', { class: 'badge need' }, sending ? 'Sending…' : 'Approval needed'),
+        deadline ? h('span', { class: 'deadline' }, countdown(deadline, 'toolCalls')) : null,
+      ),
       h('div', { class: 'card-title' }, call.confirmationTitle ? richText(call.confirmationTitle) : h('p', null, `Allow ${call.displayName || call.toolName}?`)),
       h('dl', { class: 'tool-facts' },
         h('dt', null, 'Tool'), h('dd', null, this.name()),

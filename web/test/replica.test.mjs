@@ -142,26 +142,34 @@ test('the rendered state is recomputed only after a change', () => {
   assert.ok(!r.hasPending((action) => action.questionId === 'b'));
 });
 
-test('after a snapshot resume, pending actions the server would now refuse are dropped', () => {
+test('after a snapshot resume every pending action stays, to be sent again', () => {
   const client = new AhpClient({ url: 'ws://unused/ahp', clientId: ME });
   const r = replica();
   client.replicas.set(CHAT, r);
   const complete = { type: 'chat/inputCompleted', requestId: 'r1', response: 'decline' };
   r.addPending(1, draft('a', 'typed offline'), NOW);
   r.addPending(2, complete, NOW);
-  // The snapshot shows the request completed already (by us before the drop, or by someone else).
+  r.pending.forEach((entry) => { entry.sentOn = 0; }); // the socket dropped
+  // The snapshot shows the request completed: by us before the drop, or by someone else.
   const settled = reduce('chat', chatWithRequest(), complete, NOW);
   client.applyResume({ type: 'snapshot', channel: CHAT, snapshot: { resource: CHAT, state: settled, fromSeq: 9 } });
-  assert.deepEqual(
-    r.pending.map((entry) => entry.clientSeq),
-    [],
-    'the draft goes too: its request is no longer open',
-  );
+  assert.deepEqual(r.pending.map((entry) => entry.clientSeq), [1, 2]);
+  assert.equal(r.state.activeTurn.responseParts[0].response, 'decline');
+});
 
-  const again = replica();
-  client.replicas.set(CHAT, again);
-  again.addPending(3, draft('a', 'typed offline'), NOW);
-  client.applyResume({ type: 'snapshot', channel: CHAT, snapshot: { resource: CHAT, state: chatWithRequest(), fromSeq: 9 } });
-  assert.deepEqual(again.pending.map((entry) => entry.clientSeq), [3]);
-  assert.equal(text(again.state, 'a'), 'typed offline');
+test("the server's answer to an action sent again confirms it without applying it twice", () => {
+  const r = replica(5);
+  const complete = { type: 'chat/inputCompleted', requestId: 'r1', response: 'decline' };
+  // Landed as seq 6 before the drop; a snapshot at 9 holds it, and it is pending again.
+  r.reset({ state: reduce('chat', chatWithRequest(), complete, NOW), fromSeq: 9 });
+  r.addPending(4, complete, NOW);
+  const first = { channel: CHAT, action: complete, serverSeq: 6, origin: { clientId: ME, clientSeq: 4 } };
+  assert.deepEqual(r.applyEnvelope(first, ME, NOW), { kind: 'duplicate', own: true });
+  assert.equal(r.pending.length, 0);
+  assert.equal(r.serverSeq, 9);
+  // Someone else's old envelope confirms nothing of ours.
+  r.addPending(5, draft('a', 'x'), NOW);
+  const foreign = { channel: CHAT, action: draft('a', 'x'), serverSeq: 7, origin: { clientId: 'web-other', clientSeq: 5 } };
+  assert.deepEqual(r.applyEnvelope(foreign, ME, NOW), { kind: 'duplicate' });
+  assert.equal(r.pending.length, 1);
 });

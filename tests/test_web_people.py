@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,6 +38,7 @@ from protocol.chat import (
 )
 from protocol.session import SessionState
 from reducers import notes
+from server.audit import verify
 from server.client import HuddleClient
 from server.config import Settings
 from tests import test_web_client as web
@@ -565,3 +567,49 @@ async def test_an_observer_sees_who_is_here_without_being_listed(
     await expect(here(olga)).to_have_text(["Lee"])
     assert wire.dispatched(0, "session/activeClientSet") == []
     await expect(olga.get_by_role("alert")).to_have_count(0)
+
+
+# ─── The audit ───────────────────────────────────────────────────────────────
+
+
+async def test_the_audit_downloads_as_a_chain_that_verifies_and_an_observer_is_told_no(
+    browser: Browser, demo_server: RunningServer, tmp_path: Path
+) -> None:
+    base = demo_server.http
+    session, _ = await create_session(base, "Audited")
+    _, lee = await open_client(browser, base, demo_server.token(name="Lee"), session=session)
+    await start_ticket_story(lee)
+    await lee.get_by_label("Affected system").fill("SSO")
+    await lee.get_by_label("Some users").check()
+    await lee.get_by_role("button", name="Submit").click()
+    await expect(lee.get_by_role("button", name="Approve")).to_be_visible()
+    await demo_server.server.host.audit.settled()
+
+    async with lee.expect_download() as downloading:
+        await lee.get_by_role("button", name="Download audit").click()
+    download = await downloading.value
+    saved = tmp_path / download.suggested_filename
+    await download.save_as(saved)
+
+    assert download.suggested_filename == f"audit-{session.split('/', 1)[1]}.jsonl"
+    lines = saved.read_bytes().splitlines()
+    checked = verify(lines)
+    assert checked.session == session
+    kept = [json.loads(line) for line in lines]
+    completed = next(r for r in kept if r["what"] == "chat/inputCompleted")
+    assert completed["who"]["name"] == "Lee"
+    await expect(lee.get_by_text(f"The audit was saved as {saved.name}.")).to_be_visible()
+
+    wire = Wire()
+    _, olga = await open_client(
+        browser,
+        base,
+        demo_server.token("observer", name="Olga"),
+        session=session,
+        prepare=recording(wire),
+    )
+    await olga.get_by_role("button", name="Download audit").click()
+    assert wire.dispatched(0, "session/isReadChanged") == []  # an observer sends nothing
+    await expect(olga.get_by_role("alert")).to_contain_text(
+        "You may not download this session's audit"
+    )

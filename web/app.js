@@ -185,10 +185,12 @@ function renderMain() {
   });
 }
 
-/** AHP's shared read flag: opening a session marks it read for everyone. */
+/** AHP's shared read flag: opening a session marks it read for everyone
+ * (but an observer, who may send nothing, only watches). */
 function markRead(session) {
   const uri = app.sessionUri;
   if (!session || isRead(session.status) || app.markedRead.has(uri)) return;
+  if (client.identity?.role === 'observer') return;
   app.markedRead.add(uri);
   client.dispatch(uri, { type: 'session/isReadChanged', isRead: true });
 }

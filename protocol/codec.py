@@ -23,6 +23,7 @@ from protocol.messages import (
     CreateSessionParams,
     DispatchActionParams,
     ErrorCode,
+    ExpireParams,
     FetchTurnsParams,
     IncomingResponse,
     InitializeParams,
@@ -165,6 +166,7 @@ PARAMS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
     "disposeChat": msgspec.json.Decoder(ChannelParams),
     "listSessions": msgspec.json.Decoder(ListSessionsParams),
     "fetchTurns": msgspec.json.Decoder(FetchTurnsParams),
+    "huddle/expire": msgspec.json.Decoder(ExpireParams),
 }
 """The params decoder of every method the host serves."""
 

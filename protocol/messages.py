@@ -14,7 +14,7 @@ import msgspec
 from protocol.actions import StateAction
 from protocol.chat import ChatState, Message, Turn
 from protocol.session import ActiveClient, RootState, SessionState, SessionSummary
-from protocol.wire import URI, JsonObject, Wire, meta_field
+from protocol.wire import URI, JsonObject, Number, Wire, meta_field
 
 PROTOCOL_VERSION: Final = "0.7.0"
 SUPPORTED_PROTOCOL_VERSIONS: Final = (PROTOCOL_VERSION,)
@@ -301,6 +301,23 @@ class FetchTurnsParams(Wire, frozen=True, kw_only=True):
     channel: URI
     cursor: str | None = None
     limit: int | None = None
+
+
+class ExpireParams(Wire, frozen=True, kw_only=True):
+    """Huddle's ``huddle/expire`` (extension ``huddle.expiry``): give the
+    open input request ``request_id`` (or the tool call ``tool_call_id``
+    waiting for approval) of chat ``channel`` an expiry."""
+
+    channel: URI
+    seconds: Number
+    request_id: str | None = None
+    tool_call_id: str | None = None
+    on_expiry: Literal["cancel", "decline", "fail"] = "cancel"
+
+
+class ExpireResult(Wire, frozen=True, kw_only=True):
+    expires_at: int
+    """When the policy applies, ms since the epoch (the server's clock)."""
 
 
 class FetchTurnsResult(Wire, frozen=True, kw_only=True):

@@ -12,3 +12,15 @@ def iso_time(ms: int) -> str:
     like JavaScript's ``Date.prototype.toISOString``."""
     moment = _EPOCH + timedelta(milliseconds=ms)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def iso_ms(text: str, fallback: int) -> int:
+    """An ISO 8601 time as ``ms`` since the epoch (``fallback`` when it is
+    not one)."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return fallback
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int((moment - _EPOCH).total_seconds() * 1000)

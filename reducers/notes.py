@@ -11,10 +11,11 @@ Lee" and the time left. The shape, under ``_meta.huddle``::
     requests:  {<chat>: {<request id>: {
                    "answers":   {<question id>: {"by": <who>, "state": "draft"}},
                    "completed": {"by": <who>, "response": "accept"},
-                   "expiresAt": <ms>, "onExpiry": "cancel" | "decline" | "fail"}}}
+                   "expiresAt": <ms>, "onExpiry": "cancel" | "decline" | "fail",
+                   "expired": true}}}
     toolCalls: {<chat>: {<tool call id>: {
                    "decided":   {"by": <who>, "approved": true},
-                   "expiresAt": <ms>, "onExpiry": ...}}}
+                   "expiresAt": <ms>, "onExpiry": ..., "expired": true}}}
 
 ``<who>`` is ``{"name", "role", "token"}`` (plus ``"declared": true`` for a
 name its holder typed in, from a shared link): the server's identity of the
@@ -29,6 +30,10 @@ from __future__ import annotations
 
 import copy
 from typing import Any, Final, Literal, TypeAlias
+
+from protocol.actions import ChatInputAnswerChanged, ChatInputCompleted, ChatToolCallConfirmed
+from protocol.rejections import Rejection, RejectionCode
+from reducers.clock import iso_time
 
 HUDDLE: Final = "huddle"
 KEPT: Final = 100
@@ -89,6 +94,37 @@ def expiring(
     first = _changed(meta, family, chat, key, ("expiresAt",), at_ms)
     second = _changed(first or meta, family, chat, key, ("onExpiry",), policy)
     return second or first
+
+
+def expired(
+    meta: Meta | None, family: Literal["requests", "toolCalls"], chat: str, key: str
+) -> Meta | None:
+    """The wait on ``key`` expired: its policy was applied."""
+    return _changed(meta, family, chat, key, ("expired",), True)
+
+
+def expired_wait(meta: Meta | None, chat: str, action: object, now_ms: int) -> Rejection | None:
+    """Why ``action`` (an answer, a completion, a tool decision) comes too
+    late for its wait: its expiry passed (applied already or about to be).
+    None when it is in time or its wait does not expire."""
+    match action:
+        case ChatInputAnswerChanged() | ChatInputCompleted():
+            family, key, what = "requests", action.request_id, "input request"
+        case ChatToolCallConfirmed():
+            family, key, what = "toolCalls", action.tool_call_id, "tool call"
+        case _:
+            return None
+    note = note_of(meta, family, chat, key)
+    if note is None:
+        return None
+    at = note.get("expiresAt")
+    if note.get("expired") is not True and not (isinstance(at, int) and at <= now_ms):
+        return None
+    when = f" at {iso_time(at)}" if isinstance(at, int) else ""
+    return Rejection(
+        RejectionCode.EXPIRED,
+        f"the {what} {key!r} expired{when} and takes no answer any more",
+    )
 
 
 def expiry_of(meta: Meta | None, family: str, chat: str, key: str) -> tuple[int, str] | None:

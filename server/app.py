@@ -39,7 +39,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol.actions import StateAction
 from protocol.codec import MalformedFrame, convert, decode_json, encode
-from protocol.messages import ErrorCode, Implementation
+from protocol.messages import ErrorCode, ExpireParams, ExpireResult, Implementation
 from protocol.rejections import RejectionCode
 from protocol.uris import SESSION_SCHEME, channel_id, session_uri
 from server.audit import export as audit_export
@@ -344,6 +344,13 @@ async def read_audit(request: Request, server: Server, grant: Grant) -> Response
     )
 
 
+async def set_expiry(request: Request, server: Server, grant: Grant) -> Response:
+    """``POST /api/expiry``: an open wait's expiry (server.expiry), as the
+    socket's ``huddle/expire``."""
+    params = convert(await _body(request, server), ExpireParams, "$")
+    return _json(ExpireResult(expires_at=await server.commands.expire(grant, params)))
+
+
 async def dispatch_action(request: Request, server: Server, grant: Grant) -> Response:
     """Dispatch; with an ``Idempotency-Key``, a retry gets the first
     answer (server.idempotency) and nothing is applied twice."""
@@ -552,6 +559,7 @@ def create_app(
         Route("/api/sessions", api(create_session), methods=["POST"]),
         Route("/api/snapshot", api(read_snapshot), methods=["GET"]),
         Route("/api/audit", api(read_audit), methods=["GET"]),
+        Route("/api/expiry", api(set_expiry), methods=["POST"]),
         Route("/api/dispatch", api(dispatch_action), methods=["POST"]),
         Route("/api/input/wait", api(wait_input), methods=["GET"]),
         Route("/api/tokens", api(mint_token), methods=["POST"]),

@@ -91,6 +91,9 @@ MAX_QUEUED: Final = 10_000
 """Records of one session waiting for the store, at most (more are
 dropped, and logged: the store is down or far behind)."""
 MAX_ATTEMPTS: Final = 16
+GONE_RECORDS: Final = "audit-of-gone"
+"""The audits whose session was disposed, and when (ms): server.retention
+removes them once they are old enough."""
 
 AUDITED: Final = (
     ChatTurnStarted,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from protocol.session import AgentInfo
 from server.config import Settings
 from server.host import Host
+from server.retention import Retention
 from server.runner.agent import Agent
 from server.runner.service import AgentService, agent_info
 from server.runner.store import MemoryTurnStore, TurnStore
@@ -32,13 +33,18 @@ class Parts:
     host: Host
     service: AgentService | None
     clock: Callable[[], float]
+    retention: Retention | None = None
 
     async def start(self) -> None:
         await self.host.start()
         if self.service is not None:
             await self.service.start()
+        if self.retention is not None:
+            self.retention.start()
 
     async def stop(self) -> None:
+        if self.retention is not None:
+            await self.retention.stop()
         if self.service is not None:
             await self.service.stop()
         await self.host.stop()
@@ -110,6 +116,7 @@ def build(
         sizes=settings.sizes,
         audit_values=settings.audit_values,
         audit_max_records=settings.audit_max_records,
+        expiry_check_interval=settings.expiry_check_interval,
     )
     service = None
     if agent is not None:
@@ -122,4 +129,14 @@ def build(
             lease_seconds=settings.lease_seconds,
         )
         service.runner.listeners.append(host.audit.runner_listener)
-    return Parts(settings=settings, store=store, host=host, service=service, clock=clock)
+    retention = None
+    if settings.retention is not None:
+        retention = Retention(host, settings.retention, audit_dir=settings.audit_dir)
+    return Parts(
+        settings=settings,
+        store=store,
+        host=host,
+        service=service,
+        clock=clock,
+        retention=retention,
+    )

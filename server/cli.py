@@ -144,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--audit-max-records", type=int, help="records a session's audit holds at most (100000)"
     )
     serve.add_argument(
+        "--retention",
+        help="remove a session finished this long (and a disposed one's audit): 90s, 15m, "
+        "12h, 30d (default: keep everything)",
+    )
+    serve.add_argument(
+        "--audit-dir", help="export a session's audit here (<session id>.jsonl) before removing it"
+    )
+    serve.add_argument(
         "--open-browser", action="store_true", default=None, help="open the web client"
     )
     invite = commands.add_parser(

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
@@ -39,6 +39,7 @@ from protocol.messages import (
     ChannelParams,
     ChannelState,
     DispatchActionParams,
+    ExpireParams,
     InitializeParams,
     ReconnectParams,
     Snapshot,
@@ -53,7 +54,13 @@ from server.errors import ActionRejected, InputAbandoned
 from server.errors import Disconnected as Disconnected
 from server.errors import ProtocolError as ProtocolError
 
-EXTENSIONS = ("huddle.channelSeqs", "huddle.turnWindows", "huddle.titles", "huddle.identity")
+EXTENSIONS = (
+    "huddle.channelSeqs",
+    "huddle.turnWindows",
+    "huddle.titles",
+    "huddle.identity",
+    "huddle.expiry",
+)
 """The Huddle extensions this client asks for (see server.rpc.EXTENSIONS):
 per-channel seqs and cursors, tail windows, titles."""
 
@@ -457,10 +464,41 @@ class HuddleClient:
         finally:
             self._sent.pop(seq, None)
 
-    async def request_input(self, chat: str, request: InputRequest) -> Completion:
+    async def expire(
+        self,
+        chat: str,
+        seconds: float,
+        on_expiry: Literal["cancel", "decline", "fail"] = "cancel",
+        *,
+        request_id: str | None = None,
+        tool_call_id: str | None = None,
+    ) -> int:
+        """Give an open input request (or a tool call waiting for approval)
+        of ``chat`` an expiry (``huddle/expire``; agent tokens); returns
+        when it expires, ms since the epoch."""
+        params = ExpireParams(
+            channel=chat,
+            seconds=seconds,
+            request_id=request_id,
+            tool_call_id=tool_call_id,
+            on_expiry=on_expiry,
+        )
+        result = await self.call("huddle/expire", params)
+        return int(result["expiresAt"])
+
+    async def request_input(
+        self,
+        chat: str,
+        request: InputRequest,
+        *,
+        expires_in: float | None = None,
+        on_expiry: Literal["cancel", "decline", "fail"] = "cancel",
+    ) -> Completion:
         """Ask the people in ``chat`` (needs an agent token and an active
-        turn) and wait for the completion. Raises InputAbandoned when the
-        turn ends or the chat is truncated first."""
+        turn) and wait for the completion. With ``expires_in`` seconds,
+        nobody answering in time applies ``on_expiry`` (the completion is
+        then ``cancel`` or ``decline``; ``fail`` ends the turn). Raises
+        InputAbandoned when the turn ends or the chat is truncated first."""
         mirror = self.mirrors.get(chat) or await self.subscribe(chat)
         active = mirror.chat.active_turn
         if active is None:
@@ -468,6 +506,8 @@ class HuddleClient:
                 RejectionCode.NO_ACTIVE_TURN, f"{chat} has no active turn to ask in"
             )
         await self.dispatch_and_wait(chat, ChatInputRequested(request=request))
+        if expires_in is not None:
+            await self.expire(chat, expires_in, on_expiry, request_id=request.id)
 
         def settled(state: ChannelState) -> bool:
             assert isinstance(state, ChatState)

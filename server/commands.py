@@ -28,13 +28,14 @@ from msgspec.structs import replace
 from protocol.actions import SessionActiveClientSet, StateAction, action_type
 from protocol.chat import Message, Turn
 from protocol.codec import MalformedFrame
-from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode
+from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode, ExpireParams
 from protocol.rejections import RejectionCode
 from protocol.session import SessionSummary
 from protocol.uris import BadChannelUri, channel_kind
 from server.auth import ROLES, Grant, Identity, Role, TokenAuthority
 from server.channels import ChannelView
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
+from server.expiry import Expiry, Family
 from server.host import Host
 from server.metrics import Metrics
 from server.policy import Command, admission_refusal, command_refusal, dispatch_refusal, reaches
@@ -217,6 +218,29 @@ class Commands:
         return await self.host.sessions.older_turns(
             chat, cursor, limit if limit and limit > 0 else 50
         )
+
+    async def expire(self, grant: Grant, params: ExpireParams) -> int:
+        """Give an open wait an expiry (server.expiry); when it expires (ms).
+        Agent tokens only. CommandError (conflict) when the wait is not open."""
+        self.allow(grant, Command.SET_EXPIRY)
+        expect_kind(params.channel, "chat")
+        if (params.request_id is None) == (params.tool_call_id is None):
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS, "give requestId or toolCallId (one)", "$.params"
+            )
+        try:
+            expiry = Expiry(float(params.seconds), params.on_expiry)
+        except ValueError as error:
+            raise MalformedFrame(ErrorCode.INVALID_PARAMS, str(error), "$.params.seconds") from None
+        await self.reach(grant, params.channel)
+        family: Family = "requests" if params.request_id is not None else "toolCalls"
+        key = params.request_id or params.tool_call_id or ""
+        try:
+            return await self.host.expire(params.channel, family, key, expiry)
+        except ActionRejected as rejected:
+            raise CommandError(ErrorCode.CONFLICT, rejected.reason) from None
+        except ChannelGone:
+            raise not_found(params.channel) from None
 
     # ─── Actions ─────────────────────────────────────────────────────────
 

@@ -6,6 +6,7 @@ A flag wins over its variable (``--max-subscriptions`` over
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -80,6 +81,13 @@ class Settings:
     marks sensitive are redacted either way)."""
     audit_max_records: int = 100_000
     """Records a session's audit holds at most."""
+    expiry_check_interval: float = 1.0
+    """Seconds between two sweeps for waits whose expiry passed."""
+    retention: float | None = None
+    """Seconds a finished session (and a disposed one's audit) is kept;
+    None: for ever (server.retention)."""
+    audit_dir: str | None = None
+    """Where a session's audit is exported before retention removes it."""
     open_browser: bool = False
 
 
@@ -169,6 +177,9 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         idempotency_ttl=src.number("idempotency_ttl", base.idempotency_ttl),
         audit_values=_audit_values(src.text("audit_values", base.audit_values)),
         audit_max_records=src.integer("audit_max_records", base.audit_max_records),
+        expiry_check_interval=src.number("expiry_check_interval", base.expiry_check_interval),
+        retention=_duration(src.raw("retention")),
+        audit_dir=src.raw("audit_dir"),
         open_browser=src.flag("open_browser", base.open_browser),
     )
 
@@ -177,3 +188,19 @@ def _audit_values(value: str) -> Literal["keep", "redact"]:
     if value not in ("keep", "redact"):
         raise ValueError(f"audit values are keep or redact, not {value!r}")
     return "keep" if value == "keep" else "redact"
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``12h`` or ``30d`` as seconds; ValueError."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(f"a duration is a positive number with s, m, h or d, not {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _duration(value: object) -> float | None:
+    return None if value is None or value == "" else parse_duration(str(value))

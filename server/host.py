@@ -25,8 +25,10 @@ from typing import Any
 from msgspec.structs import replace
 
 from protocol.actions import (
+    ChatInputAnswerChanged,
     ChatInputCompleted,
     ChatInputRequested,
+    ChatToolCallConfirmed,
     RootAgentsChanged,
     StateAction,
 )
@@ -35,14 +37,15 @@ from protocol.messages import ActionEnvelope, ActionOrigin
 from protocol.rejections import Rejection, RejectionCode
 from protocol.session import AgentInfo, RootState
 from protocol.uris import ROOT_URI, channel_kind
-from reducers import reduce
+from reducers import notes, reduce
 from reducers.limits import SizeLimits, limit_problem
 from reducers.validation import reject_reason
 from server.aggregate import SessionAggregate
-from server.audit import AuditTrail, AuditValues
+from server.audit import GONE_RECORDS, AuditTrail, AuditValues
 from server.auth import Identity
 from server.channels import ChannelCore, ChannelView, Hook, Validator
 from server.errors import ActionRejected
+from server.expiry import Expiries, Expiry, Family
 from server.forms import Form, FormRegistry, chat_session, needs_session
 from server.notes import SessionNotes
 from server.sessions import Sessions
@@ -50,6 +53,9 @@ from server.store.base import ChannelStore
 from server.waiters import InputOutcome, ToolDecision, Waiters
 
 __all__ = ["Host", "InputOutcome", "ToolDecision"]
+
+ANSWERS = (ChatInputAnswerChanged, ChatInputCompleted, ChatToolCallConfirmed)
+"""The actions that answer a wait (too late once its expiry passed)."""
 
 
 class Host:
@@ -70,6 +76,7 @@ class Host:
         sizes: SizeLimits | None = None,
         audit_values: AuditValues = "keep",
         audit_max_records: int = 100_000,
+        expiry_check_interval: float = 1.0,
     ) -> None:
         self.store = store
         self.agents = agents
@@ -101,8 +108,10 @@ class Host:
             values=audit_values,
             max_records=audit_max_records,
         )
+        self.expiries = Expiries(self.core, store, self.notes, check_interval=expiry_check_interval)
         self.core.hooks = [
             self.waiters.hook,
+            self.expiries.hook,
             self.notes.hook,
             self.audit.hook,
             self.aggregate.hook,
@@ -121,6 +130,7 @@ class Host:
     async def start(self) -> None:
         """Create the root channel if needed and listen to other processes."""
         await self.core.start()
+        self.expiries.start()
         root = RootState(agents=self.agents, active_sessions=0)
         if not await self.core.create(ROOT_URI, root):
             current = await self.core.view(ROOT_URI)
@@ -129,6 +139,7 @@ class Host:
                 await self.dispatch(ROOT_URI, RootAgentsChanged(agents=self.agents))
 
     async def stop(self) -> None:
+        await self.expiries.stop()
         await self.audit.settled()
         self.aggregate.stop()
         await self.core.stop()
@@ -190,10 +201,12 @@ class Host:
         form: Form | None = None
         if isinstance(action, ChatInputCompleted):
             form = await self.forms.load(uri, action.request_id)
-        if needs_session(action):
+        answering = isinstance(action, ANSWERS)
+        if needs_session(action) or answering:
             session = await self.session_of(uri)
             if session is not None:
-                await self.core.view(session)  # its tools are what the check reads
+                # Its tools are what the check reads; its notes, the expiries.
+                await self.core.view(session)
         form_check = self.forms.form_check(form)
         root = uri == ROOT_URI
 
@@ -201,6 +214,8 @@ class Host:
             if root and reduce(state, action, 0) == state:
                 # Nothing to store: a flood of no-ops must not grow the log.
                 return Rejection(RejectionCode.NO_CHANGE, "the root channel already holds that")
+            if answering and (late := self._too_late(uri, state, action)):
+                return late
             return limit_problem(state, action, self.sizes) or reject_reason(
                 state,
                 action,
@@ -209,6 +224,12 @@ class Host:
             )
 
         return validate
+
+    def _too_late(self, uri: str, state: Any, action: StateAction) -> Rejection | None:
+        """An answer to a wait whose expiry passed (server.expiry)."""
+        session = chat_session(state) if isinstance(state, ChatState) else None
+        meta = getattr(self._session_state(session), "meta", None) if session else None
+        return notes.expired_wait(meta, uri, action, self.core.now_ms())
 
     # ─── Sessions and chats ──────────────────────────────────────────────
 
@@ -222,7 +243,10 @@ class Host:
         await self.sessions.create_chat(session, chat, title=title)
 
     async def dispose_session(self, session: str) -> None:
+        """Remove the session and its chats; its audit stays (until
+        server.retention removes it)."""
         await self.sessions.dispose_session(session)
+        await self.store.put_record(GONE_RECORDS, session, str(self.now_ms()).encode())
 
     # ─── Asking people ───────────────────────────────────────────────────
 
@@ -232,6 +256,7 @@ class Host:
         request: InputRequest,
         *,
         schema: dict[str, Any] | None = None,
+        expiry: Expiry | None = None,
     ) -> InputOutcome:
         """Ask the people in ``chat``: dispatch ``chat/inputRequested`` (with
         questions derived from ``schema`` when one is given and the request
@@ -239,8 +264,10 @@ class Host:
 
         The schema is frozen with the request: an accept is validated
         against it and ``outcome.data`` carries the data with its types.
-        Raises InputAbandoned when the turn ends first, ActionRejected when
-        there is no active turn.
+        With ``expiry``, nobody answering in time applies its policy (the
+        outcome is then ``cancel`` or ``decline``; ``fail`` ends the turn:
+        InputAbandoned). Raises InputAbandoned when the turn ends first,
+        ActionRejected when there is no active turn.
         """
         state = (await self.core.view(chat)).state
         if not isinstance(state, ChatState) or state.active_turn is None:
@@ -249,14 +276,19 @@ class Host:
             )
         waiter = await self.waiters.expect_input(chat, request.id, state.active_turn.id)
         try:
-            await self.ask(chat, request, schema=schema)
+            await self.ask(chat, request, schema=schema, expiry=expiry)
         except BaseException:
             self.waiters.discard(waiter)
             raise
         return await self.waiters.input_outcome(waiter)
 
     async def ask(
-        self, chat: str, request: InputRequest, *, schema: dict[str, Any] | None = None
+        self,
+        chat: str,
+        request: InputRequest,
+        *,
+        schema: dict[str, Any] | None = None,
+        expiry: Expiry | None = None,
     ) -> ActionEnvelope:
         """Open ``request`` in ``chat`` without waiting (see
         :meth:`request_input`); the form, when given, is frozen with it."""
@@ -264,7 +296,16 @@ class Host:
             form = await self.forms.freeze(chat, request.id, schema)
             if request.questions is None:
                 request = replace(request, questions=form.spec.questions)
-        return await self.dispatch(chat, ChatInputRequested(request=request))
+        envelope = await self.dispatch(chat, ChatInputRequested(request=request))
+        if expiry is not None:
+            await self.expiries.expire(chat, "requests", request.id, expiry)
+        return envelope
+
+    async def expire(self, chat: str, family: Family, key: str, expiry: Expiry) -> int:
+        """Give an open wait of ``chat`` (an input request, ``"requests"``,
+        or a tool call waiting for approval, ``"toolCalls"``) an expiry;
+        returns when it expires (ms). See server.expiry."""
+        return await self.expiries.expire(chat, family, key, expiry)
 
     async def wait_input(self, chat: str, request_id: str) -> InputOutcome:
         """Wait for the open request ``request_id`` of ``chat`` to be

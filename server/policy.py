@@ -71,6 +71,7 @@ class Command(StrEnum):
     DISPOSE_CHAT = "dispose-chat"
     MINT_TOKEN = "mint-token"
     READ_AUDIT = "read-audit"
+    SET_EXPIRY = "set-expiry"
 
 
 def reaches(grant: Grant, session: str | None) -> bool:
@@ -100,6 +101,8 @@ def command_refusal(grant: Grant, command: Command) -> str | None:
             return None if grant.role == "agent" else "only an agent token may mint tokens"
         case Command.READ_AUDIT:
             return None if grant.may_dispatch else "observers may not read the audit"
+        case Command.SET_EXPIRY:
+            return None if grant.role == "agent" else "only an agent token may set an expiry"
 
 
 def admission_refusal(grant: Grant) -> Rejection | None:

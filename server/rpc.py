@@ -45,6 +45,8 @@ from protocol.messages import (
     DispatchActionParams,
     EmptyResult,
     ErrorCode,
+    ExpireParams,
+    ExpireResult,
     FetchTurnsParams,
     FetchTurnsResult,
     Implementation,
@@ -85,7 +87,10 @@ CHANNEL_SEQS: Final = "huddle.channelSeqs"
 TURN_WINDOWS: Final = "huddle.turnWindows"
 TITLES: Final = "huddle.titles"
 IDENTITY: Final = "huddle.identity"
+EXPIRY: Final = "huddle.expiry"
 EXTENSIONS: Final = {
+    EXPIRY: "huddle/expire {channel, requestId | toolCallId, seconds, onExpiry}: an open "
+    "wait's expiry (agent tokens)",
     IDENTITY: "{\"name\": ...}: the name a shared link's holder goes by; the result's "
     "_meta.huddle.identity says who the server takes the client for",
     CHANNEL_SEQS: "serverSeq per channel (gapless, as the store orders it) everywhere; "
@@ -171,6 +176,7 @@ class Rpc:
             "disposeChat": self._dispose_chat,
             "listSessions": self._list_sessions,
             "fetchTurns": self._fetch_turns,
+            "huddle/expire": self._expire,
         }
         self._notifications: dict[str, Callable[[Any], Awaitable[None]]] = {
             "dispatchAction": self._dispatch,
@@ -489,6 +495,11 @@ class Rpc:
         envelope = ActionEnvelope(channel=params.channel, action=loaded, server_seq=seq)
         self.connection.send_frame(action_frame(encode(envelope), params.channel, seq))
         return EmptyResult()
+
+    async def _expire(self, params: ExpireParams) -> ExpireResult:
+        if EXPIRY not in self.extensions:  # plain AHP has no such method
+            raise MalformedFrame(ErrorCode.METHOD_NOT_FOUND, "unknown method 'huddle/expire'")
+        return ExpireResult(expires_at=await self.commands.expire(self.grant, params))
 
     # ─── Actions ─────────────────────────────────────────────────────────
 

@@ -235,7 +235,10 @@ class Waiters:
 def _check_turn_alive(action: StateAction, turn_id: str, what: str) -> None:
     """Raise InputAbandoned when ``action`` ends or truncates ``turn_id``."""
     if isinstance(action, ChatTurnComplete | ChatTurnCancelled | ChatError):
-        if action.turn_id == turn_id:
-            raise InputAbandoned(f"{what}: the turn ended ({action_type(action)})")
-    elif isinstance(action, ChatTruncated):
+        if action.turn_id != turn_id:
+            return
+        if isinstance(action, ChatError) and action.error.error_type == "expired":
+            raise InputAbandoned(f"{what}: the turn failed: {action.error.message}")
+        raise InputAbandoned(f"{what}: the turn ended ({action_type(action)})")
+    if isinstance(action, ChatTruncated):
         raise InputAbandoned(f"{what}: the chat was truncated")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,8 +97,10 @@ async def start_server(
     agent: Agent | None = None,
     turn_store: TurnStore | None = None,
     workers: int = 1,
+    clock: Callable[[], float] = time.time,
 ) -> RunningServer:
-    """A server on a free port; with ``agent``, people's turns start it."""
+    """A server on a free port; with ``agent``, people's turns start it;
+    ``clock`` is the host's (tests that move time pass one of their own)."""
     settings = settings or Settings(port=0)
     authority = TokenAuthority(AGENT_TOKEN)
     parts = build(
@@ -107,6 +109,7 @@ async def start_server(
         agent=agent,
         turn_store=turn_store,
         workers=workers,
+        clock=clock,
     )
     app = create_app(parts, authority)
     server = UvicornServer(uvicorn_config(app, settings, port=0, log_level="warning"))

@@ -811,8 +811,8 @@ def test_served_method_without_params_is_invalid_params() -> None:
     )
 
 
-def test_host_serves_the_ahp_commands() -> None:
-    assert set(PARAMS) == {
+def test_host_serves_the_ahp_commands_and_its_own_under_huddle() -> None:
+    assert {method for method in PARAMS if not method.startswith("huddle/")} == {
         "initialize",
         "ping",
         "subscribe",
@@ -826,6 +826,7 @@ def test_host_serves_the_ahp_commands() -> None:
         "listSessions",
         "fetchTurns",
     }
+    assert {method for method in PARAMS if method.startswith("huddle/")} == {"huddle/expire"}
 
 
 def test_action_that_does_not_fit_names_the_field_from_the_action() -> None:

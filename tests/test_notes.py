@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from reducers import notes
+from reducers.clock import iso_ms, iso_time
 
 CHAT = "ahp-chat:/c"
 DANA: dict[str, Any] = {"name": "Dana", "role": "participant", "token": "t-dana"}
@@ -90,3 +91,57 @@ def test_notes_of_something_not_a_mapping_are_absent() -> None:
     meta = {"huddle": {"requests": {CHAT: {"r1": "not a note"}}}}
     assert notes.note_of(meta, "requests", CHAT, "r1") is None
     assert notes.note_of(None, "requests", CHAT, "r1") is None
+
+
+def test_an_answer_after_the_expiry_is_rejected_as_expired() -> None:
+    from protocol.actions import (
+        ChatInputAnswerChanged,
+        ChatInputCompleted,
+        ChatToolCallConfirmed,
+        ChatTurnStarted,
+    )
+    from protocol.chat import Message, MessageOrigin
+    from protocol.rejections import RejectionCode
+
+    meta = notes.expiring(None, "requests", CHAT, "r1", 1000, "cancel")
+    meta = notes.expiring(meta, "toolCalls", CHAT, "call", 5000, "decline")
+    answer = ChatInputAnswerChanged(request_id="r1", question_id="q")
+    completion = ChatInputCompleted(request_id="r1", response="accept")
+    denial = ChatToolCallConfirmed(
+        turn_id="t", tool_call_id="call", approved=False, reason="denied"
+    )
+    other = ChatInputCompleted(request_id="r2", response="accept")
+    turn = ChatTurnStarted(
+        turn_id="t", started_at="x", message=Message(text="", origin=MessageOrigin(kind="user"))
+    )
+
+    assert notes.expired_wait(meta, CHAT, answer, 999) is None  # in time
+    late = notes.expired_wait(meta, CHAT, answer, 1000)
+    assert late is not None
+    assert late.code == RejectionCode.EXPIRED
+    assert late.sentence == (
+        "the input request 'r1' expired at 1970-01-01T00:00:01.000Z and takes no answer any more"
+    )
+    assert notes.expired_wait(meta, CHAT, completion, 2000) is not None
+    assert notes.expired_wait(meta, CHAT, denial, 2000) is None
+    assert notes.expired_wait(meta, CHAT, other, 2000) is None  # no expiry of its own
+    assert notes.expired_wait(meta, CHAT, turn, 9000) is None  # not an answer
+    fired = notes.expired(meta, "toolCalls", CHAT, "call")
+    assert (
+        notes.expired_wait(fired, CHAT, denial, 0) is not None
+    )  # applied: late whatever the clock
+    assert notes.expired(fired, "toolCalls", CHAT, "call") is None  # noted already
+    bare = notes.expired(None, "requests", CHAT, "r9")
+    said = notes.expired_wait(bare, CHAT, ChatInputCompleted(request_id="r9", response="accept"), 0)
+    assert said is not None
+    assert " at " not in said.sentence
+
+
+def test_an_iso_time_reads_back_as_the_ms_it_was_written_from() -> None:
+    assert iso_ms(iso_time(1_764_000_000_123), 0) == 1_764_000_000_123
+    assert iso_ms("2026-12-01T10:00:00+01:00", 0) == iso_ms("2026-12-01T09:00:00.000Z", 0)
+
+
+def test_a_time_without_a_zone_is_utc_and_one_that_is_no_time_the_fallback() -> None:
+    assert iso_ms("1970-01-01T00:00:01", 0) == 1000
+    assert iso_ms("next tuesday", -1) == -1

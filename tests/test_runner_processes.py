@@ -189,8 +189,8 @@ async def play_the_story(
     )
     await dispatch(bob, chat, ChatInputCompleted(request_id=rid, response="accept"))
     async with asyncio.timeout(patience):
-        state = await carol_chat.wait_for(lambda s: pending_call(s) is not None)
-    call = pending_call(state)
+        confirming = await carol_chat.wait_for(lambda s: pending_call(s) is not None)
+    call = pending_call(confirming)
     assert call is not None
     await dispatch(
         carol,
@@ -200,10 +200,10 @@ async def play_the_story(
         ),
     )
     async with asyncio.timeout(patience):
-        state = await alice_chat.wait_for(lambda s: isinstance(s, ChatState) and bool(s.turns))
-    assert isinstance(state, ChatState)
-    assert state.turns[-1].state == "complete"
-    assert "HUD-" in final_text(state)
+        done = await alice_chat.wait_for(lambda s: isinstance(s, ChatState) and bool(s.turns))
+    assert isinstance(done, ChatState)
+    assert done.turns[-1].state == "complete"
+    assert "HUD-" in final_text(done)
     async with asyncio.timeout(5 * UNIT):
         await carol_chat.wait_for(lambda s: isinstance(s, ChatState) and bool(s.turns))
     assert len(completions) == 1  # the ticket was created exactly once

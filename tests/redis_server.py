@@ -13,11 +13,16 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
+
+from server.store.redis import RedisStore, topic_of
 
 READY = b"ready to accept connections"
 
@@ -337,3 +342,71 @@ def shared_cluster(timeout: float) -> RunningCluster:
         _shared = RunningCluster.start(timeout=timeout)
         atexit.register(_shared.destroy)
     return _shared
+
+
+# ─── Either ──────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Deployment:
+    """A single Redis or the shared cluster, and a raw client to look inside."""
+
+    url: str
+    raw: aioredis.Redis | RedisCluster
+
+    async def subscribers(self, channel: str) -> int:
+        """How many connections SSUBSCRIBEd ``channel``'s topic (on its node)."""
+        topic = topic_of(channel)
+        if isinstance(self.raw, RedisCluster):
+            node = self.raw.get_node_from_key(topic)
+            counts = await self.raw.pubsub_shardnumsub(topic, target_nodes=node)
+        else:
+            counts = await self.raw.pubsub_shardnumsub(topic)
+        return int(dict(counts)[topic.encode()])
+
+    def node_of(self, channel: str) -> str:
+        if isinstance(self.raw, RedisCluster):
+            node = self.raw.get_node_from_key(topic_of(channel))
+            assert node is not None
+            return node.name
+        return "redis"
+
+    def beside(self, channel: str, name: str) -> str:
+        """A channel named after ``name`` on ``channel``'s node: messages of
+        the two reach a process in the order they were published."""
+        for n in range(10_000):
+            candidate = f"ahp-chat:/{name}-{n}"
+            if self.node_of(candidate) == self.node_of(channel):
+                return candidate
+        raise AssertionError("no channel on that node")
+
+    def stores(self) -> tuple[RedisStore, RedisStore]:
+        return RedisStore(self.url), RedisStore(self.url)
+
+    async def on_every_primary(self, *command: str) -> None:
+        """Send ``command`` to every primary (to the one Redis)."""
+        if isinstance(self.raw, RedisCluster):
+            for node in self.raw.get_primaries():
+                await self.raw.execute_command(*command, target_nodes=node)
+        else:
+            await self.raw.execute_command(*command)  # type: ignore[no-untyped-call]
+
+
+@contextlib.asynccontextmanager
+async def deployed(kind: str, start_timeout: float) -> AsyncIterator[Deployment]:
+    """``kind`` "redis": a redis-server of its own; "cluster": the shared
+    cluster, flushed."""
+    async with contextlib.AsyncExitStack() as stack:
+        raw: aioredis.Redis | RedisCluster
+        if kind == "redis":
+            server = await stack.enter_async_context(running_redis(start_timeout))
+            url = server.url
+            raw = aioredis.Redis.from_url(url)
+        else:
+            cluster = shared_cluster(start_timeout)
+            cluster.flush()
+            url = cluster.url()
+            raw = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", cluster.nodes[0].port)])
+            await raw.initialize()
+        stack.push_async_callback(raw.aclose)
+        yield Deployment(url, raw)

@@ -120,15 +120,19 @@ def free_port() -> int:
 
 class ClusterNodeProcess:
     """One redis-server of a cluster, on loopback ports of its own (client
-    and cluster bus), AOF on with ``appendfsync always``. Its output is read
-    on a thread, so that a test can wait for a line it logs (``wait_for``)
-    from sync code or, through ``asyncio.to_thread``, from async code."""
+    and cluster bus), AOF on with ``appendfsync always`` (unless told
+    otherwise). Its output is read on a thread, so that a test can wait for
+    a line it logs (``wait_for``) from sync code or, through
+    ``asyncio.to_thread``, from async code."""
 
-    def __init__(self, directory: Path, *, node_timeout_ms: int) -> None:
+    def __init__(
+        self, directory: Path, *, node_timeout_ms: int, appendfsync: str = "always"
+    ) -> None:
         self.directory = directory
         self.port = free_port()
         self.bus_port = free_port()
         self.node_timeout_ms = node_timeout_ms
+        self.appendfsync = appendfsync
         self.process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self.lines: list[str] = []
@@ -162,7 +166,7 @@ class ClusterNodeProcess:
                 "--appendonly",
                 "yes",
                 "--appendfsync",
-                "always",
+                self.appendfsync,
                 "--save",
                 "",
                 # A replica syncs at once (the default waits 5 s for others).
@@ -228,11 +232,19 @@ class RunningCluster:
 
     @classmethod
     def start(
-        cls, *, primaries: int = 3, replicas: int = 0, timeout: float, node_timeout_ms: int = 1000
+        cls,
+        *,
+        primaries: int = 3,
+        replicas: int = 0,
+        timeout: float,
+        node_timeout_ms: int = 1000,
+        appendfsync: str = "always",
     ) -> RunningCluster:
         root = Path(tempfile.mkdtemp(prefix="huddle-cluster-", dir="/tmp"))
         nodes = [
-            ClusterNodeProcess(root / f"node{index}", node_timeout_ms=node_timeout_ms)
+            ClusterNodeProcess(
+                root / f"node{index}", node_timeout_ms=node_timeout_ms, appendfsync=appendfsync
+            )
             for index in range(primaries * (1 + replicas))
         ]
         cluster = cls(nodes, root)

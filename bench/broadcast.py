@@ -2,10 +2,11 @@
 
     .venv/bin/python -m bench.broadcast [--quick] [--seconds S] [--rounds R]
                                         [--rate N] [--subscribers N] [--idle N]
-                                        [--profile PATH]
+                                        [--huddle-clients] [--profile PATH]
 
-Scenario: ``--subscribers`` raw ``websockets`` clients (in this process)
-watch one chat whose active turn holds an open input request; a dispatcher
+Scenario: ``--subscribers`` raw ``websockets`` clients (in this process;
+plain AHP clients, or with ``--huddle-clients`` ones that ask for Huddle's
+per-channel seqs) watch one chat whose active turn holds an open input request; a dispatcher
 sends ``--rate`` ``chat/inputAnswerChanged`` a second (participant token,
 JSON-RPC ``dispatchAction`` notifications) for ``--seconds``. Each answer's
 text value carries ``time.time_ns()`` at sending, so every subscriber
@@ -293,11 +294,17 @@ async def read_frames(ws: ClientConnection, recorder: Recorder) -> None:
     recorder.closed += 1
 
 
+CLIENT_CAPABILITIES: dict[str, Any] | None = None
+"""What the benchmark's clients ask for at initialize (None: plain AHP;
+``--huddle-clients``: Huddle's per-channel seqs, as Huddle's own clients)."""
+
+
 def _initialize_frame(client_id: str, chat: str | None) -> str:
     params = InitializeParams(
         channel=ROOT_URI,
         protocol_versions=[PROTOCOL_VERSION],
         client_id=client_id,
+        capabilities=CLIENT_CAPABILITIES,
         initial_subscriptions=[chat] if chat is not None else None,
     )
     return encode({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}).decode()
@@ -537,6 +544,8 @@ async def run(args: argparse.Namespace) -> int:
         "  Huddle: memory store, default settings but the per-connection action rate limit "
         "(lifted for the one dispatcher); relay: websockets.broadcast; asyncio loop, no uvloop"
     )
+    clients = "huddle.channelSeqs" if CLIENT_CAPABILITIES else "plain AHP (numbered per connection)"
+    print(f"  Huddle's clients: {clients}")
     with tempfile.TemporaryDirectory(prefix="huddle-bench-") as workdir:
         profile: str | None = args.profile
         huddle = await asyncio.to_thread(start_child, "huddle", workdir, profile)
@@ -620,6 +629,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=200.0, help="actions a second (200)")
     parser.add_argument("--subscribers", type=int, help="subscribers (default 100; quick 20)")
     parser.add_argument("--idle", type=int, help="idle connections (default 2000; quick 100)")
+    parser.add_argument(
+        "--huddle-clients",
+        action="store_true",
+        help="clients ask for huddle.channelSeqs (default: plain AHP clients)",
+    )
     parser.add_argument("--profile", metavar="PATH", help="cProfile the Huddle child to PATH")
     parser.add_argument("--profile-top", type=int, default=30, help="profile rows to print")
     parser.add_argument("--serve-huddle", metavar="PORTFILE", help=argparse.SUPPRESS)
@@ -632,6 +646,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve_relay:
         asyncio.run(serve_relay(args.serve_relay))
         return 0
+    if args.huddle_clients:
+        global CLIENT_CAPABILITIES
+        CLIENT_CAPABILITIES = {"huddle.channelSeqs": {}}
     args.seconds = args.seconds or (1.0 if args.quick else 8.0)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.subscribers = args.subscribers or (20 if args.quick else 100)

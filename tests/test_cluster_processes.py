@@ -1,5 +1,6 @@
 """The demo story on a Redis Cluster, across processes: two ``huddle serve``
-and a ``huddle worker`` given a ``redis+cluster://`` store.
+and a ``huddle worker`` given a ``redis+cluster://`` store (the command line
+opens every store URL the store package takes).
 
 And the same story through failovers: once the form is open, the primary
 that holds the chat and the one that holds the turns are killed with
@@ -19,8 +20,13 @@ from redis.exceptions import ClusterDownError
 
 from protocol.actions import StateAction
 from protocol.rejections import RejectionCode
+from server.build import open_store, open_turn_store
 from server.client import HuddleClient
+from server.config import Settings
 from server.errors import ActionRejected
+from server.runner.redis_store import RedisTurnStore
+from server.store.memory import MemoryStore
+from server.store.redis import RedisStore
 from tests.conftest import UNIT
 from tests.redis_server import ClusterNodeProcess, RunningCluster, shared_cluster
 from tests.test_runner_processes import play_the_story, processes_on
@@ -29,6 +35,36 @@ pytestmark = pytest.mark.redis
 
 TURNS = "huddle:turn"
 """The hash tag of every key of the turn store (they share one slot)."""
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:1/0",
+        "rediss://127.0.0.1:1/0",
+        "unix:///tmp/nowhere.sock",
+        "redis+cluster://127.0.0.1:1,127.0.0.1:2",
+        "rediss+cluster://127.0.0.1:1?replicas=1",
+    ],
+)
+async def test_the_command_line_takes_every_redis_url(url: str) -> None:
+    settings = Settings(store=url, replay_window=7)
+    channels, turns = open_store(settings), open_turn_store(settings)
+    try:
+        assert isinstance(channels, RedisStore)
+        assert channels.retention == 7
+        assert isinstance(turns, RedisTurnStore)
+    finally:
+        await channels.close()
+        await turns.close()
+
+
+def test_the_command_line_refuses_an_unknown_store() -> None:
+    with pytest.raises(ValueError, match="unknown store"):
+        open_store(Settings(store="mysql://localhost"))
+    memory = open_store(Settings(replay_window=3, replay_window_bytes=100))
+    assert isinstance(memory, MemoryStore)
+    assert (memory.retention, memory.retention_bytes) == (3, 100)
 
 
 async def test_the_story_runs_on_a_cluster() -> None:

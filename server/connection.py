@@ -200,6 +200,8 @@ class Connection:
         closed (or given up after its send buffer overflowed)."""
         if self.queue is None:
             self._closed = asyncio.get_running_loop().create_future()
+            if self._writer is not None and self._writer.done():
+                self._closed.set_result(None)  # closed already
             return self._closed
         self._writer = asyncio.create_task(self.writer())
         return self._writer

@@ -2,10 +2,11 @@
 
     .venv/bin/python -m bench.broadcast [--quick] [--seconds S] [--rounds R]
                                         [--rate N] [--subscribers N] [--idle N]
-                                        [--profile PATH]
+                                        [--huddle-clients] [--profile PATH]
 
-Scenario: ``--subscribers`` raw ``websockets`` clients (in this process)
-watch one chat whose active turn holds an open input request; a dispatcher
+Scenario: ``--subscribers`` raw ``websockets`` clients (in this process;
+plain AHP clients, or with ``--huddle-clients`` ones that ask for Huddle's
+per-channel seqs) watch one chat whose active turn holds an open input request; a dispatcher
 sends ``--rate`` ``chat/inputAnswerChanged`` a second (participant token,
 JSON-RPC ``dispatchAction`` notifications) for ``--seconds``. Each answer's
 text value carries ``time.time_ns()`` at sending, so every subscriber
@@ -31,6 +32,9 @@ figure is printed beside it for scale).
 only (enabled on SIGUSR1, disabled and dumped to PATH on SIGUSR2) and prints
 the top entries; the CPU figures of a profiled run are inflated and not
 comparable with the relay's.
+
+Memory goal: at most ``MEMORY_GOAL_KIB`` per idle connection with 2,000 of
+them (``--idle``); the ratio to the bare websockets server is printed.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ from protocol.messages import (
 from protocol.uris import ROOT_URI
 
 CPU_GOAL = 1.3
+MEMORY_GOAL_KIB = 24.0
 REQUEST_ID = "details"
 QUESTIONS = 10
 TURN_ID = "bench-turn"
@@ -289,11 +294,17 @@ async def read_frames(ws: ClientConnection, recorder: Recorder) -> None:
     recorder.closed += 1
 
 
+CLIENT_CAPABILITIES: dict[str, Any] | None = None
+"""What the benchmark's clients ask for at initialize (None: plain AHP;
+``--huddle-clients``: Huddle's per-channel seqs, as Huddle's own clients)."""
+
+
 def _initialize_frame(client_id: str, chat: str | None) -> str:
     params = InitializeParams(
         channel=ROOT_URI,
         protocol_versions=[PROTOCOL_VERSION],
         client_id=client_id,
+        capabilities=CLIENT_CAPABILITIES,
         initial_subscriptions=[chat] if chat is not None else None,
     )
     return encode({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}).decode()
@@ -533,6 +544,8 @@ async def run(args: argparse.Namespace) -> int:
         "  Huddle: memory store, default settings but the per-connection action rate limit "
         "(lifted for the one dispatcher); relay: websockets.broadcast; asyncio loop, no uvloop"
     )
+    clients = "huddle.channelSeqs" if CLIENT_CAPABILITIES else "plain AHP (numbered per connection)"
+    print(f"  Huddle's clients: {clients}")
     with tempfile.TemporaryDirectory(prefix="huddle-bench-") as workdir:
         profile: str | None = args.profile
         huddle = await asyncio.to_thread(start_child, "huddle", workdir, profile)
@@ -584,17 +597,24 @@ async def run(args: argparse.Namespace) -> int:
         )
 
         print(f"memory per idle connection (initialized, subscribed; 0 vs {args.idle}):")
+        per_connection: dict[str, float] = {}
         for mode in ("huddle", "relay"):
             child = await asyncio.to_thread(start_child, mode, workdir)
             try:
                 before, after = await idle_memory(child, args.idle, args.settle)
             finally:
                 child.stop()
+            per_connection[mode] = (after - before) / args.idle / 1024
             print(
                 f"  {mode:<7} RSS {before / 2**20:7.1f} MiB -> {after / 2**20:7.1f} MiB: "
-                f"{(after - before) / args.idle / 1024:6.1f} KiB per connection"
-                + ("" if mode == "huddle" else "  (bare websockets, for scale)")
+                f"{per_connection[mode]:6.1f} KiB per connection"
+                + ("" if mode == "huddle" else "  (bare websockets)")
             )
+        kib = per_connection["huddle"]
+        print(
+            f"  huddle / bare websockets: ratio {kib / per_connection['relay']:.2f}   "
+            f"goal: <= {MEMORY_GOAL_KIB:g} KiB  met: {'yes' if kib <= MEMORY_GOAL_KIB else 'NO'}"
+        )
         print(f"  load average at the end {_loadavg()}")
         if profile is not None:
             print_profile(profile, args.profile_top)
@@ -608,7 +628,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="(Huddle, relay) rounds (default 3; quick 1)")
     parser.add_argument("--rate", type=float, default=200.0, help="actions a second (200)")
     parser.add_argument("--subscribers", type=int, help="subscribers (default 100; quick 20)")
-    parser.add_argument("--idle", type=int, help="idle connections (default 1000; quick 100)")
+    parser.add_argument("--idle", type=int, help="idle connections (default 2000; quick 100)")
+    parser.add_argument(
+        "--huddle-clients",
+        action="store_true",
+        help="clients ask for huddle.channelSeqs (default: plain AHP clients)",
+    )
     parser.add_argument("--profile", metavar="PATH", help="cProfile the Huddle child to PATH")
     parser.add_argument("--profile-top", type=int, default=30, help="profile rows to print")
     parser.add_argument("--serve-huddle", metavar="PORTFILE", help=argparse.SUPPRESS)
@@ -621,10 +646,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve_relay:
         asyncio.run(serve_relay(args.serve_relay))
         return 0
+    if args.huddle_clients:
+        global CLIENT_CAPABILITIES
+        CLIENT_CAPABILITIES = {"huddle.channelSeqs": {}}
     args.seconds = args.seconds or (1.0 if args.quick else 8.0)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.subscribers = args.subscribers or (20 if args.quick else 100)
-    args.idle = args.idle or (100 if args.quick else 1000)
+    args.idle = args.idle or (100 if args.quick else 2000)
     args.warmup = 0.25 if args.quick else 1.0
     args.settle = 0.3 if args.quick else 1.5
     return asyncio.run(run(args))

@@ -19,9 +19,10 @@ from server.host import Host
 from server.retention import Retention
 from server.runner.agent import Agent
 from server.runner.service import AgentService, agent_info
-from server.runner.store import MemoryTurnStore, TurnStore
+from server.runner.store import TurnStore
+from server.store import open_channel_store
+from server.store import open_turn_store as open_turn_store_at
 from server.store.base import ChannelStore
-from server.store.memory import MemoryStore
 
 
 @dataclass
@@ -72,25 +73,18 @@ def default_agents() -> list[AgentInfo]:
 
 
 def open_store(settings: Settings) -> ChannelStore:
-    """The store ``--store`` names: ``memory`` or a redis:// (unix://) URL."""
-    if settings.store == "memory":
-        return MemoryStore(
-            retention=settings.replay_window, retention_bytes=settings.replay_window_bytes
-        )
-    if settings.store.startswith(("redis://", "rediss://", "unix://")):
-        from server.store.redis import RedisStore
-
-        return RedisStore(settings.store, retention=settings.replay_window)
-    raise ValueError(f"unknown store {settings.store!r} (use memory or redis://...)")
+    """The store ``--store`` names: every URL :func:`server.store.open_channel_store`
+    takes (``memory``, one Redis, a Redis Cluster); ValueError otherwise."""
+    return open_channel_store(
+        settings.store,
+        retention=settings.replay_window,
+        retention_bytes=settings.replay_window_bytes,
+    )
 
 
 def open_turn_store(settings: Settings) -> TurnStore:
     """The turn store that goes with ``--store``."""
-    if settings.store == "memory":
-        return MemoryTurnStore()
-    from server.runner.redis_store import RedisTurnStore
-
-    return RedisTurnStore(settings.store)
+    return open_turn_store_at(settings.store)
 
 
 def build(

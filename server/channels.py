@@ -273,7 +273,7 @@ class ChannelCore(Listener):
     async def _channel(self, uri: str) -> _Channel:
         found = self._channels.get(uri)
         if found is not None:
-            self._touch(found)
+            self._touch(found, using=True)
             return found
         pending = self._loading.get(uri)
         if pending is not None:
@@ -289,7 +289,7 @@ class ChannelCore(Listener):
             await self.store.watch(uri)
             ch = await self._load(uri)
             self._channels[uri] = ch
-            self._touch(ch)
+            self._touch(ch, using=True)
             future.set_result(ch)
             return ch
         except BaseException as error:
@@ -310,16 +310,21 @@ class ChannelCore(Listener):
             state = reduce(state, entry.envelope.action, entry.time)
         return _Channel(uri=uri, state=state, seq=stored.seq, epoch=stored.epoch)
 
-    def _touch(self, ch: _Channel) -> None:
+    def _touch(self, ch: _Channel, *, using: bool = False) -> None:
         """Note that ``ch`` was used: an idle one becomes the newest idle one,
-        and the oldest beyond ``idle_channels`` are evicted."""
+        and the oldest beyond ``idle_channels`` are evicted; but not ``ch``
+        when the caller is ``using`` it (it was loaded to be used: to be
+        subscribed to, pinned or read)."""
         if ch.served:
             self._idle.pop(ch.uri, None)
             return
         self._idle[ch.uri] = None
         self._idle.move_to_end(ch.uri)
         while len(self._idle) > self.idle_channels:
-            oldest, _ = self._idle.popitem(last=False)
+            oldest = next(iter(self._idle))
+            if using and oldest == ch.uri:
+                break  # the only idle one left: it goes at a later touch
+            del self._idle[oldest]
             self._evict(oldest)
 
     def _evict(self, uri: str) -> None:
@@ -582,11 +587,12 @@ class ChannelCore(Listener):
             except StoreError as error:
                 log.warning("idle check failed: %s", error)
 
-    async def check_heads(self) -> None:
+    async def check_heads(self, *, idle: bool = False) -> None:
         """Catch up every channel served here (with subscribers, or pinned)
         that is behind the store (or whose log changed its epoch: then
-        subscribers start over)."""
-        watched = [uri for uri, ch in self._channels.items() if ch.subscribers or ch.pins]
+        subscribers start over); with ``idle``, the channels held here
+        unserved too."""
+        watched = [uri for uri, ch in self._channels.items() if idle or ch.served]
         if not watched:
             return
         heads = await self.store.heads(watched)
@@ -609,7 +615,9 @@ class ChannelCore(Listener):
                 await _await_all(follow_ups, f"catching up {uri}")
 
     def store_reconnected(self) -> None:
-        self.spawn(self.check_heads())
+        # Hints were lost meanwhile, those of the idle channels too: a copy
+        # left behind would be read as current (until its next hint).
+        self.spawn(self.check_heads(idle=True))
 
     def notice(self, topic: str, payload: bytes) -> None:
         root = self._channels.get(ROOT_URI)

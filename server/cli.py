@@ -50,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default 8765; 0 picks one)")
-    serve.add_argument("--store", help="'memory' (default, embedded) or redis://host:port/db")
+    serve.add_argument(
+        "--store",
+        help="'memory' (default, embedded), redis://host:port/db (also rediss://, unix://) "
+        "or a Redis Cluster: redis+cluster://host:port[,host:port...] (also rediss+cluster://)",
+    )
     serve.add_argument("--token", help="the agent token (default: a new one, printed)")
     serve.add_argument(
         "--origin",
@@ -212,7 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run workers that claim the agent's runnable turns from the shared "
         "store and show them in their chats. Needs the Redis store the servers use.",
     )
-    worker.add_argument("--store", help="redis://host:port/db (also HUDDLE_STORE)")
+    worker.add_argument(
+        "--store",
+        help="the servers' Redis: redis://host:port/db or redis+cluster://host:port[,...] "
+        "(also HUDDLE_STORE)",
+    )
     worker.add_argument("--agent", help="module:attribute (default: the demo agent)")
     worker.add_argument("--workers", type=int, help="concurrent workers (1)")
     return parser

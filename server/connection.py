@@ -5,7 +5,8 @@ arrive, to the connection's handler (:class:`server.rpc.Rpc`, which knows
 the JSON-RPC methods), so a client's ``dispatchAction`` notifications are
 applied in its ``clientSeq`` order. Outgoing frames are written without
 blocking: straight into the socket's buffer with the server's direct
-writer, else through a bounded queue drained by a writer task. A client that
+writer (no queue, no task: a connection costs memory, thousands are idle),
+else through a bounded queue drained by a writer task. A client that
 leaves more than ``send_buffer`` bytes unread is closed (1013, "try again
 later"; with no close frame at all when its socket takes no more bytes) and
 resumes with ``reconnect``; it never slows anyone else down.
@@ -56,6 +57,26 @@ class Connection:
     sessions-list notice about a session may reach this client (its token's
     scope); ``handler`` handles each incoming text frame."""
 
+    __slots__ = (
+        "_abandoned",
+        "_close",
+        "_closed",
+        "_direct",
+        "_parked",
+        "_send",
+        "_sending",
+        "_writer",
+        "closing",
+        "handler",
+        "limited_in_a_row",
+        "limits",
+        "may_see",
+        "metrics",
+        "numbering",
+        "queue",
+        "queued_bytes",
+    )
+
     def __init__(
         self,
         *,
@@ -76,11 +97,16 @@ class Connection:
         self.numbering: Numbering | None = None
         """A plain AHP client's own serverSeq sequence (None: the envelopes'
         per-channel seqs go out as they are)."""
-        self.queue: asyncio.Queue[OutFrame | None] = asyncio.Queue()
-        self._parked: dict[str, list[OutFrame]] = {}
+        self.queue: asyncio.Queue[OutFrame | None] | None = (
+            asyncio.Queue() if direct is None else None
+        )
+        """Frames for the writer task (None with the direct writer)."""
+        self._parked: dict[str, list[OutFrame]] | None = None
         self.queued_bytes = 0
         self.closing: tuple[int, str] | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._closed: asyncio.Future[None] | None = None
+        """With the direct writer: done once the socket is closed."""
         self._sending = False
         self._abandoned = False
         self.limited_in_a_row = 0
@@ -102,7 +128,7 @@ class Connection:
             return
         if session is not None and not self.may_see(session):
             return
-        if channel is not None and channel in self._parked:
+        if channel is not None and self._parked is not None and channel in self._parked:
             self._parked[channel].append(frame)
             return
         if self.numbering is not None and isinstance(frame, ActionFrame):
@@ -116,6 +142,7 @@ class Connection:
             if self._direct.write(frame.wire, self.limits.send_buffer) == OVERLOADED:
                 self._overflow()
             return
+        assert self.queue is not None
         self.queued_bytes += len(frame)
         if self.queued_bytes > self.limits.send_buffer:
             self._overflow()
@@ -125,10 +152,14 @@ class Connection:
     def park(self, channel: str) -> None:
         """Hold ``channel``'s envelopes until :meth:`release_parked` (the
         answer to a subscribe or reconnect goes out first)."""
+        if self._parked is None:
+            self._parked = {}
         self._parked.setdefault(channel, [])
 
     def release_parked(self) -> None:
-        parked, self._parked = self._parked, {}
+        parked, self._parked = self._parked, None
+        if parked is None:
+            return
         for frames in parked.values():
             for frame in frames:
                 self.send_frame(frame)
@@ -146,12 +177,16 @@ class Connection:
         if self.closing is not None:
             return
         self.closing = (code, reason)
+        if self.queue is None:
+            if code == CLOSE_TRY_AGAIN and self._direct is not None:
+                self._direct.abort()
+            # Every frame is in the socket's buffer already: close now.
+            self._writer = asyncio.get_running_loop().create_task(self._close_direct(code, reason))
+            return
         if code == CLOSE_TRY_AGAIN:
             while not self.queue.empty():
                 self.queue.get_nowait()
-            if self._direct is not None:
-                self._direct.abort()
-            elif self._sending and self._writer is not None:
+            if self._sending and self._writer is not None:
                 # The writer is stuck in a send: give up on the socket now
                 # instead of holding the connection for as long as the peer
                 # likes.
@@ -159,14 +194,28 @@ class Connection:
                 self._writer.cancel()
         self.queue.put_nowait(None)
 
-    def start_writer(self) -> asyncio.Task[None]:
-        """Start :meth:`writer` as a task; it ends when the connection is
+    def start_writer(self) -> asyncio.Future[None]:
+        """Start :meth:`writer` as a task (with the direct writer, nothing
+        needs to run); what it returns is done when the connection is
         closed (or given up after its send buffer overflowed)."""
+        if self.queue is None:
+            self._closed = asyncio.get_running_loop().create_future()
+            if self._writer is not None and self._writer.done():
+                self._closed.set_result(None)  # closed already
+            return self._closed
         self._writer = asyncio.create_task(self.writer())
         return self._writer
 
+    async def _close_direct(self, code: int, reason: str) -> None:
+        try:
+            await self._close(code, reason)
+        finally:
+            if self._closed is not None and not self._closed.done():
+                self._closed.set_result(None)
+
     async def writer(self) -> None:
         """Send queued frames (only without a direct writer), then close."""
+        assert self.queue is not None
         try:
             while True:
                 frame = await self.queue.get()

@@ -26,6 +26,7 @@ Errors, by whose fault they are (see :mod:`server.errors`):
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
@@ -142,6 +143,20 @@ class LiveClients:
 class Rpc:
     """The methods of one connection; see the module docstring."""
 
+    __slots__ = (
+        "client_id",
+        "clients",
+        "commands",
+        "connection",
+        "extensions",
+        "grant",
+        "host",
+        "identity",
+        "present",
+        "server_info",
+        "subscriptions",
+    )
+
     def __init__(
         self,
         connection: Connection,
@@ -165,25 +180,8 @@ class Rpc:
         self.present: set[str] = set()
         """The sessions where this connection put itself in the active
         clients (taken out again when it goes: server.presence)."""
-        self._requests: dict[str, Callable[[Any], Awaitable[Any]]] = {
-            "initialize": self._initialize,
-            "ping": self._ping,
-            "subscribe": self._subscribe,
-            "reconnect": self._reconnect,
-            "createSession": self._create_session,
-            "disposeSession": self._dispose_session,
-            "createChat": self._create_chat,
-            "disposeChat": self._dispose_chat,
-            "listSessions": self._list_sessions,
-            "fetchTurns": self._fetch_turns,
-            "huddle/expire": self._expire,
-        }
-        self._notifications: dict[str, Callable[[Any], Awaitable[None]]] = {
-            "dispatchAction": self._dispatch,
-            "unsubscribe": self._unsubscribe,
-        }
         connection.handler = self.receive_frame
-        connection.may_see = lambda session: reaches(grant, session)
+        connection.may_see = functools.partial(reaches, grant)
 
     @property
     def limits(self) -> Limits:
@@ -222,9 +220,9 @@ class Rpc:
     async def _handle(self, request: Request) -> None:
         method = request.method
         if request.id is None:
-            notification = self._notifications.get(method)
+            notification = _NOTIFICATIONS.get(method)
             if notification is None:
-                if method in self._requests:
+                if method in _REQUESTS:
                     raise MalformedFrame(
                         ErrorCode.INVALID_REQUEST, f"{method} is a request: give it an id"
                     )
@@ -236,11 +234,11 @@ class Rpc:
                     raise
                 return
             with _arguments_under_params():
-                await notification(params)
+                await notification(self, params)
             return
-        handler = self._requests.get(method)
+        handler = _REQUESTS.get(method)
         if handler is None:
-            if method in self._notifications:
+            if method in _NOTIFICATIONS:
                 raise MalformedFrame(
                     ErrorCode.INVALID_REQUEST, f"{method} is a notification: no id"
                 )
@@ -250,7 +248,7 @@ class Rpc:
             raise MalformedFrame(ErrorCode.INVALID_REQUEST, "initialize first")
         try:
             with _arguments_under_params():
-                result = await handler(params)
+                result = await handler(self, params)
             self.connection.respond(request.id, self._numbered(result))
         finally:
             self.connection.release_parked()
@@ -593,6 +591,26 @@ class Rpc:
         )
         frame = action_frame(encode(echo), uri, seq, rejected=True)
         self.connection.send_frame(frame)
+
+
+_REQUESTS: Final[dict[str, Callable[[Rpc, Any], Awaitable[Any]]]] = {
+    "initialize": Rpc._initialize,
+    "ping": Rpc._ping,
+    "subscribe": Rpc._subscribe,
+    "reconnect": Rpc._reconnect,
+    "createSession": Rpc._create_session,
+    "disposeSession": Rpc._dispose_session,
+    "createChat": Rpc._create_chat,
+    "disposeChat": Rpc._dispose_chat,
+    "listSessions": Rpc._list_sessions,
+    "fetchTurns": Rpc._fetch_turns,
+    "huddle/expire": Rpc._expire,
+}
+"""The JSON-RPC requests, by method; one table for every connection."""
+_NOTIFICATIONS: Final[dict[str, Callable[[Rpc, Any], Awaitable[None]]]] = {
+    "dispatchAction": Rpc._dispatch,
+    "unsubscribe": Rpc._unsubscribe,
+}
 
 
 class _LooseDispatch(msgspec.Struct):

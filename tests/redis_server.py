@@ -13,11 +13,16 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
+
+from server.store.redis import RedisStore, topic_of
 
 READY = b"ready to accept connections"
 
@@ -115,15 +120,19 @@ def free_port() -> int:
 
 class ClusterNodeProcess:
     """One redis-server of a cluster, on loopback ports of its own (client
-    and cluster bus), AOF on with ``appendfsync always``. Its output is read
-    on a thread, so that a test can wait for a line it logs (``wait_for``)
-    from sync code or, through ``asyncio.to_thread``, from async code."""
+    and cluster bus), AOF on with ``appendfsync always`` (unless told
+    otherwise). Its output is read on a thread, so that a test can wait for
+    a line it logs (``wait_for``) from sync code or, through
+    ``asyncio.to_thread``, from async code."""
 
-    def __init__(self, directory: Path, *, node_timeout_ms: int) -> None:
+    def __init__(
+        self, directory: Path, *, node_timeout_ms: int, appendfsync: str = "always"
+    ) -> None:
         self.directory = directory
         self.port = free_port()
         self.bus_port = free_port()
         self.node_timeout_ms = node_timeout_ms
+        self.appendfsync = appendfsync
         self.process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self.lines: list[str] = []
@@ -157,7 +166,7 @@ class ClusterNodeProcess:
                 "--appendonly",
                 "yes",
                 "--appendfsync",
-                "always",
+                self.appendfsync,
                 "--save",
                 "",
                 # A replica syncs at once (the default waits 5 s for others).
@@ -223,11 +232,19 @@ class RunningCluster:
 
     @classmethod
     def start(
-        cls, *, primaries: int = 3, replicas: int = 0, timeout: float, node_timeout_ms: int = 1000
+        cls,
+        *,
+        primaries: int = 3,
+        replicas: int = 0,
+        timeout: float,
+        node_timeout_ms: int = 1000,
+        appendfsync: str = "always",
     ) -> RunningCluster:
         root = Path(tempfile.mkdtemp(prefix="huddle-cluster-", dir="/tmp"))
         nodes = [
-            ClusterNodeProcess(root / f"node{index}", node_timeout_ms=node_timeout_ms)
+            ClusterNodeProcess(
+                root / f"node{index}", node_timeout_ms=node_timeout_ms, appendfsync=appendfsync
+            )
             for index in range(primaries * (1 + replicas))
         ]
         cluster = cls(nodes, root)
@@ -337,3 +354,71 @@ def shared_cluster(timeout: float) -> RunningCluster:
         _shared = RunningCluster.start(timeout=timeout)
         atexit.register(_shared.destroy)
     return _shared
+
+
+# ─── Either ──────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Deployment:
+    """A single Redis or the shared cluster, and a raw client to look inside."""
+
+    url: str
+    raw: aioredis.Redis | RedisCluster
+
+    async def subscribers(self, channel: str) -> int:
+        """How many connections SSUBSCRIBEd ``channel``'s topic (on its node)."""
+        topic = topic_of(channel)
+        if isinstance(self.raw, RedisCluster):
+            node = self.raw.get_node_from_key(topic)
+            counts = await self.raw.pubsub_shardnumsub(topic, target_nodes=node)
+        else:
+            counts = await self.raw.pubsub_shardnumsub(topic)
+        return int(dict(counts)[topic.encode()])
+
+    def node_of(self, channel: str) -> str:
+        if isinstance(self.raw, RedisCluster):
+            node = self.raw.get_node_from_key(topic_of(channel))
+            assert node is not None
+            return node.name
+        return "redis"
+
+    def beside(self, channel: str, name: str) -> str:
+        """A channel named after ``name`` on ``channel``'s node: messages of
+        the two reach a process in the order they were published."""
+        for n in range(10_000):
+            candidate = f"ahp-chat:/{name}-{n}"
+            if self.node_of(candidate) == self.node_of(channel):
+                return candidate
+        raise AssertionError("no channel on that node")
+
+    def stores(self) -> tuple[RedisStore, RedisStore]:
+        return RedisStore(self.url), RedisStore(self.url)
+
+    async def on_every_primary(self, *command: str) -> None:
+        """Send ``command`` to every primary (to the one Redis)."""
+        if isinstance(self.raw, RedisCluster):
+            for node in self.raw.get_primaries():
+                await self.raw.execute_command(*command, target_nodes=node)
+        else:
+            await self.raw.execute_command(*command)  # type: ignore[no-untyped-call]
+
+
+@contextlib.asynccontextmanager
+async def deployed(kind: str, start_timeout: float) -> AsyncIterator[Deployment]:
+    """``kind`` "redis": a redis-server of its own; "cluster": the shared
+    cluster, flushed."""
+    async with contextlib.AsyncExitStack() as stack:
+        raw: aioredis.Redis | RedisCluster
+        if kind == "redis":
+            server = await stack.enter_async_context(running_redis(start_timeout))
+            url = server.url
+            raw = aioredis.Redis.from_url(url)
+        else:
+            cluster = shared_cluster(start_timeout)
+            cluster.flush()
+            url = cluster.url()
+            raw = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", cluster.nodes[0].port)])
+            await raw.initialize()
+        stack.push_async_callback(raw.aclose)
+        yield Deployment(url, raw)

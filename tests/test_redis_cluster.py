@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import RedisCluster
 
 from server.errors import StoreUnavailable
 from server.runner.redis_store import RedisTurnStore
@@ -31,9 +31,10 @@ from server.store.redis_link import Script, parse_target
 from tests.conftest import UNIT
 from tests.redis_server import (
     ClusterNodeProcess,
+    Deployment,
     RedisServer,
     RunningCluster,
-    running_redis,
+    deployed,
     shared_cluster,
 )
 from tests.test_store_contract import Heard
@@ -67,59 +68,10 @@ class Listener(Heard):
 # ─── Deployments ─────────────────────────────────────────────────────────────
 
 
-@dataclass
-class Deployment:
-    """A single Redis or the shared cluster, and a raw client to look inside."""
-
-    url: str
-    raw: aioredis.Redis | RedisCluster
-
-    async def subscribers(self, channel: str) -> int:
-        """How many connections SSUBSCRIBEd ``channel``'s topic (on its node)."""
-        topic = topic_of(channel)
-        if isinstance(self.raw, RedisCluster):
-            node = self.raw.get_node_from_key(topic)
-            counts = await self.raw.pubsub_shardnumsub(topic, target_nodes=node)
-        else:
-            counts = await self.raw.pubsub_shardnumsub(topic)
-        return int(dict(counts)[topic.encode()])
-
-    def node_of(self, channel: str) -> str:
-        if isinstance(self.raw, RedisCluster):
-            node = self.raw.get_node_from_key(topic_of(channel))
-            assert node is not None
-            return node.name
-        return "redis"
-
-    def beside(self, channel: str, name: str) -> str:
-        """A channel named after ``name`` on ``channel``'s node: messages of
-        the two reach a process in the order they were published."""
-        for n in range(10_000):
-            candidate = f"ahp-chat:/{name}-{n}"
-            if self.node_of(candidate) == self.node_of(channel):
-                return candidate
-        raise AssertionError("no channel on that node")
-
-    def stores(self) -> tuple[RedisStore, RedisStore]:
-        return RedisStore(self.url), RedisStore(self.url)
-
-
 @pytest.fixture(params=["redis", "cluster"])
 async def deployment(request: pytest.FixtureRequest) -> AsyncIterator[Deployment]:
-    async with contextlib.AsyncExitStack() as stack:
-        raw: aioredis.Redis | RedisCluster
-        if request.param == "redis":
-            server = await stack.enter_async_context(running_redis(10 * UNIT))
-            url = server.url
-            raw = aioredis.Redis.from_url(url)
-        else:
-            cluster = shared_cluster(10 * UNIT)
-            cluster.flush()
-            url = cluster.url()
-            raw = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", cluster.nodes[0].port)])
-            await raw.initialize()
-        stack.push_async_callback(raw.aclose)
-        yield Deployment(url, raw)
+    async with deployed(request.param, 10 * UNIT) as made:
+        yield made
 
 
 @contextlib.asynccontextmanager

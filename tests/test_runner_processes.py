@@ -7,9 +7,10 @@ other, and the turn runs in a ``huddle worker`` process of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -20,6 +21,7 @@ from protocol.actions import (
     ChatToolCallComplete,
     ChatToolCallConfirmed,
     ChatTurnStarted,
+    StateAction,
 )
 from protocol.chat import ChatState, InputAnswer, SelectedValue, TextValue
 from protocol.messages import ActionEnvelope
@@ -38,40 +40,104 @@ class Cluster:
     first: Served
     second: Served
     worker: asyncio.subprocess.Process
+    worker_output: list[str]
 
     def ws(self, served: Served) -> str:
         return f"ws://127.0.0.1:{served.port}/ahp"
 
+    @property
+    def processes(self) -> list[asyncio.subprocess.Process]:
+        return [self.first.process, self.second.process, self.worker]
 
-@pytest.fixture
-async def cluster(redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": redis_server.url}
-    first = await start("--workers", "0", env=env)
-    second = await start("--workers", "0", env=env)
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "server",
-        "worker",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, **env},
-    )
-    await read_until(worker, [], "huddle worker:")
+
+@contextlib.asynccontextmanager
+async def processes_on(store: str) -> AsyncIterator[Cluster]:
+    """Two ``huddle serve --workers 0`` and a ``huddle worker`` on ``store``,
+    killed at the end. Their output is read all along (into ``output``), so
+    that no process ever blocks on a full pipe."""
+    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": store}
+    started: list[asyncio.subprocess.Process] = []
+    readers: list[asyncio.Task[None]] = []
     try:
-        yield Cluster(first, second, worker)
+        first = await start("--workers", "0", env=env)
+        started.append(first.process)
+        second = await start("--workers", "0", env=env)
+        started.append(second.process)
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "server",
+            "worker",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, **env},
+        )
+        started.append(worker)
+        worker_output: list[str] = []
+        await read_until(worker, worker_output, "huddle worker:")
+        for process, output in (
+            (first.process, first.output),
+            (second.process, second.output),
+            (worker, worker_output),
+        ):
+            readers.append(asyncio.create_task(read_all(process, output)))
+        try:
+            yield Cluster(first, second, worker, worker_output)
+        except BaseException:
+            # Shown with the failure: what each process logged.
+            for name, output in (
+                ("first server", first.output),
+                ("second server", second.output),
+                ("worker", worker_output),
+            ):
+                print(f"─── {name} ───", "".join(output), sep="\n")
+            raise
     finally:
-        for process in (first.process, second.process, worker):
+        for process in started:
             if process.returncode is None:
                 process.kill()
                 await process.wait()
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def read_all(process: asyncio.subprocess.Process, output: list[str]) -> None:
+    assert process.stdout is not None
+    while line := await process.stdout.readline():
+        output.append(line.decode())
+
+
+@pytest.fixture
+async def cluster(redis_server: RedisServer) -> AsyncIterator[Cluster]:
+    async with processes_on(redis_server.url) as processes:
+        yield processes
 
 
 def submitted(value: TextValue | SelectedValue) -> InputAnswer:
     return InputAnswer(state="submitted", value=value)
 
 
-async def test_the_story_runs_in_a_worker_with_people_on_two_servers(cluster: Cluster) -> None:
+Dispatch = Callable[[HuddleClient, str, StateAction], Awaitable[object]]
+
+
+async def dispatch_and_wait(client: HuddleClient, chat: str, action: StateAction) -> object:
+    return await client.dispatch_and_wait(chat, action)
+
+
+async def play_the_story(
+    cluster: Cluster,
+    *,
+    when_the_form_is_open: Callable[[str], Awaitable[None]] | None = None,
+    dispatch: Dispatch = dispatch_and_wait,
+    patience: float = 10 * UNIT,
+) -> None:
+    """The demo story: alice's turn starts the agent, alice and bob (on the
+    first server) fill in its form, carol (on the second) approves, the
+    ticket is created exactly once. ``when_the_form_is_open`` runs (with
+    the chat) once the form is there; ``dispatch`` sends people's actions
+    from then on, and the agent's steps after them may take ``patience``
+    seconds each."""
     alice = await HuddleClient.connect(cluster.ws(cluster.first), TOKEN, client_id="alice")
     bob = await HuddleClient.connect(cluster.ws(cluster.first), TOKEN, client_id="bob")
     carol = await HuddleClient.connect(cluster.ws(cluster.second), TOKEN, client_id="carol")
@@ -101,7 +167,10 @@ async def test_the_story_runs_in_a_worker_with_people_on_two_servers(cluster: Cl
     request = open_request(state)
     assert request is not None
     rid = request.request.id
-    await alice.dispatch_and_wait(
+    if when_the_form_is_open is not None:
+        await when_the_form_is_open(chat)
+    await dispatch(
+        alice,
         chat,
         ChatInputAnswerChanged(
             request_id=rid,
@@ -109,7 +178,8 @@ async def test_the_story_runs_in_a_worker_with_people_on_two_servers(cluster: Cl
             answer=submitted(TextValue(value="Single sign-on")),
         ),
     )
-    await bob.dispatch_and_wait(
+    await dispatch(
+        bob,
         chat,
         ChatInputAnswerChanged(
             request_id=rid,
@@ -117,21 +187,29 @@ async def test_the_story_runs_in_a_worker_with_people_on_two_servers(cluster: Cl
             answer=submitted(SelectedValue(value="ALL_USERS")),
         ),
     )
-    await bob.dispatch_and_wait(chat, ChatInputCompleted(request_id=rid, response="accept"))
-    state = await wait(carol_chat, lambda s: pending_call(s) is not None)
-    call = pending_call(state)
+    await dispatch(bob, chat, ChatInputCompleted(request_id=rid, response="accept"))
+    async with asyncio.timeout(patience):
+        confirming = await carol_chat.wait_for(lambda s: pending_call(s) is not None)
+    call = pending_call(confirming)
     assert call is not None
-    await carol.dispatch_and_wait(
+    await dispatch(
+        carol,
         chat,
         ChatToolCallConfirmed(
             turn_id="t1", tool_call_id=call.tool_call_id, approved=True, confirmed="user-action"
         ),
     )
-    state = await wait(alice_chat, lambda s: isinstance(s, ChatState) and bool(s.turns))
-    assert state.turns[-1].state == "complete"
-    assert "HUD-" in final_text(state)
+    async with asyncio.timeout(patience):
+        done = await alice_chat.wait_for(lambda s: isinstance(s, ChatState) and bool(s.turns))
+    assert isinstance(done, ChatState)
+    assert done.turns[-1].state == "complete"
+    assert "HUD-" in final_text(done)
     async with asyncio.timeout(5 * UNIT):
         await carol_chat.wait_for(lambda s: isinstance(s, ChatState) and bool(s.turns))
     assert len(completions) == 1  # the ticket was created exactly once
     for client in (alice, bob, carol):
         await client.close()
+
+
+async def test_the_story_runs_in_a_worker_with_people_on_two_servers(cluster: Cluster) -> None:
+    await play_the_story(cluster)

@@ -30,12 +30,16 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss
 """The URLs of the Redis stores (see ``server.store.redis_link``)."""
 
 
-def open_channel_store(url: str, *, retention: int = 1000) -> ChannelStore:
+def open_channel_store(
+    url: str, *, retention: int = 1000, retention_bytes: int = 8 << 20
+) -> ChannelStore:
     """The channel store ``url`` names: ``memory``, a Redis URL or a Redis
     Cluster URL (``redis+cluster://host:port[,host:port...]``); ValueError
-    for anything else. ``retention`` is the replay window per channel."""
+    for anything else. ``retention`` is the replay window per channel (and
+    ``retention_bytes`` its size, for the memory store; Redis trims by
+    count)."""
     if url == "memory":
-        return MemoryStore(retention=retention)
+        return MemoryStore(retention=retention, retention_bytes=retention_bytes)
     if url.startswith(REDIS_SCHEMES):
         from server.store.redis import RedisStore
 

@@ -1,0 +1,77 @@
+"""A connection with the server's direct writer keeps no queue and runs no
+task (idle connections are many): frames go straight to the writer, and a
+shut closes the socket by itself."""
+
+from __future__ import annotations
+
+import asyncio
+
+from server.connection import CLOSE_NORMAL, CLOSE_TRY_AGAIN, Connection
+from server.frames import OVERLOADED, WRITTEN, OutFrame
+from tests.conftest import UNIT
+
+
+class Socket:
+    """The direct writer and the close of a socket, recorded."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closed: list[tuple[int, str]] = []
+        self.aborted = False
+        self.full = False
+
+    def write(self, frame: bytes, limit: int) -> int:
+        if self.full:
+            return OVERLOADED
+        self.written.append(frame)
+        return WRITTEN
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    async def close(self, code: int, reason: str) -> None:
+        self.closed.append((code, reason))
+
+    async def send(self, text: str) -> None:
+        raise AssertionError("the direct writer sends every frame")
+
+
+def connection_on(socket: Socket) -> Connection:
+    return Connection(send=socket.send, close=socket.close, direct=socket)
+
+
+async def test_frames_go_straight_to_the_socket_and_a_shut_closes_it() -> None:
+    socket = Socket()
+    connection = connection_on(socket)
+    assert connection.queue is None
+    done = connection.start_writer()
+    connection.send_frame(OutFrame(b'{"a":1}'))
+    assert socket.written == [OutFrame(b'{"a":1}').wire]
+    connection.shut(CLOSE_NORMAL, "bye")
+    async with asyncio.timeout(UNIT):
+        await done
+    assert socket.closed == [(CLOSE_NORMAL, "bye")]
+    connection.send_frame(OutFrame(b'{"a":2}'))
+    assert len(socket.written) == 1  # nothing after the shut
+
+
+async def test_a_peer_that_does_not_read_is_dropped() -> None:
+    socket = Socket()
+    connection = connection_on(socket)
+    done = connection.start_writer()
+    socket.full = True
+    connection.send_frame(OutFrame(b"{}"))
+    async with asyncio.timeout(UNIT):
+        await done
+    assert socket.aborted
+    assert socket.closed[0][0] == CLOSE_TRY_AGAIN
+
+
+async def test_a_connection_shut_before_its_writer_started_is_done_at_once() -> None:
+    socket = Socket()
+    connection = connection_on(socket)
+    connection.shut(CLOSE_NORMAL, "")
+    await asyncio.sleep(0)  # the close runs
+    async with asyncio.timeout(UNIT):
+        await connection.start_writer()
+    assert socket.closed == [(CLOSE_NORMAL, "")]

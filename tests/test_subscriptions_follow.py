@@ -1,0 +1,238 @@
+"""A server's pub/sub subscriptions follow the channels it serves, on a
+single Redis and on a cluster, seen through the servers (``PUBSUB
+SHARDNUMSUB`` counts the connections subscribed to a channel's topic; each
+server here has a store of its own, as a process would).
+
+- a server subscribes to what its clients watch, and not to the channels
+  other servers serve;
+- subscriptions follow clients as they come and go: a channel is watched
+  from its first subscriber on, and once its last one left and the channel
+  is evicted it is no longer watched;
+- a lost pub/sub message is caught by the head check: for a served channel
+  within an interval, and for every channel held (idle ones too) when the
+  link to Redis comes back.
+
+What decides which channels are served and held is the channel core's: it
+keeps up to ``idle_channels`` channels nobody here serves, the least
+recently used evicted first (first test, on the memory store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from protocol.actions import ChatDraftChanged
+from protocol.chat import ChatState
+from protocol.session import SessionState
+from server.channels import ChannelCore, Step, step
+from server.config import Settings
+from server.frames import OutFrame
+from server.store.base import encode_entry
+from server.store.memory import MemoryStore
+from server.store.redis import APPEND, RedisStore
+from tests.conftest import UNIT, RunningServer, start_server, user_message
+from tests.redis_server import Deployment, deployed
+from tests.test_store_contract import Heard
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.redis),
+    ]
+)
+async def deployment(request: pytest.FixtureRequest) -> AsyncIterator[Deployment]:
+    async with deployed(request.param, 10 * UNIT) as made:
+        yield made
+
+
+@contextlib.asynccontextmanager
+async def servers(
+    deployment: Deployment, count: int, settings: Settings | None = None
+) -> AsyncIterator[list[RunningServer]]:
+    """``count`` servers, each on a Redis store of its own."""
+    running: list[RunningServer] = []
+    try:
+        for _ in range(count):
+            store = RedisStore(deployment.url)
+            running.append(await start_server(settings or Settings(port=0), store))
+        yield running
+    finally:
+        for server in running:
+            await server.stop()
+
+
+async def new_chat(server: RunningServer, session: str) -> str:
+    """Create ``session`` through ``server``; its default chat."""
+    agent = await server.client("agent")
+    await agent.create_session(session)
+    state = (await agent.subscribe(session)).state
+    assert isinstance(state, SessionState)
+    assert state.default_chat is not None
+    await agent.close()
+    return state.default_chat
+
+
+async def eventually(check: Callable[[], Awaitable[bool]]) -> None:
+    """Return once ``check`` holds (what it looks at changes elsewhere, in
+    Redis or in a server's background task, with nothing to await)."""
+    async with asyncio.timeout(5 * UNIT):
+        while not await check():  # noqa: ASYNC110 - nothing to await
+            await asyncio.sleep(0.02 * UNIT)
+
+
+def draft(text: str) -> ChatDraftChanged:
+    return ChatDraftChanged(draft=user_message(text))
+
+
+class Subscriber:
+    def send_frame(
+        self, frame: OutFrame, session: str | None = None, channel: str | None = None
+    ) -> None:
+        pass
+
+    def resync(self, channel: str) -> None:
+        pass
+
+
+async def test_the_core_keeps_the_idle_channels_used_last_and_every_served_one() -> None:
+    core = ChannelCore(MemoryStore(), idle_check_interval=0)
+    core.idle_channels = 2
+    uris = [f"ahp-chat:/c{n}" for n in range(4)]
+    for uri in uris:
+        await core.create(
+            uri, ChatState(resource=uri, title="", status=1, modified_at="", turns=[])
+        )
+    reader = Subscriber()
+
+    def held() -> list[str]:
+        return [uri for uri in uris if core.cached(uri) is not None]
+
+    await core.subscribe(uris[0], reader)
+    for uri in uris[1:]:
+        await core.view(uri)
+    assert held() == [uris[0], uris[2], uris[3]]  # c1, the oldest idle one, went
+    await core.view(uris[2])
+    core.unsubscribe(uris[0], reader)
+    assert held() == [uris[0], uris[2]]  # c0 idle now, c3 the oldest
+    await core.view(uris[1])  # loaded again; c2 the oldest idle one
+    assert held() == [uris[0], uris[1]]
+
+
+async def test_a_server_subscribes_to_what_its_clients_watch_and_no_other(
+    deployment: Deployment,
+) -> None:
+    async with servers(deployment, 2) as (a, b):
+        heard = Heard()
+        a.server.host.store.add_listener(heard)
+        x = await new_chat(a, "ahp-session:/x")
+        y = await new_chat(b, "ahp-session:/y")
+        alice, bob = await a.client("agent"), await b.client("agent")
+        alice_x, bob_y = await alice.subscribe(x), await bob.subscribe(y)
+        for n in range(20):
+            await bob.dispatch(y, draft(f"y {n}"))
+        await bob.dispatch_and_wait(x, draft("bob writes to x through b"))
+        async with asyncio.timeout(5 * UNIT):
+            await alice_x.wait_for(lambda s: isinstance(s, ChatState) and s.draft is not None)
+        assert bob_y.seq == 20
+        # b holds x now (it wrote to it), so both hear x; only b hears y.
+        assert await deployment.subscribers(x) == 2
+        assert await deployment.subscribers(y) == 1
+        assert a.server.host.core.cached(y) is None
+        heard_on_a = {channel for channel, _, _ in heard.appends}
+        assert x in heard_on_a
+        assert not heard_on_a & {y, "ahp-session:/y"}
+
+
+async def test_subscriptions_follow_clients_as_they_come_and_go(deployment: Deployment) -> None:
+    async with servers(deployment, 2) as (a, b):
+        a.server.host.core.idle_channels = 0  # evict a channel once unserved
+        chat = await new_chat(b, "ahp-session:/coming-and-going")
+
+        async def watchers(count: int) -> bool:
+            return await deployment.subscribers(chat) == count
+
+        assert await watchers(0)  # created, but served nowhere
+        alice, bob = await a.client(), await a.client()
+        await alice.subscribe(chat)
+        assert await watchers(1)  # a, from its first subscriber on
+        await bob.subscribe(chat)
+        assert await watchers(1)  # one subscription per server
+        await alice.unsubscribe(chat)
+        await bob.close()
+        await eventually(lambda: watchers(0))  # the last one left: a let go
+        assert a.server.host.core.cached(chat) is None
+
+        carol = await a.client()
+        carol_chat = await carol.subscribe(chat)
+        assert await watchers(1)
+        writer = await b.client()
+        await writer.dispatch_and_wait(chat, draft("heard again"))
+        assert await watchers(2)  # b holds it too now: it wrote to it
+        async with asyncio.timeout(5 * UNIT):
+            await carol_chat.wait_for(lambda s: isinstance(s, ChatState) and s.draft is not None)
+
+
+async def append_unannounced(deployment: Deployment, b: RunningServer, chat: str) -> int:
+    """Append the next envelope of ``chat`` as the store's script does, but
+    announce it on a topic nobody hears (same slot): a lost pub/sub
+    message. Returns its seq."""
+    view = await b.server.host.view(chat)
+    made = step(view, draft("unannounced"), None, b.server.host.now_ms())
+    assert isinstance(made, Step)
+    entry = encode_entry(b.server.host.now_ms(), made.data)
+    tag = "{" + chat + "}"
+    keys = [f"huddle:{tag}:meta", f"huddle:{tag}:log"]
+    result = await deployment.raw.eval(APPEND, 2, *keys, view.seq, entry, f"huddle:{tag}:nobody")
+    assert int(result[0]) == 1
+    return view.seq + 1
+
+
+async def test_a_lost_message_is_caught_by_the_head_check(deployment: Deployment) -> None:
+    settings = Settings(port=0, idle_check_interval=0.2 * UNIT)
+    async with servers(deployment, 2, settings) as (a, b):
+        chat = await new_chat(b, "ahp-session:/lost")
+        alice = await a.client()
+        mirror = await alice.subscribe(chat)
+        seq = await append_unannounced(deployment, b, chat)
+        async with asyncio.timeout(5 * UNIT):
+            state = await mirror.wait_for(lambda _: mirror.seq == seq)
+        assert isinstance(state, ChatState)
+        assert state.draft is not None
+        assert state.draft.text == "unannounced"
+
+
+async def test_idle_channels_catch_up_when_pub_sub_comes_back(deployment: Deployment) -> None:
+    """A channel held without subscribers is not compared every interval;
+    a message lost while the link was down is caught when it is back."""
+    async with servers(deployment, 2) as (a, b):
+        chat = await new_chat(b, "ahp-session:/idle")
+        host = a.server.host
+        before = (await host.view(chat)).seq  # held here, idle
+        back = Reconnected()
+        host.store.add_listener(back)
+        seq = await append_unannounced(deployment, b, chat)
+        await deployment.on_every_primary("CLIENT", "KILL", "TYPE", "pubsub")
+        async with asyncio.timeout(10 * UNIT):
+            await back.event.wait()
+
+        async def caught_up() -> bool:
+            view = host.core.cached(chat)
+            return view is not None and view.seq == seq
+
+        await eventually(caught_up)
+        assert seq == before + 1
+
+
+class Reconnected(Heard):
+    def __init__(self) -> None:
+        super().__init__()
+        self.event = asyncio.Event()
+
+    def store_reconnected(self) -> None:
+        super().store_reconnected()
+        self.event.set()

@@ -13,11 +13,15 @@
 - :class:`~server.sessions.Sessions`: session and chat lifecycle.
 
 Hooks run in the order they were added, before the session aggregate: side
-effects that people wait for (a turn resuming) come first.
+effects that people wait for (a turn resuming) come first. The host's own
+hook reads the frozen form of every input request it sees opened, in the
+background, so that the accept a person sends later is checked here without
+a store round trip.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,14 +44,16 @@ from reducers.limits import SizeLimits, limit_problem
 from reducers.validation import reject_reason
 from server.aggregate import SessionAggregate
 from server.auth import Identity
-from server.channels import ChannelCore, ChannelView, Hook, Validator
-from server.errors import ActionRejected
+from server.channels import Applied, ChannelCore, ChannelView, Hook, Validator
+from server.errors import ActionRejected, StoreError
 from server.forms import Form, FormRegistry, chat_session, needs_session
 from server.sessions import Sessions
 from server.store.base import ChannelStore
 from server.waiters import InputOutcome, ToolDecision, Waiters
 
 __all__ = ["Host", "InputOutcome", "ToolDecision"]
+
+log = logging.getLogger("huddle.host")
 
 
 class Host:
@@ -88,7 +94,7 @@ class Host:
         self.sessions = Sessions(
             self.core, self.aggregate, self.waiters, self._dispatch_derived, agents
         )
-        self.core.hooks = [self.waiters.hook, self.aggregate.hook]
+        self.core.hooks = [self.waiters.hook, self._read_form_ahead, self.aggregate.hook]
 
     def add_hook(self, hook: Hook) -> None:
         """Run ``hook`` on every applied envelope (before the aggregate)."""
@@ -96,6 +102,18 @@ class Host:
 
     def now_ms(self) -> int:
         return self.core.now_ms()
+
+    def _read_form_ahead(self, event: Applied) -> None:
+        """A hook: an input request was opened (here or by another process);
+        have its frozen form at hand before anyone answers it."""
+        if isinstance(event.action, ChatInputRequested):
+            self.core.spawn(self._load_form(event.uri, event.action.request.id))
+
+    async def _load_form(self, chat: str, request_id: str) -> None:
+        try:
+            await self.forms.load(chat, request_id)
+        except StoreError as error:  # the accept reads it then
+            log.info("could not read the form of %s in %s ahead: %s", request_id, chat, error)
 
     # ─── Lifecycle ───────────────────────────────────────────────────────
 

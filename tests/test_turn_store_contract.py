@@ -595,6 +595,25 @@ async def test_redis_keeps_every_runner_key_under_one_hash_tag(
 
 
 @pytest.mark.redis
+async def test_redis_keeps_the_waiting_workers_and_their_inboxes_under_the_hash_tag(
+    redis_server: RedisServer, redis_turns: RedisTurnStore
+) -> None:
+    turn = await create(redis_turns)
+    await waiting(redis_turns, "w1")
+    await waiting(redis_turns, "w2")
+    await redis_turns.save_runnable(turn, 1.0, started=started(turn))
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        keys = {key.decode() for key in await raw.keys("*")}
+        inbox = await raw.lrange("{huddle:turn}:inbox:w2", 0, -1)
+    finally:
+        await raw.aclose()
+    assert {"{huddle:turn}:waiting", "{huddle:turn}:waiters", "{huddle:turn}:inbox:w2"} <= keys
+    assert all(key.startswith("{huddle:turn}:") for key in keys)
+    assert len(inbox) == 1  # handed to the waiter that registered last
+
+
+@pytest.mark.redis
 async def test_redis_down_fails_fast_and_a_waiting_worker_waits_out_at_most(
     redis_server: RedisServer, redis_turns: RedisTurnStore
 ) -> None:

@@ -16,9 +16,12 @@ whoever executes it):
 
 ``run`` and ``resume`` continue in the caller until the turn is blocked or
 terminal; ``submit_resume`` validates, saves the turn as runnable and
-returns, and a Worker claims it. Every resume is checked against the
-suspension's type and correlation id before anything changes; a late,
-duplicate or mismatched one raises ResumeRejected and reopens nothing.
+returns: in the same store step the turn is handed, started and leased, to
+a worker that waits for work (which then runs it without claiming, loading
+or saving its start), or queued for a Worker to claim. Every resume is
+checked against the suspension's type and correlation id before anything
+changes; a late, duplicate or mismatched one raises ResumeRejected and
+reopens nothing.
 
 Faults are bounded, never retried forever: an execution that ends in an
 error the runner cannot turn into a result (an unknown agent, an agent

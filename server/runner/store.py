@@ -34,7 +34,8 @@ The fast path of a resume, one step each:
   again). A waiter not back by ``w.until`` (its worker died) is handed
   nothing more; ``stop_waiting`` gives back what a stopping worker was
   handed. A turn handed to a worker that died before taking it is claimed
-  by another once its lease expires, as after any crash.
+  by another once its lease expires, as after any crash (and, handed over
+  started, counts as a failed attempt, as a takeover does).
 
 A handed turn is fenced like a claimed one: its lease is the only one, and
 a save under an older lease fails.

@@ -602,9 +602,9 @@ async def test_redis_keeps_the_waiting_workers_and_their_inboxes_under_the_hash_
     await waiting(redis_turns, "w1")
     await waiting(redis_turns, "w2")
     await redis_turns.save_runnable(turn, 1.0, started=started(turn))
-    raw = aioredis.Redis.from_url(redis_server.url)
+    raw = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
     try:
-        keys = {key.decode() for key in await raw.keys("*")}
+        keys = {k if isinstance(k, str) else k.decode() for k in await raw.keys("*")}
         inbox = await raw.lrange("{huddle:turn}:inbox:w2", 0, -1)
     finally:
         await raw.aclose()

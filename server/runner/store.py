@@ -185,10 +185,15 @@ class _Held:
 
 @dataclass
 class _Inbox:
-    """What was handed to one waiter, and the event that wakes it."""
+    """What was handed to one waiter, and its wait while it waits (resolved
+    to wake it: the waiting task runs on the next turn of the loop)."""
 
     claims: deque[Claim] = field(default_factory=deque)
-    event: asyncio.Event = field(default_factory=asyncio.Event)
+    wait: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        if self.wait is not None and not self.wait.done():
+            self.wait.set_result(None)
 
 
 class MemoryTurnStore(TurnStore):
@@ -199,7 +204,8 @@ class MemoryTurnStore(TurnStore):
         self._turns: dict[str, _Held] = {}
         self._runnable: dict[str, float] = {}
         self._tokens = itertools.count(1)
-        self._work = asyncio.Event()
+        self._work = False
+        """A turn became runnable since a worker last waited."""
         self._waiting: dict[str, Waiter] = {}
         """Registered waiters, oldest first."""
         self._inboxes: dict[str, _Inbox] = {}
@@ -258,7 +264,7 @@ class MemoryTurnStore(TurnStore):
         lease = self._lease(turn.id, held, waiter.owner, now + waiter.lease_seconds)
         inbox = self._inboxes.setdefault(waiter.id, _Inbox())
         inbox.claims.append(Claim(lease, self._decoded(held), running=started is not None))
-        inbox.event.set()
+        inbox.wake()
         return saved
 
     def _waiter_for(self, held: _Held, now: float) -> Waiter | None:
@@ -286,28 +292,29 @@ class MemoryTurnStore(TurnStore):
     async def make_runnable(self, turn_id: str, due_at: float) -> None:
         self._held(turn_id)
         self._runnable[turn_id] = due_at
-        self._work.set()
+        self._work = True
+        for inbox in self._inboxes.values():
+            inbox.wake()
 
     async def wait_for_work(self, at_most: float, waiter: Waiter | None = None) -> Claim | None:
-        inbox = self._inboxes.setdefault(waiter.id, _Inbox()) if waiter is not None else None
-        if inbox is not None and inbox.claims:
-            return inbox.claims.popleft()
-        waits = [asyncio.ensure_future(self._work.wait())]
-        if inbox is not None:
-            waits.append(asyncio.ensure_future(inbox.event.wait()))
-        try:
-            await asyncio.wait(waits, timeout=at_most, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiting in waits:
-                waiting.cancel()
-        # Cleared after waking, not before: a turn made runnable between a
-        # worker's empty claim and this wait must still wake it.
-        self._work.clear()
-        if inbox is not None:
-            inbox.event.clear()
-            if inbox.claims:
-                return inbox.claims.popleft()
-        return None
+        # Each wait has an inbox (a waiter's own, or one for this wait only).
+        key = waiter.id if waiter is not None else f"anonymous:{id(asyncio.current_task())}"
+        inbox = self._inboxes.setdefault(key, _Inbox())
+        # A turn made runnable between a worker's empty claim and this wait
+        # must still wake it: the flag is cleared by the wait it wakes.
+        if not inbox.claims and not self._work:
+            inbox.wait = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(at_most):
+                    await inbox.wait
+            except TimeoutError:
+                pass
+            finally:
+                inbox.wait = None
+                if waiter is None:
+                    del self._inboxes[key]
+        self._work = False
+        return inbox.claims.popleft() if inbox.claims else None
 
     async def stop_waiting(self, waiter: Waiter, now: float) -> None:
         self._waiting.pop(waiter.id, None)

@@ -26,7 +26,8 @@ Set-ups, each a ``huddle`` command in child processes, as deployed:
     worker a task in the server process;
 (2) ``huddle serve --store unix://... --workers 0`` and ``huddle worker
     --store unix://...``: the Redis stores, the turn resumed by the server
-    and run by the worker process, woken through the store (BLPOP).
+    and run by the worker process, to which the resume's script hands it
+    (the worker's BLPOP on its inbox returns it).
 
 Both serve with the per-connection action rate limit lifted, so that it is
 not what gets measured. The redis-server is the benchmark's own (unix
@@ -39,12 +40,14 @@ rounds. Printed: p50 and p99 of each kind in each set-up, the PING p50 and
 p99, and the ratios of the p50s: (2) over PING (in round trips) and (2)
 over (1).
 
-The pause matters: the worker shows the call waiting for confirmation
-before it saves the turn as waiting, and a confirmation that comes in
-between is dropped by the server (logged as "not waiting: a duplicate
-resume?") until the worker's recovery sweep resumes the turn from the chat,
-seconds later. ``--race-turns`` turns of (2) are played after the rounds
-with no pause: their median and max, and the resumes the server dropped.
+The pause matters: a person answers a moment after the prompt shows, and
+by then the worker that asked has released the turn and waits for work,
+and the server's bridge has read the waiting turn ahead; the resume is then
+one save that hands the turn to that worker. ``--race-turns`` turns of (2)
+are played after the rounds with no pause, where the answer can race both
+(the resume is then queued and claimed, or loads the turn first): their
+median and max, and the resumes the server dropped as not waiting (none is
+expected: a question shows only once its turn is saved waiting).
 
 ``--trace`` plays one more turn of (2) with Redis MONITOR on and prints the
 commands on each resume's path, in order, with their times at Redis: where

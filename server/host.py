@@ -13,11 +13,15 @@
 - :class:`~server.sessions.Sessions`: session and chat lifecycle.
 
 Hooks run in the order they were added, before the session aggregate: side
-effects that people wait for (a turn resuming) come first.
+effects that people wait for (a turn resuming) come first. The host's own
+hook reads the frozen form of every input request it sees opened, in the
+background, so that the accept a person sends later is checked here without
+a store round trip.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -111,6 +115,7 @@ class Host:
         self.expiries = Expiries(self.core, store, self.notes, check_interval=expiry_check_interval)
         self.core.hooks = [
             self.waiters.hook,
+            self._read_form_ahead,
             self.expiries.hook,
             self.notes.hook,
             self.audit.hook,
@@ -124,6 +129,18 @@ class Host:
 
     def now_ms(self) -> int:
         return self.core.now_ms()
+
+    def _read_form_ahead(self, event: Applied) -> None:
+        """A hook: an input request was opened (here or by another process);
+        have its frozen form at hand before anyone answers it."""
+        if isinstance(event.action, ChatInputRequested):
+            self.core.spawn(self._load_form(event.uri, event.action.request.id))
+
+    async def _load_form(self, chat: str, request_id: str) -> None:
+        try:
+            await self.forms.load(chat, request_id)
+        except StoreError as error:  # the accept reads it then
+            log.info("could not read the form of %s in %s ahead: %s", request_id, chat, error)
 
     # ─── Lifecycle ───────────────────────────────────────────────────────
 

@@ -390,6 +390,47 @@ async def test_two_hosts_on_one_store_deliver_the_same_envelopes_in_order() -> N
     await second.stop()
 
 
+class RecordReads(MemoryStore):
+    """A memory store that tells when records are read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[tuple[str, str]] = []
+        self.read = asyncio.Event()
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        self.reads.append((kind, key))
+        self.read.set()
+        return await super().get_record(kind, key)
+
+
+async def test_the_form_of_a_request_another_host_opened_is_read_before_the_accept() -> None:
+    store = RecordReads()
+    asker, answerer = Host(store, agents=default_agents()), Host(store, agents=default_agents())
+    await asker.start()
+    await answerer.start()
+    chat = await asker.create_session(SESSION)
+    await answerer.core.subscribe(chat, Recorder())  # people are on the other process
+    await start_turn(asker, chat)
+    asking = asyncio.create_task(
+        asker.request_input(chat, InputRequest(id="details"), schema=TICKET_FORM)
+    )
+    async with asyncio.timeout(2 * UNIT):
+        while ("form", f"{chat} details") not in store.reads:
+            store.read.clear()
+            await store.read.wait()
+    reads = len(store.reads)
+    with pytest.raises(ActionRejected) as rejected:  # checked against the form asked
+        await answer_ticket_form(answerer, chat, "details", "lowercase-is-not-allowed")
+    assert rejected.value.code == "form-invalid"
+    await answer_ticket_form(answerer, chat, "details", "SSO")
+    assert [kind for kind, _ in store.reads[reads:] if kind == "form"] == []
+    async with asyncio.timeout(2 * UNIT):
+        assert (await asking).data == {"system": "SSO", "impact": "everyone", "users": 250}
+    await asker.stop()
+    await answerer.stop()
+
+
 async def test_an_append_whose_hint_was_lost_arrives_with_the_idle_check() -> None:
     store = MemoryStore()
     first = Host(store, agents=default_agents(), idle_check_interval=0)

@@ -11,17 +11,20 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 
 from server.errors import StoreError, StoreUnavailable
 from server.runner.redis_store import RedisTurnStore
 from server.runner.store import (
+    Claim,
     Fenced,
     MemoryTurnStore,
     TurnNotFound,
     TurnStore,
     VersionConflict,
+    Waiter,
 )
 from server.runner.turn import ModelMessage, Turn, TurnStatus
 from tests.conftest import UNIT
@@ -85,7 +88,9 @@ async def test_creating_an_existing_turn_fails(store: TurnStore) -> None:
 UNKNOWN_TURN_CALLS: list[tuple[str, Callable[[TurnStore], Awaitable[object]]]] = [
     ("load", lambda store: store.load("nope")),
     ("save", lambda store: store.save(Turn(id="nope", agent="echo", version=1))),
+    ("save_runnable", lambda store: store.save_runnable(Turn(id="nope", agent="echo"), 0.0)),
     ("request_cancel", lambda store: store.request_cancel("nope")),
+    ("cancel_requested", lambda store: store.cancel_requested("nope")),
     ("make_runnable", lambda store: store.make_runnable("nope", 0.0)),
 ]
 
@@ -308,6 +313,239 @@ async def test_wait_for_work_returns_after_at_most_when_nothing_happens(
     assert loop.time() - started >= at_most * 0.9
 
 
+# ─── The fast path of a resume ───────────────────────────────────────────────
+
+
+def waiter(name: str = "w1", until: float = 100.0, owner: str = "worker-a") -> Waiter:
+    return Waiter(id=name, owner=owner, lease_seconds=LEASE, until=until)
+
+
+async def waiting(store: TurnStore, name: str = "w1", until: float = 100.0) -> Waiter:
+    """A waiter registered by an empty claim (nothing runnable)."""
+    registered = waiter(name, until)
+    assert await store.claim_turn("worker-a", 0.0, LEASE, waiter=registered) is None
+    return registered
+
+
+def started(turn: Turn) -> Turn:
+    copy = msgspec.structs.replace(turn)
+    copy.start()
+    return copy
+
+
+async def handed_to(store: TurnStore, registered: Waiter) -> Claim:
+    """What ``registered`` is handed, as its wait returns it."""
+    async with asyncio.timeout(3 * UNIT):
+        claim = await store.wait_for_work(60 * UNIT, registered)
+    assert claim is not None
+    return claim
+
+
+async def test_a_claim_can_load_the_turn_it_leases(store: TurnStore) -> None:
+    saved = await store.save(said(await create(store), "hi"))
+    await store.make_runnable("t1", 0.0)
+    claim = await store.claim_turn("worker-a", 1.0, LEASE)
+    assert claim is not None
+    assert (claim.lease.turn_id, claim.lease.owner, claim.lease.until) == ("t1", "worker-a", 11.0)
+    assert (claim.turn, claim.running) == (saved, False)
+    assert await store.claim_turn("worker-b", 1.0, LEASE) is None
+
+
+async def test_the_cancel_flag_reads_alone(store: TurnStore) -> None:
+    await create(store)
+    assert not await store.cancel_requested("t1")
+    await store.request_cancel("t1")
+    assert await store.cancel_requested("t1")
+
+
+async def test_save_runnable_queues_the_turn_when_no_worker_waits(store: TurnStore) -> None:
+    turn = await create(store)
+    saved = await store.save_runnable(said(turn, "resumed"), 5.0, started=started(turn))
+    assert (saved.version, saved.status) == (2, TurnStatus.READY)
+    assert await store.claim_turn("worker-a", 4.0, LEASE) is None  # due at 5
+    claim = await store.claim_turn("worker-a", 5.0, LEASE)
+    assert claim is not None
+    assert (claim.turn, claim.running) == (saved, False)
+
+
+@pytest.mark.parametrize("stale", ["version", "cancel flag"])
+async def test_save_runnable_of_a_stale_turn_conflicts_and_changes_nothing(
+    store: TurnStore, stale: str
+) -> None:
+    turn = await create(store)
+    registered = await waiting(store)
+    if stale == "version":
+        await store.save(said(await store.load("t1"), "meanwhile"))
+    else:
+        await store.request_cancel("t1")
+    with pytest.raises(VersionConflict):
+        await store.save_runnable(said(turn, "late"), 1.0, started=started(turn))
+    assert "late" not in [m.content for m in (await store.load("t1")).messages]
+    assert await store.claim_turn("worker-b", 1.0, LEASE) is None  # neither queued
+    assert await store.claim_turn("worker-a", 1.0, LEASE, waiter=registered) is None  # nor handed
+
+
+async def test_of_two_concurrent_save_runnables_of_one_version_exactly_one_wins(
+    store: TurnStore,
+) -> None:
+    await create(store)
+    registered = await waiting(store)
+    one, two = await store.load("t1"), await store.load("t1")
+    results = await asyncio.gather(
+        store.save_runnable(said(one, "one"), 1.0, started=started(one)),
+        store.save_runnable(said(two, "two"), 1.0, started=started(two)),
+        return_exceptions=True,
+    )
+    saved = [r for r in results if isinstance(r, Turn)]
+    assert (len(saved), len([r for r in results if isinstance(r, VersionConflict)])) == (1, 1)
+    claim = await handed_to(store, registered)
+    assert claim.turn == saved[0] == await store.load("t1")
+    assert await store.claim_turn("worker-b", 1.0, LEASE) is None  # handed once, not queued
+
+
+async def test_save_runnable_hands_the_turn_started_to_the_waiting_worker(
+    store: TurnStore,
+) -> None:
+    turn = await create(store)
+    registered = await waiting(store)
+    resumed = said(turn, "resumed")
+    saved = await store.save_runnable(resumed, 1.0, started=started(resumed))
+    assert (saved.version, saved.status) == (2, TurnStatus.RUNNING)
+    claim = await handed_to(store, registered)
+    assert claim.running
+    assert claim.turn == saved == await store.load("t1")
+    assert (claim.lease.turn_id, claim.lease.owner, claim.lease.until) == ("t1", "worker-a", 11.0)
+    assert await store.by_status(TurnStatus.RUNNING) == ["t1"]
+    # Leased like a claimed turn: nobody else may claim it, and its saves go.
+    assert await store.claim_turn("worker-b", 5.0, LEASE, turn_id="t1") is None
+    again = await store.save(said(claim.turn, "ran"), lease=claim.lease)
+    assert again.version == 3
+
+
+async def test_save_runnable_without_a_started_turn_hands_it_as_saved(store: TurnStore) -> None:
+    turn = await create(store)
+    registered = await waiting(store)
+    saved = await store.save_runnable(said(turn, "resumed"), 1.0)
+    claim = await handed_to(store, registered)
+    assert (claim.running, claim.turn, saved.status) == (False, saved, TurnStatus.READY)
+
+
+async def test_a_handed_turn_is_fenced_once_its_lease_was_taken_over(store: TurnStore) -> None:
+    turn = await create(store)
+    registered = await waiting(store)
+    await store.save_runnable(turn, 1.0, started=started(turn))
+    claim = await handed_to(store, registered)
+    # Its worker stalls past the lease: another takes the turn over.
+    other = await store.claim_turn("worker-b", claim.lease.until + 1, LEASE)
+    assert other is not None
+    assert other.turn.status == TurnStatus.RUNNING  # a takeover, as after a crash
+    assert other.lease.token != claim.lease.token
+    with pytest.raises(Fenced):
+        await store.save(said(claim.turn, "from the stalled worker"), lease=claim.lease)
+    await store.save(said(other.turn, "from B"), lease=other.lease)
+
+
+async def test_a_turn_whose_lease_is_held_is_queued_not_handed(store: TurnStore) -> None:
+    await create(store)
+    holder = await store.claim_turn("worker-h", 0.0, LEASE, turn_id="t1")
+    assert holder is not None
+    registered = await waiting(store)
+    await store.save_runnable(holder.turn, 1.0, started=started(holder.turn))
+    # The waiter got nothing; the turn waits in the queue for the lease to go.
+    assert await store.claim_turn("worker-a", 1.0, LEASE, waiter=registered) is None
+    await store.release(holder.lease)
+    claim = await store.claim_turn("worker-a", 2.0, LEASE)
+    assert claim is not None
+    assert (claim.turn.status, claim.running) == (TurnStatus.READY, False)
+
+
+async def test_a_waiter_whose_wait_ended_is_handed_nothing(store: TurnStore) -> None:
+    turn = await create(store)
+    registered = await waiting(store, until=5.0)
+    saved = await store.save_runnable(turn, 6.0, started=started(turn))  # its worker died
+    assert saved.status == TurnStatus.READY
+    claim = await store.claim_turn("worker-b", 6.0, LEASE)  # queued instead
+    assert claim is not None
+    assert (claim.lease.owner, claim.running) == ("worker-b", False)
+    assert await store.wait_for_work(0.05 * UNIT, registered) is None
+
+
+async def test_the_last_registered_waiter_gets_the_turn_and_only_it(store: TurnStore) -> None:
+    turn = await create(store)
+    first = await waiting(store, "w1", until=50.0)
+    last = await waiting(store, "w2", until=60.0)
+    await store.save_runnable(turn, 1.0, started=started(turn))
+    assert (await handed_to(store, last)).lease.turn_id == "t1"
+    assert await store.claim_turn("worker-a", 1.0, LEASE, waiter=first) is None
+
+
+async def test_a_claim_of_a_waiter_takes_what_was_handed_to_it_first(store: TurnStore) -> None:
+    await create(store, "other")
+    await store.make_runnable("other", 0.0)
+    turn = await create(store)
+    registered = waiter()
+    assert await store.claim_turn("worker-a", 0.0, LEASE, turn_id="nope", waiter=registered) is None
+    await store.save_runnable(turn, 1.0, started=started(turn))
+    # Woken otherwise (a wake token, the end of its wait), it claims again.
+    claim = await store.claim_turn("worker-a", 1.0, LEASE, waiter=registered)
+    assert claim is not None
+    assert (claim.lease.turn_id, claim.running) == ("t1", True)
+
+
+async def test_a_waiter_that_claimed_waits_no_more(store: TurnStore) -> None:
+    await create(store, "queued")
+    await store.make_runnable("queued", 5.0)
+    turn = await create(store)
+    registered = await waiting(store)  # at 0, nothing is due
+    claimed = await store.claim_turn("worker-a", 5.0, LEASE, waiter=registered)
+    assert claimed is not None
+    assert claimed.lease.turn_id == "queued"
+    await store.save_runnable(turn, 5.0, started=started(turn))
+    queued = await store.claim_turn("worker-b", 5.0, LEASE)
+    assert queued is not None
+    assert (queued.lease.turn_id, queued.running) == ("t1", False)
+
+
+async def test_a_stopping_waiter_gives_back_what_it_was_handed(store: TurnStore) -> None:
+    turn = await create(store)
+    registered = await waiting(store)
+    await store.save_runnable(turn, 1.0, started=started(turn))
+    await store.stop_waiting(registered, 2.0)
+    claim = await store.claim_turn("worker-b", 2.0, LEASE)
+    assert claim is not None
+    assert claim.lease.turn_id == "t1"
+    assert await store.wait_for_work(0.05 * UNIT, registered) is None
+
+
+async def test_wait_for_work_returns_the_turn_handed_to_the_waiter_at_once(
+    store: TurnStore,
+) -> None:
+    turn = await create(store)
+    registered = await waiting(store)
+    wait = asyncio.create_task(store.wait_for_work(60 * UNIT, registered))
+    await asyncio.sleep(0)  # a yield, not a wait: let the waiter start waiting
+    await store.save_runnable(turn, 1.0, started=started(turn))
+    async with asyncio.timeout(3 * UNIT):
+        claim = await wait
+    assert claim is not None
+    assert (claim.lease.turn_id, claim.running) == ("t1", True)
+
+
+async def test_wait_for_work_of_a_waiter_returns_nothing_when_woken_otherwise(
+    store: TurnStore,
+) -> None:
+    await create(store)
+    registered = await waiting(store)
+    wait = asyncio.create_task(store.wait_for_work(60 * UNIT, registered))
+    await asyncio.sleep(0)
+    await store.make_runnable("t1", 0.0)
+    async with asyncio.timeout(3 * UNIT):
+        assert await wait is None
+    claim = await store.claim_turn("worker-a", 1.0, LEASE, waiter=registered)
+    assert claim is not None
+    assert not claim.running
+
+
 # ─── Redis only ──────────────────────────────────────────────────────────────
 
 
@@ -354,6 +592,25 @@ async def test_redis_keeps_every_runner_key_under_one_hash_tag(
         b"cancel",
         b"payload",
     }
+
+
+@pytest.mark.redis
+async def test_redis_keeps_the_waiting_workers_and_their_inboxes_under_the_hash_tag(
+    redis_server: RedisServer, redis_turns: RedisTurnStore
+) -> None:
+    turn = await create(redis_turns)
+    await waiting(redis_turns, "w1")
+    await waiting(redis_turns, "w2")
+    await redis_turns.save_runnable(turn, 1.0, started=started(turn))
+    raw = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        keys = {k if isinstance(k, str) else k.decode() for k in await raw.keys("*")}
+        inbox = await raw.lrange("{huddle:turn}:inbox:w2", 0, -1)
+    finally:
+        await raw.aclose()
+    assert {"{huddle:turn}:waiting", "{huddle:turn}:waiters", "{huddle:turn}:inbox:w2"} <= keys
+    assert all(key.startswith("{huddle:turn}:") for key in keys)
+    assert len(inbox) == 1  # handed to the waiter that registered last
 
 
 @pytest.mark.redis

@@ -28,6 +28,15 @@ A turn's AHP turn is ``runner_turn_id(chat, chatTurn)`` for a turn people
 started; a child turn's AHP turn in its own chat has the child's id (see
 :meth:`ChatBridge.turn_of`).
 
+A resume costs the chat's append and one save: when a question of a turn
+shows in a chat this process holds (``chat/inputRequested``, a call waiting
+for confirmation), the turn is read ahead (its worker saved it as waiting
+before it asked), and the person's answer resumes it from that copy with a
+compare-and-set (a stale copy costs one more load, and a refusal is decided
+on a fresh one: see ``Runner.submit_resume``). A coroutine tool's start is
+shown while the tool runs (people cannot tell; the tool starts a round trip
+or two sooner); everything the bridge shows of a turn is shown in order.
+
 A turn taken over after its worker died (:meth:`ChatBridge.turn_taken_over`)
 leaves nothing open that nobody waits for: the MCP questions the dead
 worker's tool asked are withdrawn (the replayed tool asks again), results
@@ -37,10 +46,12 @@ off; the retried reply streams into a part of its own.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import logging
 import secrets
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from datetime import datetime
 from typing import Any
 
@@ -48,6 +59,7 @@ from protocol.actions import (
     ChatDelta,
     ChatError,
     ChatInputCompleted,
+    ChatInputRequested,
     ChatResponsePart,
     ChatToolCallComplete,
     ChatToolCallConfirmed,
@@ -83,6 +95,7 @@ from protocol.wire import ErrorInfo, Markdown
 from reducers.chat import select_input_settlement, select_latest_tool_call, select_tool_call
 from reducers.clock import iso_time
 from server.auth import Identity
+from server.cache import Lru
 from server.channels import Applied
 from server.errors import ActionRejected, ChannelGone, HuddleError
 from server.host import Host
@@ -114,6 +127,8 @@ REPLY = "reply"
 """The question id of a plain-text suspension's one question."""
 INTERRUPTED = "\n\n*(Interrupted: this reply was cut off and is being retried.)*"
 """Appended to text whose stream a crash or a transient failure cut off."""
+READ_AHEAD = 256
+"""Turns read ahead (waiting for the people of a chat) kept in memory."""
 
 
 class ChatBridge:
@@ -127,6 +142,13 @@ class ChatBridge:
         self.ask_again_after = ask_again_after
         """Seconds a suspension may go unseen in its chat before a sweep
         asks again (its worker may be showing it right now)."""
+        self._read_ahead: Lru[str, Turn] = Lru(READ_AHEAD)
+        """Turns whose question shows in a chat, as read then, by id; each
+        is used once, by the resume that answers it."""
+        self._showing: dict[str, asyncio.Task[None]] = {}
+        """Per turn, what is being shown of it in the background; the rest
+        of what is shown of that turn waits for it."""
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def attach(self, runner: Runner) -> None:
         self.runner = runner
@@ -160,7 +182,27 @@ class ChatBridge:
         except (ActionRejected, ChannelGone) as error:
             log.warning("turn %s: could not show %s: %s", turn.id, type(action).__name__, error)
 
+    async def _in_order(self, turn: Turn) -> None:
+        """Wait for what is being shown of ``turn`` in the background."""
+        showing = self._showing.get(turn.id)
+        if showing is not None:
+            await asyncio.wait({showing})
+
+    def _show_later(self, turn: Turn, showing: Coroutine[Any, Any, None]) -> None:
+        """Show ``showing`` in the background, before anything else of ``turn``."""
+        task = asyncio.ensure_future(showing)
+        self._showing[turn.id] = task
+
+        def done(task: asyncio.Task[None]) -> None:
+            if self._showing.get(turn.id) is task:
+                del self._showing[turn.id]
+            if not task.cancelled() and (error := task.exception()) is not None:
+                log.warning("turn %s: could not show a step: %s", turn.id, error)
+
+        task.add_done_callback(done)
+
     async def turn_started(self, turn: Turn) -> None:
+        await self._in_order(turn)
         if turn.chat is None or turn.chat_turn is None:
             return
         await self._publish_tools(turn)
@@ -199,6 +241,7 @@ class ChatBridge:
                 )
 
     async def turn_taken_over(self, turn: Turn) -> None:
+        await self._in_order(turn)
         state = await self._chat(turn)
         if state is None or state.active_turn is None or turn.chat is None:
             return
@@ -240,6 +283,7 @@ class ChatBridge:
                 log.warning("could not publish tools: %s", error)
 
     async def text(self, turn: Turn, delta: str) -> None:
+        await self._in_order(turn)
         state = await self._chat(turn)
         if state is None or state.active_turn is None or not delta:
             return
@@ -274,6 +318,15 @@ class ChatBridge:
         return True
 
     async def tool_started(self, turn: Turn, call: ToolCall, tool: Tool) -> None:
+        await self._in_order(turn)
+        if inspect.iscoroutinefunction(tool.function):
+            # It runs at once, and its call shows while it runs (a plain
+            # function holds the event loop until it returns: shown first).
+            self._show_later(turn, self._show_started(turn, call, tool))
+        else:
+            await self._show_started(turn, call, tool)
+
+    async def _show_started(self, turn: Turn, call: ToolCall, tool: Tool) -> None:
         state = await self._chat(turn)
         if state is None or state.active_turn is None:
             return
@@ -293,6 +346,7 @@ class ChatBridge:
     async def approval_requested(
         self, turn: Turn, call: ToolCall, tool: Tool, decision: ApprovalDecision
     ) -> None:
+        await self._in_order(turn)
         state = await self._chat(turn)
         if state is None or state.active_turn is None:
             return
@@ -313,6 +367,7 @@ class ChatBridge:
     async def tool_denied(
         self, turn: Turn, call: ToolCall, tool: Tool, decision: ApprovalDecision
     ) -> None:
+        await self._in_order(turn)
         state = await self._chat(turn)
         if state is None or state.active_turn is None:
             return
@@ -341,6 +396,7 @@ class ChatBridge:
     async def tool_progress(
         self, turn: Turn, call: ToolCall, message: str, data: dict[str, Any]
     ) -> None:
+        await self._in_order(turn)
         state = await self._chat(turn)
         if state is None or state.active_turn is None:
             return
@@ -354,6 +410,7 @@ class ChatBridge:
         )
 
     async def tool_finished(self, turn: Turn, call: ToolCall, result: str, success: bool) -> None:
+        await self._in_order(turn)
         state = await self._chat(turn)
         if state is None or state.active_turn is None:
             return
@@ -372,6 +429,7 @@ class ChatBridge:
         )
 
     async def input_requested(self, turn: Turn, suspension: Suspension) -> None:
+        await self._in_order(turn)
         state = await self._chat(turn)
         if state is None or turn.chat is None or turn.chat_turn is None:
             log.warning("turn %s waits for input but its chat turn is not active", turn.id)
@@ -405,6 +463,7 @@ class ChatBridge:
         return uri
 
     async def turn_finished(self, turn: Turn) -> None:
+        await self._in_order(turn)
         state = await self._chat(turn)
         if state is None or state.active_turn is None:
             return
@@ -424,8 +483,12 @@ class ChatBridge:
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
         """The host's hook: act on what this process accepted from a client
-        (the server's own actions carry no origin; ours among them)."""
-        if not event.local or event.envelope.origin is None or self.runner is None:
+        (the server's own actions carry no origin; ours among them), and
+        read ahead the turn whose question any process shows."""
+        if self.runner is None:
+            return None
+        self._read_ahead_for(event)
+        if not event.local or event.envelope.origin is None:
             return None
         if isinstance(
             event.action,
@@ -454,9 +517,11 @@ class ChatBridge:
                     await self._input_resolved(uri, settled.part, audit)
             elif isinstance(action, ChatToolCallConfirmed):
                 command = _decision(action)
-                turn_id = await self.turn_of(uri, action.turn_id)
-                if turn_id is not None:
-                    await self.runner.submit_resume(turn_id, command.with_metadata(**audit))
+                turn = await self._turn_of(uri, action.turn_id, read_ahead=True)
+                if turn is not None:
+                    await self.runner.submit_resume(
+                        turn.id, command.with_metadata(**audit), loaded=turn
+                    )
             elif isinstance(action, ChatTurnCancelled):
                 turn_id = await self.turn_of(uri, action.turn_id)
                 if turn_id is not None:
@@ -465,6 +530,10 @@ class ChatBridge:
             log.info("%s", error)
         except HuddleError as error:
             log.warning("could not act on %s: %s", type(action).__name__, error)
+        # One turn of the event loop: a worker task of this process takes up
+        # the turn just started or resumed before the action's later
+        # follow-ups (the session's bookkeeping) run.
+        await asyncio.sleep(0)
 
     async def turn_of(self, uri: str, chat_turn: str) -> str | None:
         """The runner's turn that AHP turn ``chat_turn`` of chat ``uri``
@@ -473,22 +542,57 @@ class ChatBridge:
         chatTurn)``; a child turn shows in a chat of its own under its own
         id, which is checked against the chat so that no chat's people can
         reach another chat's turn."""
+        turn = await self._turn_of(uri, chat_turn)
+        return None if turn is None else turn.id
+
+    async def _turn_of(self, uri: str, chat_turn: str, *, read_ahead: bool = False) -> Turn | None:
+        """The turn :meth:`turn_of` names, loaded (with ``read_ahead``, the
+        copy read ahead when there is one: it may be stale)."""
         assert self.runner is not None
         store = self.runner.store
         for candidate in (runner_turn_id(uri, chat_turn), chat_turn):
-            try:
-                turn = await store.load(candidate)
-            except TurnNotFound:
-                continue
+            turn = self._read_ahead.pop(candidate) if read_ahead else None
+            if turn is None:
+                try:
+                    turn = await store.load(candidate)
+                except TurnNotFound:
+                    continue
             if turn.chat == uri and turn.chat_turn == chat_turn:
-                return turn.id
+                return turn
         return None
 
+    def _read_ahead_for(self, event: Applied) -> None:
+        """When ``event`` shows a question of a runner's turn (an input
+        request it opened, a call waiting for confirmation), read that turn
+        now, in the background, for the resume that answers it."""
+        action = event.action
+        chat_turn: str | None = None
+        if isinstance(action, ChatInputRequested):
+            opened = parse_input_request_id(action.request.id)
+            chat_turn = None if opened is None else opened.chat_turn
+        elif isinstance(action, ChatToolCallReady) and action.confirmed is None:
+            chat_turn = action.turn_id
+        if chat_turn is None:
+            return
+
+        async def read(uri: str, chat_turn: str) -> None:
+            try:
+                turn = await self._turn_of(uri, chat_turn)
+            except HuddleError as error:
+                log.info("could not read ahead the turn of %s in %s: %s", chat_turn, uri, error)
+                return
+            if turn is not None and turn.is_blocked:
+                self._read_ahead.put(turn.id, turn)
+
+        task = asyncio.ensure_future(read(event.uri, chat_turn))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _input_resolved(
-        self, uri: str, part: InputRequestPart, audit: dict[str, Any], turn_id: str | None = None
+        self, uri: str, part: InputRequestPart, audit: dict[str, Any], loaded: Turn | None = None
     ) -> None:
         """Resume the turn that asked ``part``'s request (if the runner did;
-        ``turn_id`` when the caller knows which)."""
+        ``loaded`` when the caller has it)."""
         assert self.runner is not None
         assert part.response is not None
         opened = parse_input_request_id(part.request.id)
@@ -506,9 +610,11 @@ class ChatBridge:
             command = ResumeCommand.user_input(call, data or {})
         else:
             command = ResumeCommand.user_input(call, None, response=part.response)
-        turn_id = turn_id or await self.turn_of(uri, opened.chat_turn)
-        if turn_id is not None:
-            await self.runner.submit_resume(turn_id, command.with_metadata(**audit))
+        turn = loaded
+        if turn is None:
+            turn = await self._turn_of(uri, opened.chat_turn, read_ahead=True)
+        if turn is not None:
+            await self.runner.submit_resume(turn.id, command.with_metadata(**audit), loaded=turn)
 
     async def reconcile(self) -> int:
         """Resume turns whose chat already answered them (a crash lost the
@@ -578,7 +684,7 @@ class ChatBridge:
             if settled.status != "resolved" or settled.part is None:
                 return False
             try:
-                await self._input_resolved(turn.chat, settled.part, audit, turn.id)
+                await self._input_resolved(turn.chat, settled.part, audit, turn)
             except ResumeRejected as error:
                 log.info("%s", error)
             return True
@@ -598,7 +704,7 @@ class ChatBridge:
                 )
             )
         try:
-            await self.runner.submit_resume(turn.id, command.with_metadata(**audit))
+            await self.runner.submit_resume(turn.id, command.with_metadata(**audit), loaded=turn)
         except ResumeRejected as error:
             log.info("%s", error)
         return True

@@ -11,6 +11,13 @@ Keys, all under one hash tag (the prefix, ``{huddle:turn}`` by default)::
     {huddle:turn}:leases           zset    held leases, scored by lease_until
     {huddle:turn}:wake             list    wake-up tokens for waiting workers
     {huddle:turn}:tokens           string  the last fencing token handed out
+    {huddle:turn}:waiting          zset    waiting workers (Waiter.id), scored
+                                           by the end of their wait
+    {huddle:turn}:waiters          hash    Waiter.id -> "<lease seconds> <owner>"
+    {huddle:turn}:inbox:<waiter>   list    turns handed to a waiter: a JSON
+                                           header [id, token, version, cancel,
+                                           lease until, running], a newline,
+                                           the payload
 
 Every write is one Lua script, so it is atomic:
 
@@ -25,7 +32,24 @@ Every write is one Lua script, so it is atomic:
   under a new fencing token from ``tokens`` (tokens only grow and are never
   reused, so a worker id that is reused never inherits a lease: tokens
   decide, not owners);
-- ``renew`` and ``release`` act only while the token is the current one.
+- ``renew`` and ``release`` act only while the token is the current one;
+- ``save_runnable`` is ``save`` without a lease (its compare-and-set also on
+  ``cancel``) and then either a hand-over or ``make_runnable``: when a
+  worker is waiting (the latest in ``waiting`` whose wait has not ended)
+  and the turn's lease is free, the turn is leased to that worker under a
+  new token exactly as ``claim`` leases it, and put with its payload in the
+  worker's inbox, which that worker's BLPOP is waiting on: the worker runs
+  it without a claim or a load. The caller sends the turn twice, resumed
+  and started (both made by the runner's transitions): a hand-over saves
+  the started one, RUNNING under the new lease, a queued turn the other. A
+  wait that ended (a worker that died waiting) is dropped from ``waiting``
+  here, and handed nothing;
+- ``claim`` with a waiter (``claim_turn``) first takes the waiter out of
+  ``waiting`` and pops its inbox (a turn handed to it, if its lease is
+  still the current one), then claims as above and returns the payload
+  too; when there is nothing, it registers the waiter in ``waiting``;
+- ``stop_waiting`` takes a waiter out and gives back what its inbox holds
+  (lease released, queued again).
 
 A turn is leased while it is in ``leases`` with a score after now; the
 hash's ``lease_owner`` and ``lease_until`` say the same for people reading
@@ -47,11 +71,19 @@ failure).
 
 Waking: ``make_runnable`` pushes a token on ``wake`` (keeping at most
 ``WAKE_TOKENS``) and ``wait_for_work`` pops one with BLPOP, on a client of
-its own without a socket timeout (redis-py 8 defaults to 5 s). A token
+its own without a socket timeout (redis-py 8 defaults to 5 s), from the
+waiter's inbox or ``wake``, whichever has something first. A token
 outlives a worker that is not waiting, so no wake-up is lost between a
 worker's empty claim and its wait; a burst wakes up to ``WAKE_TOKENS``
 workers, one each; a stale token costs one empty claim. The zset is the
-truth: workers still claim every ``at_most`` seconds without a wake-up.
+truth: workers still claim every ``at_most`` seconds without a wake-up. A
+hand-over needs no wake token: the inbox is the wake-up, and an inbox item
+outlives a worker that is between its claim and its BLPOP as a token does.
+
+A hand-over to a worker that died while registered (at most one wait,
+``at_most``, after its death) waits for that lease to expire, as a turn
+whose worker died running it does; a worker that stops cleanly
+(``stop_waiting``) gives back what it was handed.
 
 Redis down: every call fails fast with StoreUnavailable (no retries inside,
 short timeouts), except ``wait_for_work``, which cannot tell whether work
@@ -68,7 +100,7 @@ from typing import Any
 import msgspec
 
 from server.runner.errors import Fenced, TurnExists, TurnNotFound, VersionConflict
-from server.runner.store import Lease, TurnStore
+from server.runner.store import Claim, Lease, TurnStore, Waiter
 from server.runner.turn import Turn, TurnStatus
 from server.store.redis_link import UNAVAILABLE, RedisLink, Script
 
@@ -125,10 +157,101 @@ redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[3]) - 1)
 return 1
 """
 
-# KEYS: runnable, leases, tokens.  ARGV: turn key prefix, owner, now, until, id or ''.
-# Returns {id, token}, or nil when nothing can be claimed.
-CLAIM = """
+# KEYS: turn, runnable, wake, leases, tokens, waiting, waiters.  ARGV: status
+# key prefix, id, expected version, payload, status, phase, now, tokens kept,
+# inbox key prefix, the cancel flag the caller saw (0 or 1), and the turn as
+# started (payload, status, phase; '' when not given).
+# Returns {1, version, cancel, running (0 or 1)}, {0, current version} on a
+# conflict (the version, or the cancel flag, changed), {} when there is no
+# such turn.
+SAVE_RUNNABLE = """
+local held = redis.call('HMGET', KEYS[1], 'version', 'status', 'cancel')
+if not held[1] then return {} end
+local version = tonumber(held[1])
+if version ~= tonumber(ARGV[3]) or tonumber(held[3]) ~= tonumber(ARGV[10]) then
+  return {0, version}
+end
+local now = tonumber(ARGV[7])
+local ended = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', '(' .. ARGV[7])
+for _, gone in ipairs(ended) do
+  redis.call('ZREM', KEYS[6], gone)
+  redis.call('HDEL', KEYS[7], gone)
+end
+local waiter, seconds, owner
+local till = redis.call('ZSCORE', KEYS[4], ARGV[2])
+if not (till and tonumber(till) > now) then
+  local found = redis.call('ZREVRANGEBYSCORE', KEYS[6], '+inf', ARGV[7], 'LIMIT', 0, 1)[1]
+  if found then
+    local how = redis.call('HGET', KEYS[7], found)
+    redis.call('ZREM', KEYS[6], found)
+    redis.call('HDEL', KEYS[7], found)
+    seconds, owner = string.match(how or '', '^(%S+) (.*)$')
+    if seconds then waiter = found end
+  end
+end
+local running = waiter ~= nil and ARGV[11] ~= ''
+local payload, status, phase = ARGV[4], ARGV[5], ARGV[6]
+if running then payload, status, phase = ARGV[11], ARGV[12], ARGV[13] end
+version = version + 1
+redis.call('HSET', KEYS[1], 'version', version, 'status', status, 'phase', phase,
+  'payload', payload)
+if held[2] ~= status then
+  redis.call('SREM', ARGV[1] .. held[2], ARGV[2])
+  redis.call('SADD', ARGV[1] .. status, ARGV[2])
+end
+local cancel = tonumber(held[3])
+local flag = running and 1 or 0
+if waiter then
+  local token = redis.call('INCR', KEYS[5])
+  local ends = string.format('%.17g', now + tonumber(seconds))
+  redis.call('HSET', KEYS[1], 'lease_owner', owner, 'lease_token', token, 'lease_until', ends)
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  redis.call('ZADD', KEYS[4], ends, ARGV[2])
+  local header = cjson.encode({ARGV[2], token, version, cancel, ends, flag})
+  local inbox = ARGV[9] .. waiter
+  redis.call('RPUSH', inbox, header .. '\\n' .. payload)
+  redis.call('EXPIRE', inbox, 86400)
+  return {1, version, cancel, flag}
+end
+redis.call('ZADD', KEYS[2], ARGV[7], ARGV[2])
+redis.call('LPUSH', KEYS[3], 1)
+redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[8]) - 1)
+return {1, version, cancel, 0}
+"""
+
+# What the scripts that read an inbox share: the turn id and token of a
+# handed item, and whether its lease is still the current one.
+_INBOX_ITEM = """
+local function handed(item)
+  local header = cjson.decode(string.sub(item, 1, string.find(item, '\\n', 1, true) - 1))
+  return header[1], tonumber(header[2])
+end
+local function current(prefix, id, token)
+  return tonumber(redis.call('HGET', prefix .. id, 'lease_token')) == token
+end
+"""
+
+# KEYS: runnable, leases, tokens, waiting, waiters.  ARGV: turn key prefix,
+# owner, now, until, id or '', load (0 or 1), waiter or '', inbox key prefix,
+# the waiter's wait end, the waiter's "<lease seconds> <owner>".
+# Returns {'h', inbox item} for a turn handed to the waiter; {id, token} (and
+# with load: payload, version, cancel) for a claim; nil when nothing can be
+# claimed (and then the waiter, if any, is registered).
+CLAIM = (
+    _INBOX_ITEM
+    + """
 local now = tonumber(ARGV[3])
+if ARGV[7] ~= '' then
+  redis.call('ZREM', KEYS[4], ARGV[7])
+  redis.call('HDEL', KEYS[5], ARGV[7])
+  local inbox = ARGV[8] .. ARGV[7]
+  while true do
+    local item = redis.call('LPOP', inbox)
+    if not item then break end
+    local id, token = handed(item)
+    if current(ARGV[1], id, token) then return {'h', item} end
+  end
+end
 local function exists(id)
   return redis.call('EXISTS', ARGV[1] .. id) == 1
 end
@@ -142,11 +265,22 @@ local function take(id)
   redis.call('HSET', key, 'lease_owner', ARGV[2], 'lease_token', token, 'lease_until', ARGV[4])
   redis.call('ZREM', KEYS[1], id)
   redis.call('ZADD', KEYS[2], ARGV[4], id)
+  if ARGV[6] == '1' then
+    local held = redis.call('HMGET', key, 'payload', 'version', 'cancel')
+    return {id, token, held[1], held[2], held[3]}
+  end
   return {id, token}
+end
+local function nothing()
+  if ARGV[7] ~= '' then
+    redis.call('ZADD', KEYS[4], ARGV[9], ARGV[7])
+    redis.call('HSET', KEYS[5], ARGV[7], ARGV[10])
+  end
+  return false
 end
 if ARGV[5] ~= '' then
   if exists(ARGV[5]) and not leased(ARGV[5]) then return take(ARGV[5]) end
-  return false
+  return nothing()
 end
 local offset = 0
 while true do
@@ -159,11 +293,37 @@ while true do
 end
 while true do
   local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[3], 'LIMIT', 0, 1)
-  if #expired == 0 then return false end
+  if #expired == 0 then return nothing() end
   if exists(expired[1]) then return take(expired[1]) end
   redis.call('ZREM', KEYS[2], expired[1])
 end
 """
+)
+
+# KEYS: waiting, waiters, runnable, leases, wake.  ARGV: waiter, inbox key
+# prefix, turn key prefix, now, tokens kept.  Returns how many handed turns
+# it gave back.
+STOP_WAITING = (
+    _INBOX_ITEM
+    + """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+local given = 0
+while true do
+  local item = redis.call('LPOP', ARGV[2] .. ARGV[1])
+  if not item then return given end
+  local id, token = handed(item)
+  if current(ARGV[3], id, token) then
+    redis.call('HSET', ARGV[3] .. id, 'lease_owner', '', 'lease_until', 0)
+    redis.call('ZREM', KEYS[4], id)
+    redis.call('ZADD', KEYS[3], ARGV[4], id)
+    redis.call('LPUSH', KEYS[5], 1)
+    redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[5]) - 1)
+    given = given + 1
+  end
+end
+"""
+)
 
 # KEYS: turn, leases.  ARGV: id, token, until.  Returns 1, or 0 if not held.
 RENEW = """
@@ -185,9 +345,20 @@ return 1
 _CREATE, _SAVE, _REQUEST_CANCEL = Script(CREATE), Script(SAVE), Script(REQUEST_CANCEL)
 _MAKE_RUNNABLE, _CLAIM = Script(MAKE_RUNNABLE), Script(CLAIM)
 _RENEW, _RELEASE = Script(RENEW), Script(RELEASE)
+_SAVE_RUNNABLE, _STOP_WAITING = Script(SAVE_RUNNABLE), Script(STOP_WAITING)
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Turn)
+_header = msgspec.json.Decoder(tuple[str, int, int, int, str, int])
+
+
+def _handed(item: bytes, owner: str) -> Claim:
+    """An inbox item (see the module docstring) as the claim it hands over."""
+    header, _, payload = item.partition(b"\n")
+    turn_id, token, version, cancel, until, running = _header.decode(header)
+    turn = _decoder.decode(payload)
+    turn.version, turn.cancel_requested = version, bool(cancel)
+    return Claim(Lease(turn_id, owner, token, float(until)), turn, running=bool(running))
 
 
 class RedisTurnStore(TurnStore):
@@ -205,6 +376,9 @@ class RedisTurnStore(TurnStore):
         self._leases = f"{tag}:leases"
         self._wake = f"{tag}:wake"
         self._tokens = f"{tag}:tokens"
+        self._waiting = f"{tag}:waiting"
+        self._waiters = f"{tag}:waiters"
+        self._inbox_prefix = f"{tag}:inbox:"
         self.link = RedisLink(url, timeout)
         self.client = self.link.client
 
@@ -261,9 +435,56 @@ class RedisTurnStore(TurnStore):
         result.version, result.cancel_requested = int(out[1]), bool(out[2])
         return result
 
+    async def save_runnable(self, turn: Turn, now: float, *, started: Turn | None = None) -> Turn:
+        saved = msgspec.structs.replace(turn, version=turn.version + 1, cancel_requested=False)
+        payload = _encoder.encode(saved)
+        running = b""
+        if started is not None:
+            running = _encoder.encode(
+                msgspec.structs.replace(started, version=turn.version + 1, cancel_requested=False)
+            )
+        keys = [
+            self._turn_key(turn.id),
+            self._runnable,
+            self._wake,
+            self._leases,
+            self._tokens,
+            self._waiting,
+            self._waiters,
+        ]
+        args = [
+            self._status_prefix,
+            turn.id,
+            turn.version,
+            payload,
+            turn.status.value,
+            turn.phase.value,
+            repr(now),
+            WAKE_TOKENS,
+            self._inbox_prefix,
+            int(turn.cancel_requested),
+            running,
+            "" if started is None else started.status.value,
+            "" if started is None else started.phase.value,
+        ]
+        out = await self.link.run(_SAVE_RUNNABLE, keys, args)
+        if not out:
+            raise TurnNotFound(turn.id)
+        if int(out[0]) == 0:
+            raise VersionConflict(turn.id, turn.version, int(out[1]))
+        result = _decoder.decode(running if int(out[3]) else payload)
+        result.version, result.cancel_requested = int(out[1]), bool(out[2])
+        return result
+
     async def request_cancel(self, turn_id: str) -> None:
         if not await self.link.run(_REQUEST_CANCEL, [self._turn_key(turn_id)], []):
             raise TurnNotFound(turn_id)
+
+    async def cancel_requested(self, turn_id: str) -> bool:
+        cancel = await self.link.call(self.client.hget(self._turn_key(turn_id), "cancel"))
+        if cancel is None:
+            raise TurnNotFound(turn_id)
+        return bool(cancel == b"1")
 
     async def by_status(self, status: TurnStatus) -> list[str]:
         members: set[Any] = await self.link.call(self.client.smembers(self._status_key(status)))
@@ -279,14 +500,56 @@ class RedisTurnStore(TurnStore):
     async def claim(
         self, owner: str, now: float, lease_seconds: float, turn_id: str | None = None
     ) -> Lease | None:
-        until = now + lease_seconds
-        args = [self._turn_prefix, owner, now, until, turn_id or ""]
-        keys = [self._runnable, self._leases, self._tokens]
-        out = await self.link.run(_CLAIM, keys, args)
+        out = await self._claim(owner, now, lease_seconds, turn_id, None, load=False)
         if out is None:
             return None
         claimed, token = out
-        return Lease(claimed.decode(), owner, int(token), until)
+        return Lease(claimed.decode(), owner, int(token), now + lease_seconds)
+
+    async def claim_turn(
+        self,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        turn_id: str | None = None,
+        *,
+        waiter: Waiter | None = None,
+    ) -> Claim | None:
+        out = await self._claim(owner, now, lease_seconds, turn_id, waiter, load=True)
+        if out is None:
+            return None
+        if out[0] == b"h":
+            assert waiter is not None
+            return _handed(out[1], waiter.owner)
+        claimed, token, payload, version, cancel = out
+        turn = _decoder.decode(payload)
+        turn.version, turn.cancel_requested = int(version), cancel == b"1"
+        return Claim(Lease(claimed.decode(), owner, int(token), now + lease_seconds), turn)
+
+    async def _claim(
+        self,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        turn_id: str | None,
+        waiter: Waiter | None,
+        *,
+        load: bool,
+    ) -> Any:
+        args = [
+            self._turn_prefix,
+            owner,
+            repr(now),
+            repr(now + lease_seconds),
+            turn_id or "",
+            int(load),
+            "" if waiter is None else waiter.id,
+            self._inbox_prefix,
+            "" if waiter is None else repr(waiter.until),
+            "" if waiter is None else f"{waiter.lease_seconds!r} {waiter.owner}",
+        ]
+        keys = [self._runnable, self._leases, self._tokens, self._waiting, self._waiters]
+        return await self.link.run(_CLAIM, keys, args)
 
     async def renew(self, lease: Lease, now: float, lease_seconds: float) -> Lease | None:
         until = now + lease_seconds
@@ -299,19 +562,32 @@ class RedisTurnStore(TurnStore):
         keys = [self._turn_key(lease.turn_id), self._leases]
         await self.link.run(_RELEASE, keys, [lease.turn_id, lease.token])
 
-    async def wait_for_work(self, at_most: float) -> None:
+    async def wait_for_work(self, at_most: float, waiter: Waiter | None = None) -> Claim | None:
         if at_most <= 0:
-            return
+            return None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + at_most
+        lists = [self._wake] if waiter is None else [self._inbox_prefix + waiter.id, self._wake]
         try:
             # The blocking client has no socket timeout; this bounds a Redis
             # that accepts the command and then stalls.
             async with asyncio.timeout(at_most + self.timeout):
-                await self.link.blocking.blpop([self._wake], timeout=at_most)
+                popped = await self.link.blocking.blpop(lists, timeout=at_most)
         except (*UNAVAILABLE, TimeoutError) as error:
             log.info("cannot wait for work on redis (%s); waiting out %.1fs", error, at_most)
             await asyncio.sleep(max(0.0, deadline - loop.time()))
+            return None
+        if popped is None or waiter is None:
+            return None
+        where, item = popped
+        if where in (self._wake, self._wake.encode()):
+            return None
+        return _handed(item if isinstance(item, bytes) else item.encode(), waiter.owner)
+
+    async def stop_waiting(self, waiter: Waiter, now: float) -> None:
+        keys = [self._waiting, self._waiters, self._runnable, self._leases, self._wake]
+        args = [waiter.id, self._inbox_prefix, self._turn_prefix, repr(now), WAKE_TOKENS]
+        await self.link.run(_STOP_WAITING, keys, args)
 
     async def close(self) -> None:
         await self.link.close()

@@ -16,9 +16,12 @@ whoever executes it):
 
 ``run`` and ``resume`` continue in the caller until the turn is blocked or
 terminal; ``submit_resume`` validates, saves the turn as runnable and
-returns, and a Worker claims it. Every resume is checked against the
-suspension's type and correlation id before anything changes; a late,
-duplicate or mismatched one raises ResumeRejected and reopens nothing.
+returns: in the same store step the turn is handed, started and leased, to
+a worker that waits for work (which then runs it without claiming, loading
+or saving its start), or queued for a Worker to claim. Every resume is
+checked against the suspension's type and correlation id before anything
+changes; a late, duplicate or mismatched one raises ResumeRejected and
+reopens nothing.
 
 Faults are bounded, never retried forever: an execution that ends in an
 error the runner cannot turn into a result (an unknown agent, an agent
@@ -42,7 +45,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NoReturn
 
 import jsonschema
@@ -89,7 +92,12 @@ REQUEST_USER_INPUT = "request_user_input"
 
 
 class _Stop(Exception):
-    """Internal: the turn is blocked or terminal; stop advancing."""
+    """Internal: the turn is blocked or terminal (``turn``, as saved); stop
+    advancing."""
+
+    def __init__(self, turn: Turn) -> None:
+        super().__init__(turn.id)
+        self.turn = turn
 
 
 def _dumps(value: Any) -> str:
@@ -218,20 +226,48 @@ class Runner:
         await self._apply_resume(turn_id, command)
         return await self.execute(turn_id)
 
-    async def submit_resume(self, turn_id: str, command: ResumeCommand) -> Turn:
-        """Validate and apply ``command``, save the turn as runnable and
-        return; a worker continues it. Raises ResumeRejected."""
-        turn = await self._apply_resume(turn_id, command)
-        await self.store.make_runnable(turn_id, self.clock())
-        return turn
+    async def submit_resume(
+        self, turn_id: str, command: ResumeCommand, *, loaded: Turn | None = None
+    ) -> Turn:
+        """Validate and apply ``command``, save the turn as runnable (handed
+        to a waiting worker, or queued) and return; a worker continues it.
+        Raises ResumeRejected.
 
-    async def _apply_resume(self, turn_id: str, command: ResumeCommand) -> Turn:
+        ``loaded`` is the turn as the caller last read it (it may be stale,
+        and is changed here): it spares a load when it is still current;
+        a save of a stale one fails and the resume is decided again on the
+        turn as it is, and a refusal is only ever decided on a fresh load."""
+        return await self._apply_resume(turn_id, command, loaded=loaded, runnable=True)
+
+    async def _apply_resume(
+        self,
+        turn_id: str,
+        command: ResumeCommand,
+        *,
+        loaded: Turn | None = None,
+        runnable: bool = False,
+    ) -> Turn:
         while True:
-            turn = await self.store.load(turn_id)
-            self._check_resume(turn, command)
-            self._resume_changes(turn, command)
+            fresh = loaded is None
+            turn = await self.store.load(turn_id) if loaded is None else loaded
+            loaded = None
             try:
-                saved = await self.store.save(turn)
+                self._check_resume(turn, command)
+                self._resume_changes(turn, command)
+            except ResumeRejected:
+                if fresh:
+                    raise
+                continue  # the caller's copy may be stale: refuse only on what is there
+            try:
+                if runnable:
+                    # A worker it is handed to gets it started (its RUN here,
+                    # on a shallow copy: start() only sets fields), and saves
+                    # no start of its own.
+                    started = msgspec.structs.replace(turn)
+                    started.start()
+                    saved = await self.store.save_runnable(turn, self.clock(), started=started)
+                else:
+                    saved = await self.store.save(turn)
             except VersionConflict:
                 continue  # someone else changed it: decide again on what is there now
             self._emit(
@@ -369,14 +405,18 @@ class Runner:
         """Claim ``turn_id`` (or the next due turn) and advance it until it
         is blocked or terminal. Raises TurnBusy (held elsewhere), Fenced
         (taken over meanwhile)."""
-        lease = await self.store.claim(self.owner, self.clock(), self.lease_seconds, turn_id)
-        if lease is None:
+        claim = await self.store.claim_turn(self.owner, self.clock(), self.lease_seconds, turn_id)
+        if claim is None:
             raise TurnBusy(turn_id or "(any)")
-        return await self.execute_claimed(lease)
+        return await self.execute_claimed(claim.lease, claim.turn, running=claim.running)
 
-    async def execute_claimed(self, lease: Lease) -> Turn:
-        """Advance the turn ``lease`` holds (from ``store.claim``) until it is
-        blocked or terminal, then give the lease up.
+    async def execute_claimed(
+        self, lease: Lease, turn: Turn | None = None, *, running: bool = False
+    ) -> Turn:
+        """Advance the turn ``lease`` holds (from ``store.claim``; ``turn``
+        as loaded with it, from ``store.claim_turn`` or a hand-over, else it
+        is loaded) until it is blocked or terminal, then give the lease up.
+        ``running``: it was handed over started (``Claim.running``).
 
         An error the runner cannot turn into a result is a failed attempt:
         recorded on the turn, which is scheduled again with backoff or, at
@@ -389,11 +429,12 @@ class Runner:
         self._cancelled[lease.turn_id] = cancelled
         keeper = asyncio.create_task(self._keep_lease(lease, cancelled))
         try:
-            turn = await self.store.load(lease.turn_id)
+            if turn is None:
+                turn = await self.store.load(lease.turn_id)
             if turn.cancel_requested:
                 cancelled.set()
             try:
-                advanced = await self._advance(turn, lease, cancelled)
+                advanced = await self._advance(turn, lease, cancelled, running)
             except (StoreError, asyncio.CancelledError):
                 raise
             except Exception as error:
@@ -411,16 +452,19 @@ class Runner:
         return advanced
 
     async def _keep_lease(self, lease: Lease, cancelled: asyncio.Event) -> None:
-        """Renew the lease while the turn runs; watch the cancel flag."""
+        """Renew the lease while the turn runs; watch the cancel flag (the
+        flag alone: the turn is not loaded)."""
         while True:
             await asyncio.sleep(self.lease_seconds / 3)
             renewed = await self.store.renew(lease, self.clock(), self.lease_seconds)
             if renewed is None:
                 return  # fenced: the next save fails
-            if (await self.store.load(lease.turn_id)).cancel_requested:
+            if await self.store.cancel_requested(lease.turn_id):
                 cancelled.set()
 
-    async def _advance(self, turn: Turn, lease: Lease, cancelled: asyncio.Event) -> Turn:
+    async def _advance(
+        self, turn: Turn, lease: Lease, cancelled: asyncio.Event, running: bool = False
+    ) -> Turn:
         if turn.is_terminal:
             return turn
         if turn.status == TurnStatus.RETRY_SCHEDULED:
@@ -432,7 +476,7 @@ class Runner:
                 return turn
         elif turn.is_blocked and not turn.cancel_requested:
             return turn
-        taken_over = turn.status == TurnStatus.RUNNING
+        taken_over = turn.status == TurnStatus.RUNNING and not running
         try:
             if turn.cancel_requested:
                 turn.start()  # a cancel needs no agent: end it before looking one up
@@ -440,8 +484,14 @@ class Runner:
             agent = self.agent_for(turn)
             if taken_over:
                 await self._take_over(turn, lease)
-            turn.start()
-            turn = await self._save(turn, lease)
+            if not running:
+                turn.start()
+                turn = await self._save(turn, lease)
+            elif lease.until - self.clock() < self.lease_seconds * 2 / 3:
+                # Handed over started, but taken up late (this process was
+                # busy): make sure the lease is still ours before anything
+                # happens (the save is fenced).
+                turn = await self._save(turn, lease)
             self._emit(EventType.TURN_STARTED, turn)
             await self.port.turn_started(turn)
             if taken_over:
@@ -453,8 +503,8 @@ class Runner:
                     turn = await self._model_step(agent, turn, lease)
                 else:
                     turn = await self._tools_step(agent, turn, lease, cancelled)
-        except _Stop:
-            return await self.store.load(turn.id)
+        except _Stop as stop:
+            return stop.turn
 
     async def _save(self, turn: Turn, lease: Lease) -> Turn:
         turn.updated_at = self.clock()
@@ -514,8 +564,8 @@ class Runner:
                 metadata={"attempt": turn.attempts, "of": self.max_attempts, "delay": delay},
             )
             await self._block(turn, lease, suspension)
-        except _Stop:
-            return await self.store.load(turn.id)
+        except _Stop as stop:
+            return stop.turn
 
     async def _finish(
         self, turn: Turn, lease: Lease, ending: Transition, error: str | None = None
@@ -534,7 +584,7 @@ class Runner:
                     await self.cancel(child_id)
         if turn.parent is not None:
             await self._wake_parent(turn)
-        raise _Stop
+        raise _Stop(turn)
 
     async def _wake_parent(self, child: Turn) -> None:
         assert child.parent is not None
@@ -548,7 +598,7 @@ class Runner:
         self._emit(EventType.TURN_SUSPENDED, turn, type=suspension.type.value)
         if suspension.type == SuspensionType.RETRY and suspension.due_at is not None:
             await self.store.make_runnable(turn.id, suspension.due_at)
-        raise _Stop
+        raise _Stop(turn)
 
     async def _retry_later(
         self,
@@ -625,7 +675,10 @@ class Runner:
             )
         turn.pending = []
         turn.phase = Phase.MODEL
-        return await self._save(turn, lease)
+        # Not saved on its own: it follows from what is saved (every
+        # result), and the model step's next save carries it. A crash before
+        # that comes back here with every result and moves on the same way.
+        return turn
 
     async def _call(
         self,
@@ -754,12 +807,11 @@ class Runner:
             form=frozen,
         )
         self._emit(EventType.TOOL_INPUT_REQUESTED, turn, call_id=call.id, form=form.key)
-        try:
-            await self._block(turn, lease, suspension)
-        finally:
-            saved = await self.store.load(turn.id)
-            if saved.suspension == suspension:
-                await self.port.input_requested(saved, suspension)
+
+        async def show(saved: Turn) -> None:
+            await self.port.input_requested(saved, suspension)
+
+        await self._block_then_show(turn, lease, suspension, show)
 
     async def _ask_approval(
         self, turn: Turn, lease: Lease, call: ToolCall, tool: Tool, decision: ApprovalDecision
@@ -772,14 +824,33 @@ class Runner:
             metadata={"code": decision.code, "reason": decision.reason, **decision.metadata},
         )
         self._emit(EventType.TOOL_APPROVAL_REQUESTED, turn, call_id=call.id, code=decision.code)
-        # Saved as waiting before people see the question: an answer that
-        # comes at once must find the turn waiting for it.
+
+        async def show(saved: Turn) -> None:
+            await self.port.approval_requested(saved, call, tool, decision)
+
+        await self._block_then_show(turn, lease, suspension, show)
+
+    async def _block_then_show(
+        self,
+        turn: Turn,
+        lease: Lease,
+        suspension: Suspension,
+        show: Callable[[Turn], Awaitable[None]],
+    ) -> NoReturn:
+        """Block on ``suspension``, then show it to people: saved as waiting
+        before people see the question, so that an answer that comes at once
+        finds the turn waiting for it. When the save failed it is shown
+        anyway if it was made (a timeout can hide a save that happened)."""
         try:
             await self._block(turn, lease, suspension)
-        finally:
+        except _Stop as stop:
+            await show(stop.turn)
+            raise
+        except BaseException:
             saved = await self.store.load(turn.id)
             if saved.suspension == suspension:
-                await self.port.approval_requested(saved, call, tool, decision)
+                await show(saved)
+            raise
 
     async def _spawn_child(
         self, turn: Turn, lease: Lease, call: ToolCall, child: Agent

@@ -47,8 +47,8 @@ from reducers.validation import reject_reason
 from server.aggregate import SessionAggregate
 from server.audit import GONE_RECORDS, AuditTrail, AuditValues
 from server.auth import Identity
-from server.channels import ChannelCore, ChannelView, Hook, Validator
-from server.errors import ActionRejected
+from server.channels import Applied, ChannelCore, ChannelView, Hook, Validator
+from server.errors import ActionRejected, StoreError
 from server.expiry import Expiries, Expiry, Family
 from server.forms import Form, FormRegistry, chat_session, needs_session
 from server.notes import SessionNotes
@@ -57,6 +57,8 @@ from server.store.base import ChannelStore
 from server.waiters import InputOutcome, ToolDecision, Waiters
 
 __all__ = ["Host", "InputOutcome", "ToolDecision"]
+
+log = logging.getLogger("huddle.host")
 
 ANSWERS = (ChatInputAnswerChanged, ChatInputCompleted, ChatToolCallConfirmed)
 """The actions that answer a wait (too late once its expiry passed)."""

@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import cProfile
 import io
+import itertools
 import json
 import os
 import pstats
@@ -348,9 +349,16 @@ def _answer(index: int) -> ChatInputAnswerChanged:
     )
 
 
+_CLIENT_SEQS = itertools.count(1)
+"""Every frame a new ``clientSeq``: a re-used one is a re-send, which the
+server applies once (and echoes to its sender alone)."""
+
+
 def huddle_frame(chat: str, index: int) -> str:
     """A participant's ``dispatchAction`` notification."""
-    params = DispatchActionParams(channel=chat, client_seq=index + 1, action=_answer(index))
+    params = DispatchActionParams(
+        channel=chat, client_seq=next(_CLIENT_SEQS), action=_answer(index)
+    )
     return encode({"jsonrpc": "2.0", "method": "dispatchAction", "params": params}).decode()
 
 

@@ -445,7 +445,9 @@ async def mint_token(request: Request, server: Server, grant: Grant) -> Response
         name=body.get("name"),
         ttl=body.get("ttl"),
     )
-    return _json({"token": token})
+    # The web client link that carries it (what ``huddle invite`` prints).
+    link = f"{str(request.base_url).rstrip('/')}/?token={token}"
+    return _json({"token": token, "link": link})
 
 
 # ─── Health, metrics, web client ─────────────────────────────────────────────

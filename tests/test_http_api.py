@@ -329,6 +329,7 @@ async def test_minted_token_connects_with_its_role_and_scope(huddle: RunningServ
     other = (await post(huddle, "/api/sessions", {"id": "http-2"})).json()["chat"]
     reply = await mint(huddle, {"role": "participant", "sessions": [SESSION], "name": "dana"})
     assert reply.status == 200
+    assert reply.json()["link"] == f"{huddle.http}/?token={reply.json()['token']}"
 
     dana = await Peer.ready(huddle.ws, reply.json()["token"], "dana")
 

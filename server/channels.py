@@ -58,6 +58,7 @@ from reducers import reduce
 from server.auth import Identity
 from server.errors import ActionRejected, AlreadyApplied, ChannelGone, SeqConflict, StoreError
 from server.frames import OutFrame, action_frame
+from server.periodic import Periodic
 from server.store.base import ChannelStore, Listener, decode_entry, encode_entry
 
 log = logging.getLogger("huddle.channels")
@@ -219,6 +220,15 @@ class ChannelCore(Listener):
         self.clock = clock
         self.snapshot_every = snapshot_every
         self.idle_check_interval = idle_check_interval
+        self._idle_check = Periodic(
+            self.check_heads,
+            idle_check_interval,
+            log=log,
+            what="idle check",
+            expected=(StoreError,),
+        )
+        """Now and then, compare every watched channel with the store's head:
+        an append whose hint was lost is applied within one interval."""
         self.hooks: list[Hook] = []
         self.idle_channels = IDLE_CHANNELS
         self._channels: dict[str, _Channel] = {}
@@ -239,9 +249,10 @@ class ChannelCore(Listener):
         """Listen to other processes (and compare heads now and then)."""
         self._remove_listener = self.store.add_listener(self)
         if self.idle_check_interval > 0:
-            self.spawn(self._check_idle_channels())
+            self._idle_check.start()
 
     async def stop(self) -> None:
+        await self._idle_check.stop()
         if self._remove_listener is not None:
             self._remove_listener()
         for task in list(self._tasks):
@@ -576,16 +587,6 @@ class ChannelCore(Listener):
         finally:
             ch.catching_up = False
             await _await_all(follow_ups, f"catching up {ch.uri}")
-
-    async def _check_idle_channels(self) -> None:
-        """Now and then, compare every watched channel with the store's head:
-        an append whose hint was lost is applied within one interval."""
-        while True:
-            await asyncio.sleep(self.idle_check_interval)
-            try:
-                await self.check_heads()
-            except StoreError as error:
-                log.warning("idle check failed: %s", error)
 
     async def check_heads(self, *, idle: bool = False) -> None:
         """Catch up every channel served here (with subscribers, or pinned)

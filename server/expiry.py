@@ -23,7 +23,6 @@ to it with ``expired`` (from its ``expiresAt`` on, before the sweep too).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import secrets
@@ -51,6 +50,7 @@ from server.channels import Applied, ChannelCore
 from server.errors import ActionRejected, ChannelGone, StoreError
 from server.forms import chat_session
 from server.notes import SessionNotes
+from server.periodic import Periodic
 from server.store.base import ChannelStore
 
 log = logging.getLogger("huddle.expiry")
@@ -120,18 +120,16 @@ class Expiries:
         self.core = core
         self.store = store
         self.notes = session_notes
-        self.check_interval = check_interval
         self._owner = secrets.token_hex(8)
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic(
+            self.sweep, check_interval, log=log, what="sweeping expiries", expected=(StoreError,)
+        )
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._sweeping())
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._periodic.stop()
 
     async def expire(self, chat: str, family: Family, key: str, expiry: Expiry) -> int:
         """Give the open wait ``key`` of ``chat`` (an input request, or a
@@ -175,14 +173,6 @@ class Expiries:
             await self.expire(chat, "toolCalls", key, expiry)
 
     # ─── Firing ──────────────────────────────────────────────────────────
-
-    async def _sweeping(self) -> None:
-        while True:
-            await asyncio.sleep(self.check_interval)
-            try:
-                await self.sweep()
-            except StoreError as error:
-                log.warning("expiries not swept: %s", error)
 
     async def sweep(self) -> int:
         """Fire every expiry that is due; returns how many this process fired."""

@@ -26,6 +26,7 @@ from reducers.clock import iso_ms
 from server.audit import GONE_RECORDS, export
 from server.errors import ChannelGone, StoreError
 from server.host import Host
+from server.periodic import Periodic
 
 log = logging.getLogger("huddle.retention")
 
@@ -46,26 +47,17 @@ class Retention:
         self.host = host
         self.keep = keep
         self.audit_dir = Path(audit_dir) if audit_dir else None
-        self.interval = interval if interval is not None else min(600.0, max(1.0, keep / 10))
         self._owner = secrets.token_hex(8)
-        self._task: asyncio.Task[None] | None = None
+        every = interval if interval is not None else min(600.0, max(1.0, keep / 10))
+        self._periodic = Periodic(
+            self.sweep, every, log=log, what="retention sweep", expected=(StoreError, OSError)
+        )
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._sweeping())
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _sweeping(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.sweep()
-            except (StoreError, OSError) as error:
-                log.warning("retention: sweep failed: %s", error)
+        await self._periodic.stop()
 
     async def sweep(self) -> list[str]:
         """Retire what is past its time; the sessions retired."""

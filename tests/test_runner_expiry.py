@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 
-from protocol.actions import ChatInputAnswerChanged, ChatToolCallConfirmed
+from protocol.actions import ChatError, ChatInputAnswerChanged, ChatToolCallConfirmed
 from protocol.chat import InputAnswer, TextValue, ToolCallCancelled
 from protocol.session import SessionState
+from protocol.wire import ErrorInfo
 from reducers import notes
 from reducers.chat import select_latest_tool_call
 from server.config import Settings
@@ -34,8 +35,9 @@ from server.runner.agent import Agent, ApprovalDecision, FormDefinition, Tool
 from server.runner.events import EventType, RunnerEvent
 from server.runner.ids import runner_turn_id
 from server.runner.redis_store import RedisTurnStore
-from server.runner.runner import REQUEST_USER_INPUT
-from server.runner.turn import Turn, TurnStatus
+from server.runner.runner import REQUEST_USER_INPUT, ResumeRejected, Runner
+from server.runner.store import MemoryTurnStore
+from server.runner.turn import ResumeCommand, Suspension, SuspensionType, Turn, TurnStatus
 from server.store.base import ChannelStore
 from server.store.redis import RedisStore
 from tests.conftest import UNIT, RunningServer, start_server
@@ -462,3 +464,77 @@ async def test_an_mcp_elicitation_that_expires_with_fail_fails_the_call_and_the_
     assert turn.error == f"Nobody answered the input request {rid!r} in time."
     assert len(model.conversations) == 1
     assert input_parts(done)[-1].request.id == rid
+
+
+# ─── The runner on its own, and reconciling ──────────────────────────────────
+
+
+async def test_a_plain_question_gets_the_agents_default_and_a_fail_resume_ends_the_turn() -> None:
+    helper, model = asking(input_expiry=Expiry(45, "decline"))
+    runner = Runner(MemoryTurnStore(), [helper])
+    turn = await runner.store.create(runner.new_turn(helper, "Fix it"))
+    turn.start()
+    asked = await runner.suspend(turn, Suspension.user_input("Which one?"))
+    own = await runner.suspend(
+        await runner.store.create(runner.new_turn(helper, "Again", turn_id="t2")),
+        Suspension.user_input("Which?", expiry=Expiry(5, "fail")),
+    )
+    assert asked.suspension is not None
+    assert asked.suspension.expiry == Expiry(45, "decline")
+    assert own.suspension is not None
+    assert own.suspension.expiry == Expiry(5, "fail")
+
+    command = ResumeCommand.fail(
+        SuspensionType.USER_INPUT, asked.suspension.correlation_id, "nobody answered"
+    )
+    failed = await runner.resume(asked.id, command)
+    with pytest.raises(ResumeRejected):
+        await runner.resume(asked.id, command)  # once
+
+    assert failed.status == TurnStatus.FAILED
+    assert failed.error == "nobody answered"
+    assert failed.suspension is None
+    assert model.conversations == []  # nothing ran
+
+
+async def test_a_turn_whose_chat_turn_failed_meanwhile_is_failed_by_reconcile() -> None:
+    clock = Clock()
+    helper, _ = asking()
+    async with serving(helper, clock) as served:
+        _, chat, mirror = await open_chat(served.huddle, "Fix it")
+        await next_request(mirror)
+        # The server ends the chat turn, and the bridge does not hear of it
+        # (no expiry's note: as if the process died before it acted).
+        error = ChatError(
+            turn_id="t1", duration=0, error=ErrorInfo(error_type="x", message="it broke")
+        )
+        await served.huddle.server.host.dispatch(chat, error)
+        assert (await served.turn(chat)).status == TurnStatus.WAITING_FOR_USER
+        service = served.huddle.server.parts.service
+        assert service is not None
+
+        assert await service.bridge.reconcile() == 1
+        await served.ends.of(runner_turn_id(chat, "t1"))
+        turn = await served.turn(chat)
+
+    assert turn.status == TurnStatus.FAILED
+    assert turn.error == "it broke"
+    assert turn.audit[-1].metadata["via"] == "reconcile"
+
+
+async def test_an_agent_ending_the_chat_turn_with_an_error_fails_the_waiting_turn() -> None:
+    helper, _ = asking()
+    async with serving(helper, Clock()) as served:
+        _, chat, mirror = await open_chat(served.huddle, "Fix it")
+        await next_request(mirror)
+        other = await served.huddle.client("agent")
+        error = ChatError(
+            turn_id="t1", duration=0, error=ErrorInfo(error_type="x", message="stopped by ops")
+        )
+        await other.dispatch_and_wait(chat, error)
+        await served.ends.of(runner_turn_id(chat, "t1"))
+        turn = await served.turn(chat)
+
+    assert turn.status == TurnStatus.FAILED
+    assert turn.error == "stopped by ops"
+    assert turn.audit[-1].metadata["role"] == "agent"

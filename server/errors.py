@@ -55,6 +55,12 @@ down: this module imports nothing from ``server.runner`` or ``server.mcp``::
     │   ├── FormRequired            raised by a tool before any side effect:
     │   │                           the turn waits for a form, then the tool
     │   │                           runs again with the data
+    │   ├── WaitExpired             raised by a tool whose wait for people
+    │   │   │                       expired with the ``fail`` policy: the
+    │   │   │                       turn fails with its message
+    │   │   └── ElicitationExpired  server.mcp.errors (an McpBridgeError too):
+    │   │                           an MCP server's question; the server gets
+    │   │                           -32001 and the call fails
     │   ├── TransientError          raised by a model or a tool: the turn is
     │   │   │                       retried later, with backoff
     │   │   └── ModelUnavailable    429, 408 or 5xx; a timeout; a connection

@@ -227,6 +227,9 @@ def _policy(due: Due, now_ms: Callable[[], int]) -> Callable[[ChannelState], Sta
         turn = state.active_turn
         assert turn is not None
         what = "input request" if due.family == "requests" else "tool call"
+        # Whoever owns the wait (the runner's chat bridge) tells these from
+        # people's answers by this note.
+        expired = {notes.HUDDLE: {"expired": {"family": due.family, "id": due.key}}}
         if due.policy == "fail":
             now = now_ms()
             return ChatError(
@@ -236,7 +239,7 @@ def _policy(due: Due, now_ms: Callable[[], int]) -> Callable[[ChannelState], Sta
                     error_type="expired",
                     message=f"Nobody answered the {what} {due.key!r} in time.",
                 ),
-                meta={notes.HUDDLE: {"expired": {"family": due.family, "id": due.key}}},
+                meta=expired,
             )
         if due.family == "requests":
             response: Literal["cancel", "decline"] = (
@@ -249,6 +252,7 @@ def _policy(due: Due, now_ms: Callable[[], int]) -> Callable[[ChannelState], Sta
             approved=False,
             reason="skipped" if due.policy == "cancel" else "denied",
             reason_message="Nobody approved it in time.",
+            meta=expired,
         )
 
     return change

@@ -21,7 +21,13 @@ people of a chat.
 
 from server.mcp.calls import call_tool
 from server.mcp.elicitation import ChatElicitation, UrlCompletions
-from server.mcp.errors import LinkRefused, McpBridgeError, McpToolFailed, Unaskable
+from server.mcp.errors import (
+    ElicitationExpired,
+    LinkRefused,
+    McpBridgeError,
+    McpToolFailed,
+    Unaskable,
+)
 from server.mcp.people import HostChat, People, RemoteChat, Reply
 from server.mcp.sampling import ChatSampling
 from server.mcp.tools import McpServerConfig, McpToolSource
@@ -29,6 +35,7 @@ from server.mcp.tools import McpServerConfig, McpToolSource
 __all__ = [
     "ChatElicitation",
     "ChatSampling",
+    "ElicitationExpired",
     "HostChat",
     "LinkRefused",
     "McpBridgeError",

@@ -21,6 +21,13 @@ and the people's resolution becomes the ``ElicitResult`` the spec wants::
     cancel          no content: dismissed, the turn ended, the chat was
                     truncated, or the request was withdrawn
 
+An elicitation may be given an expiry (:class:`~server.expiry.Expiry`: the
+callback's ``expiry``, set per bridge or per call): when nobody answers in
+time the server gets ``cancel`` or ``decline`` as the policy says, and with
+``fail`` the chat's turn fails and the server gets error -32001 (request
+timeout) saying nobody answered in time (kept in ``expired`` for the caller,
+whose call then fails with it: see :mod:`server.mcp.tools`).
+
 What cannot be asked (a schema outside MCP's flat subset, an invalid schema,
 a link that is not http(s)) gets a JSON-RPC error (-32602, the spec's code
 for a request the client cannot serve) whose message says why. When the MCP
@@ -63,7 +70,8 @@ from protocol.forms import (
     parse_form,
 )
 from server.errors import HuddleError, InputAbandoned
-from server.mcp.errors import Unaskable
+from server.expiry import Expiry
+from server.mcp.errors import ElicitationExpired, Unaskable
 from server.mcp.people import People, Reply
 from server.runner.ids import mcp_request_id
 
@@ -214,6 +222,10 @@ class ChatElicitation:
     only a :class:`~server.mcp.people.RemoteChat` lets through: the host
     refuses it) the question is asked again with the answers kept, at most
     ``attempts`` times, then the result is ``cancel``.
+
+    ``expiry`` applies to every question it puts (change it between calls
+    as needed); ``expired`` is the latest question that ran out of time
+    with ``fail`` (None until one does; the caller may reset it).
     """
 
     def __init__(
@@ -223,12 +235,15 @@ class ChatElicitation:
         route: Callable[[], People | None] | None = None,
         server: str | None = None,
         attempts: int = 3,
+        expiry: Expiry | None = None,
     ) -> None:
         if (people is None) == (route is None):
             raise ValueError("ChatElicitation takes exactly one of people= or route=")
         self._route: Callable[[], People | None] = route or (lambda: people)
         self.server = server
         self.attempts = attempts
+        self.expiry = expiry
+        self.expired: ElicitationExpired | None = None
 
     async def __call__(
         self, context: ClientRequestContext, params: types.ElicitRequestParams
@@ -270,7 +285,11 @@ class ChatElicitation:
         """Ask ``question`` until it is resolved with an answer that fits."""
         for _ in range(max(1, self.attempts)):
             try:
-                reply = await _ask_once(people, question)
+                reply = await _ask_once(people, question, self.expiry)
+            except ElicitationExpired as expired:
+                log.info("%s: %s: %s", people.chat, question.request.id, expired)
+                self.expired = expired
+                return expired_error(expired)
             except InputAbandoned as why:
                 log.info("%s: %s: %s", people.chat, question.request.id, why.reason)
                 return types.ElicitResult(action="cancel")
@@ -323,12 +342,18 @@ DONE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 """The form of a "done" confirm: nothing to fill in."""
 
 
-async def _ask_once(people: People, question: Question) -> Reply:
+def expired_error(expired: ElicitationExpired) -> types.ErrorData:
+    """What an MCP server gets for a question nobody answered in time when
+    the policy is ``fail``."""
+    return types.ErrorData(code=types.REQUEST_TIMEOUT, message=str(expired))
+
+
+async def _ask_once(people: People, question: Question, expiry: Expiry | None) -> Reply:
     """Ask once; a cancelled wait (the MCP side, or our caller, gave up)
     withdraws the request from the chat before it propagates."""
     try:
-        return await people.ask(question.request, question.schema)
-    except InputAbandoned:
+        return await people.ask(question.request, question.schema, expiry)
+    except (InputAbandoned, ElicitationExpired):
         raise
     except BaseException:
         # The cancellation is delivered again at every await of a cancelled

@@ -10,6 +10,7 @@ form is never an error: the MCP server gets ``decline`` or ``cancel``.
 from __future__ import annotations
 
 from server.errors import HuddleError
+from server.runner.errors import WaitExpired
 
 
 class McpBridgeError(HuddleError):
@@ -39,6 +40,19 @@ class LinkRefused(McpBridgeError):
     def __str__(self) -> str:
         verb = "declined" if self.action == "decline" else "dismissed"
         return f"{self.server} needs {self.url} opened first, and people {verb} it"
+
+
+class ElicitationExpired(McpBridgeError, WaitExpired):
+    """Nobody answered an MCP server's question in time, and its expiry's
+    policy is ``fail``: the MCP server gets error -32001 (request timeout)
+    with ``message``, the call fails, and a runner's turn fails with it."""
+
+    def __init__(self, chat: str, message: str) -> None:
+        WaitExpired.__init__(self, message)
+        self.chat = chat
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class McpToolFailed(McpBridgeError):

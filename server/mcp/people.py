@@ -6,7 +6,10 @@ accept whose data fails it). :class:`RemoteChat` asks through a
 :class:`~server.client.HuddleClient` with an agent token (a bridge living
 outside the server). Both raise :class:`~server.errors.InputAbandoned` when
 nobody will answer: the chat has no active turn, the turn ended, the chat
-was truncated or is gone.
+was truncated or is gone; and :class:`~server.mcp.errors.ElicitationExpired`
+when the turn ended because nobody answered in time (an expiry whose
+policy is ``fail``). With an expiry whose policy is ``cancel`` or
+``decline``, nobody answering in time is that reply.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from protocol.actions import ChatInputCompleted
-from protocol.chat import InputAnswer, InputRequest, InputResponseKind
+from protocol.chat import ChatState, InputAnswer, InputRequest, InputRequestPart, InputResponseKind
 from server.client import HuddleClient, ProtocolError
 from server.errors import ActionRejected, ChannelGone, HuddleError, InputAbandoned
+from server.expiry import Expiry
 from server.host import Host
+from server.mcp.errors import ElicitationExpired
 
 _RESPONSES: dict[str, InputResponseKind] = {
     "accept": "accept",
@@ -49,9 +54,12 @@ class People(Protocol):
         """Whether an accept that fails the frozen schema is refused before
         it resolves the request (else the bridge checks after)."""
 
-    async def ask(self, request: InputRequest, schema: dict[str, Any] | None) -> Reply:
-        """Open ``request`` in the chat and wait until it is resolved.
-        Raises InputAbandoned when nobody will answer it."""
+    async def ask(
+        self, request: InputRequest, schema: dict[str, Any] | None, expiry: Expiry | None = None
+    ) -> Reply:
+        """Open ``request`` in the chat (with ``expiry``, if given) and wait
+        until it is resolved. Raises InputAbandoned when nobody will answer
+        it, ElicitationExpired when its time ran out with ``fail``."""
 
     async def withdraw(self, request_id: str) -> None:
         """Resolve the request as ``cancel`` if it is still open (the MCP
@@ -67,11 +75,21 @@ class HostChat:
         self.host = host
         self.chat = chat
 
-    async def ask(self, request: InputRequest, schema: dict[str, Any] | None) -> Reply:
+    async def ask(
+        self, request: InputRequest, schema: dict[str, Any] | None, expiry: Expiry | None = None
+    ) -> Reply:
         try:
-            outcome = await self.host.request_input(self.chat, request, schema=schema)
+            outcome = await self.host.request_input(
+                self.chat, request, schema=schema, expiry=expiry
+            )
         except (ActionRejected, ChannelGone) as error:
             raise InputAbandoned(str(error)) from None
+        except InputAbandoned:
+            if expiry is not None and expiry.on_expiry == "fail":
+                with contextlib.suppress(ChannelGone):
+                    state = (await self.host.view(self.chat)).state
+                    _raise_if_expired(self.chat, state, request.id)
+            raise
         return Reply(outcome.response, outcome.answers)
 
     async def withdraw(self, request_id: str) -> None:
@@ -90,11 +108,23 @@ class RemoteChat:
         self.client = client
         self.chat = chat
 
-    async def ask(self, request: InputRequest, schema: dict[str, Any] | None) -> Reply:
+    async def ask(
+        self, request: InputRequest, schema: dict[str, Any] | None, expiry: Expiry | None = None
+    ) -> Reply:
         try:
-            completion = await self.client.request_input(self.chat, request)
+            if expiry is None:
+                completion = await self.client.request_input(self.chat, request)
+            else:
+                completion = await self.client.request_input(
+                    self.chat, request, expires_in=expiry.seconds, on_expiry=expiry.on_expiry
+                )
         except (ActionRejected, ProtocolError) as error:
             raise InputAbandoned(str(error)) from None
+        except InputAbandoned:
+            mirror = self.client.mirrors.get(self.chat)
+            if expiry is not None and expiry.on_expiry == "fail" and mirror is not None:
+                _raise_if_expired(self.chat, mirror.state, request.id)
+            raise
         response = _RESPONSES.get(completion.response, "cancel")
         return Reply(response, completion.answers)
 
@@ -103,3 +133,19 @@ class RemoteChat:
         # Rejected when resolved already; a lost connection has nothing to withdraw.
         with contextlib.suppress(HuddleError):
             await self.client.dispatch_and_wait(self.chat, action)
+
+
+def _raise_if_expired(chat: str, state: object, request_id: str) -> None:
+    """Raise ElicitationExpired if the turn that asked ``request_id`` ended
+    because a wait expired with ``fail`` (server.expiry's ``chat/error``)."""
+    if not isinstance(state, ChatState):
+        return
+    for turn in reversed(state.turns):
+        asked = any(
+            isinstance(part, InputRequestPart) and part.request.id == request_id
+            for part in turn.response_parts
+        )
+        if asked:
+            if turn.error is not None and turn.error.error_type == "expired":
+                raise ElicitationExpired(chat, turn.error.message)
+            return

@@ -16,6 +16,10 @@ messages) and asks the people to approve it, with the last message editable
     decline   error -1 ("the people declined ..."), as the spec suggests for
     cancel    a request the user rejects; nothing reaches a model
 
+With an expiry (``expiry``, as for elicitations) nobody answering in time is
+a decline (``cancel``, ``decline``), or with ``fail`` the chat's turn fails
+and the server gets error -32001 (kept in ``expired``).
+
 Only text is forwarded: other content shows, and is sent, as a placeholder
 (``[image: image/png]``). Tool use in sampling is not offered (the
 capability is declared without ``tools``).
@@ -33,7 +37,9 @@ from mcp.client import ClientRequestContext
 from protocol.chat import InputRequest
 from protocol.forms import answers_from_form_data, parse_form
 from server.errors import HuddleError, InputAbandoned
-from server.mcp.elicitation import Question, form_content, server_label
+from server.expiry import Expiry
+from server.mcp.elicitation import Question, expired_error, form_content, server_label
+from server.mcp.errors import ElicitationExpired
 from server.mcp.people import People
 from server.runner.ids import mcp_request_id
 from server.runner.model import ChatModel
@@ -126,9 +132,12 @@ class ChatSampling:
         route: Callable[[], tuple[People | None, ChatModel | None]],
         *,
         server: str | None = None,
+        expiry: Expiry | None = None,
     ) -> None:
         self._route = route
         self.server = server
+        self.expiry = expiry
+        self.expired: ElicitationExpired | None = None
 
     async def __call__(
         self, context: ClientRequestContext, params: types.CreateMessageRequestParams
@@ -141,7 +150,10 @@ class ChatSampling:
         server = server_label(context.session, self.server)
         question = sampling_question(params, server=server)
         try:
-            reply = await people.ask(question.request, question.schema)
+            reply = await people.ask(question.request, question.schema, self.expiry)
+        except ElicitationExpired as expired:
+            self.expired = expired
+            return expired_error(expired)
         except InputAbandoned:
             return types.ErrorData(code=DECLINED, message="nobody in the chat will answer this")
         except HuddleError as error:

@@ -14,7 +14,10 @@ text) is what the model gets; an ``isError`` result fails the call.
 While an MCP tool runs, the elicitations of its server go to the people of
 the turn's chat (:class:`~server.mcp.people.HostChat` through the chat
 bridge's host), named after the server (``config.name``), in both protocol
-flows (:func:`~server.mcp.calls.call_tool`). A call outside a turn with a
+flows (:func:`~server.mcp.calls.call_tool`), with the expiry of
+``config.expiry``, else the agent's ``input_expiry``. One that runs out of
+time with ``fail`` fails the call with
+:class:`~server.mcp.errors.ElicitationExpired`, and so the turn. A call outside a turn with a
 chat can still be made with :meth:`McpToolSource.call` and explicit people.
 
 Connections are pooled: a call borrows one for itself (so an elicitation of
@@ -58,6 +61,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from server.expiry import Expiry
 from server.mcp.calls import call_tool
 from server.mcp.elicitation import ChatElicitation, UrlCompletions
 from server.mcp.errors import McpBridgeError, McpToolFailed
@@ -104,6 +108,10 @@ class McpServerConfig:
     roots: tuple[str, ...] = ()
     """Root URIs (``file://...``) the server may ask for (``roots/list``);
     none: no roots capability is declared."""
+    expiry: Expiry | None = None
+    """How long people have to answer the server's questions (elicitations,
+    sampling approvals) and what then applies; None: the agent's
+    ``input_expiry`` when a runner's tool calls, else no limit."""
 
     @classmethod
     def stdio(
@@ -314,7 +322,11 @@ class McpToolSource:
 
         async def run(arguments: dict[str, Any]) -> Any:
             return await self.call(
-                name, arguments, people=people_of_current_call(), model=model_of_current_call()
+                name,
+                arguments,
+                people=people_of_current_call(),
+                model=model_of_current_call(),
+                expiry=self.config.expiry or input_expiry_of_current_call(),
             )
 
         title = listed.title or (listed.annotations.title if listed.annotations else None)
@@ -333,14 +345,16 @@ class McpToolSource:
         *,
         people: People | None,
         model: ChatModel | None = None,
+        expiry: Expiry | None = None,
     ) -> Any:
         """Call tool ``name`` (its name on the server) with its elicitations
-        (and sampling, when on) put to ``people``, sampling answered by
-        ``model``; returns the structured content, else the text. Raises
-        McpToolFailed (an ``isError`` result), MCPError, and the bridge's
-        errors."""
+        (and sampling, when on) put to ``people`` with ``expiry`` (default:
+        ``config.expiry``), sampling answered by ``model``; returns the
+        structured content, else the text. Raises McpToolFailed (an
+        ``isError`` result), ElicitationExpired (a question nobody answered
+        in time, with ``fail``), MCPError, and the bridge's errors."""
         while True:
-            async with self._borrow(people, model) as connection:
+            async with self._borrow(people, model, expiry or self.config.expiry) as connection:
                 assert connection.client is not None
                 falls_back = connection.modern and self.config.mode == "auto"
                 try:
@@ -354,9 +368,14 @@ class McpToolSource:
                         link_wait=self.config.link_wait,
                     )
                 except MCPError as error:
+                    _raise_expired(connection)
                     if not (falls_back and refuses_to_ask(error)):
                         raise
                     result = None
+                except McpToolFailed:
+                    _raise_expired(connection)
+                    raise
+                _raise_expired(connection)
             if result is not None and not (falls_back and refuses_to_ask(result)):
                 return tool_output(name, result)
             self._fall_back(name)
@@ -376,12 +395,14 @@ class McpToolSource:
 
     @contextlib.asynccontextmanager
     async def _borrow(
-        self, people: People | None, model: ChatModel | None = None
+        self, people: People | None, model: ChatModel | None = None, expiry: Expiry | None = None
     ) -> AsyncIterator[_Connection]:
         if self._closed:
             raise McpBridgeError(f"{self.config.name}: the tool source is closed")
         connection = self._take_idle() or await self._connect()
         connection.people, connection.model = people, model
+        connection.elicitation.expiry = connection.sampling.expiry = expiry
+        connection.elicitation.expired = connection.sampling.expired = None
         healthy = False
         try:
             yield connection
@@ -392,6 +413,7 @@ class McpToolSource:
             raise
         finally:
             connection.people = connection.model = None
+            connection.elicitation.expiry = connection.sampling.expiry = None
             self._give_back(connection, healthy)
 
     def _take_idle(self) -> _Connection | None:
@@ -446,6 +468,24 @@ def refuses_to_ask(outcome: types.CallToolResult | MCPError) -> bool:
     text = "\n".join(_content_text(block) for block in outcome.content).lower()
     asks = "elicitation" in text or "sampling" in text
     return asks and "2026-07-28" in text and "unavailable" in text
+
+
+def _raise_expired(connection: _Connection) -> None:
+    """Raise the ElicitationExpired of the call that just ended, if one of
+    its questions ran out of time with ``fail`` (whatever the MCP server
+    made of the error it got)."""
+    expired = connection.elicitation.expired or connection.sampling.expired
+    if expired is not None:
+        raise expired
+
+
+def input_expiry_of_current_call() -> Expiry | None:
+    """The ``input_expiry`` of the agent whose tool runs now (None outside
+    one)."""
+    try:
+        return ToolContext.current().input_expiry
+    except LookupError:
+        return None
 
 
 def model_of_current_call() -> ChatModel | None:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+from server.expiry import Expiry
 from server.runner.errors import FormRequired as FormRequired
 from server.runner.errors import TransientError as TransientError
 from server.runner.forms import FormDefinition as FormDefinition
@@ -57,13 +58,16 @@ class Outcome(enum.StrEnum):
 class ApprovalDecision:
     """What the policy says of one tool call. ``code`` is stable for
     programs, ``message`` is shown to the approver, ``reason`` is for the
-    audit; ``metadata`` must not carry secrets."""
+    audit; ``metadata`` must not carry secrets. ``expiry`` is how long people
+    have to decide (default: the agent's ``approval_expiry``): then the
+    call is skipped (``cancel``), denied (``decline``) or the turn fails."""
 
     outcome: Outcome
     code: str | None = None
     message: str | None = None
     reason: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    expiry: Expiry | None = None
 
     @classmethod
     def require_approval(
@@ -72,9 +76,10 @@ class ApprovalDecision:
         code: str | None = None,
         message: str | None = None,
         reason: str | None = None,
+        expiry: Expiry | None = None,
         **metadata: Any,
     ) -> ApprovalDecision:
-        return cls(Outcome.REQUIRE_APPROVAL, code, message, reason, metadata)
+        return cls(Outcome.REQUIRE_APPROVAL, code, message, reason, metadata, expiry)
 
     @classmethod
     def deny(
@@ -110,7 +115,14 @@ def require_approval_for(*names: str, message: str | None = None) -> ApprovalPol
 @dataclass(frozen=True)
 class Agent:
     """An agent definition. ``forms`` are offered to the model through the
-    ``request_user_input`` control tool (keys and descriptions only)."""
+    ``request_user_input`` control tool (keys and descriptions only).
+
+    ``input_expiry`` and ``approval_expiry`` are the defaults for how long
+    people have to answer the agent's questions (forms, plain-text
+    questions, its MCP servers' elicitations) and to decide on its tool
+    calls; None: as long as they like. A form, a ``FormRequired``, a
+    ``Suspension.user_input`` or an ``ApprovalDecision`` may give its own.
+    """
 
     name: str
     instructions: str
@@ -128,6 +140,8 @@ class Agent:
     older_versions: tuple[Agent, ...] = ()
     """Earlier versions of this agent (same name) that waiting turns may
     still need: a turn always runs the version it started with."""
+    input_expiry: Expiry | None = None
+    approval_expiry: Expiry | None = None
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)

@@ -52,7 +52,6 @@ import json
 import logging
 import secrets
 from collections.abc import Awaitable, Coroutine
-from datetime import datetime
 from typing import Any
 
 from protocol.actions import (
@@ -92,12 +91,14 @@ from protocol.messages import ActionEnvelope
 from protocol.session import SessionState, ToolDefinition
 from protocol.uris import chat_uri
 from protocol.wire import ErrorInfo, Markdown
+from reducers import notes
 from reducers.chat import select_input_settlement, select_latest_tool_call, select_tool_call
-from reducers.clock import iso_time
+from reducers.clock import iso_ms, iso_time
 from server.auth import Identity
 from server.cache import Lru
 from server.channels import Applied
 from server.errors import ActionRejected, ChannelGone, HuddleError
+from server.expiry import Expiry
 from server.host import Host
 from server.runner.agent import Agent, ApprovalDecision, Tool
 from server.runner.errors import TurnNotFound
@@ -127,6 +128,10 @@ REPLY = "reply"
 """The question id of a plain-text suspension's one question."""
 INTERRUPTED = "\n\n*(Interrupted: this reply was cut off and is being retried.)*"
 """Appended to text whose stream a crash or a transient failure cut off."""
+EXPIRY_AUDIT = {"by": None, "role": None, "clientId": None, "via": "expiry"}
+"""Who resumed a turn whose wait expired: nobody; the expiry did."""
+EXPIRED_APPROVAL = "nobody approved it in time: its approval expired"
+"""The reason the model gets for a call whose approval expired."""
 READ_AHEAD = 256
 """Turns read ahead (waiting for the people of a chat) kept in memory."""
 
@@ -361,6 +366,7 @@ class ChatBridge:
                 confirmation_title=decision.message or f"Allow {tool.title}?",
                 editable=bool(tool.input_schema.get("properties")),
                 options=[APPROVE, DENY],
+                meta=_expiry_meta(decision.expiry),
             ),
         )
 
@@ -447,7 +453,7 @@ class ChatBridge:
             request = InputRequest(id=rid, message=suspension.message)
             schema = form.schema
         try:
-            await self.host.ask(turn.chat, request, schema=schema)
+            await self.host.ask(turn.chat, request, schema=schema, expiry=suspension.expiry)
         except (ActionRejected, ChannelGone) as error:
             log.warning("turn %s: could not ask for input: %s", turn.id, error)
 
@@ -468,7 +474,8 @@ class ChatBridge:
         if state is None or state.active_turn is None:
             return
         active = state.active_turn
-        duration = max(0, self.host.now_ms() - _started_ms(active.started_at, self.host.now_ms()))
+        now = self.host.now_ms()
+        duration = max(0, now - iso_ms(active.started_at, now))
         if turn.status == TurnStatus.COMPLETED:
             await self._send(turn, ChatTurnComplete(turn_id=active.id, duration=duration))
         elif turn.status == TurnStatus.CANCELLED:
@@ -488,13 +495,24 @@ class ChatBridge:
         if self.runner is None:
             return None
         self._read_ahead_for(event)
-        if not event.local or event.envelope.origin is None:
+        if not event.local:
+            return None
+        action = event.action
+        if event.envelope.origin is None:
+            # The server's own: ours (nothing to do), or an expiry that
+            # settled one of our waits (server.expiry), which resumes it.
+            if _expired(action) is not None or _expired_request(action):
+                return self.accepted(event.uri, action, EXPIRY_AUDIT)
             return None
         if isinstance(
-            event.action,
-            ChatTurnStarted | ChatInputCompleted | ChatToolCallConfirmed | ChatTurnCancelled,
+            action,
+            ChatTurnStarted
+            | ChatInputCompleted
+            | ChatToolCallConfirmed
+            | ChatTurnCancelled
+            | ChatError,
         ):
-            return self.accepted(event.uri, event.action, _audit(event.sender, event.envelope))
+            return self.accepted(event.uri, action, _audit(event.sender, event.envelope))
         return None
 
     async def accepted(self, uri: str, action: StateAction, audit: dict[str, Any]) -> None:
@@ -516,7 +534,7 @@ class ChatBridge:
                 if settled.status == "resolved" and settled.part is not None:
                     await self._input_resolved(uri, settled.part, audit)
             elif isinstance(action, ChatToolCallConfirmed):
-                command = _decision(action)
+                command = _decision(action, expired=_expired(action) is not None)
                 turn = await self._turn_of(uri, action.turn_id, read_ahead=True)
                 if turn is not None:
                     await self.runner.submit_resume(
@@ -526,6 +544,10 @@ class ChatBridge:
                 turn_id = await self.turn_of(uri, action.turn_id)
                 if turn_id is not None:
                     await self.runner.cancel(turn_id)
+            elif isinstance(action, ChatError):
+                turn = await self._turn_of(uri, action.turn_id, read_ahead=True)
+                if turn is not None:
+                    await self._fail_waiting(turn, action.error.message, audit)
         except ResumeRejected as error:
             log.info("%s", error)
         except HuddleError as error:
@@ -616,6 +638,19 @@ class ChatBridge:
         if turn is not None:
             await self.runner.submit_resume(turn.id, command.with_metadata(**audit), loaded=turn)
 
+    async def _fail_waiting(self, turn: Turn, message: str, audit: dict[str, Any]) -> None:
+        """The chat turn ``turn`` shows failed (a wait expired with the
+        ``fail`` policy, or an agent ended it with an error): a turn waiting
+        there can never be answered, so it fails with ``message``. A turn
+        that runs ends by itself (a tool whose wait expired raises
+        WaitExpired)."""
+        assert self.runner is not None
+        suspension = turn.suspension
+        if not turn.is_blocked or suspension is None:
+            return
+        command = ResumeCommand.fail(suspension.type, suspension.correlation_id, message)
+        await self.runner.submit_resume(turn.id, command.with_metadata(**audit), loaded=turn)
+
     async def reconcile(self) -> int:
         """Resume turns whose chat already answered them (a crash lost the
         resume); returns how many."""
@@ -633,11 +668,30 @@ class ChatBridge:
                 except ChannelGone:
                     continue
                 assert isinstance(state, ChatState)
-                if await self._resume_answered(turn, state, audit):
+                if await self._resume_answered(turn, state, audit) or await self._end_if_ended(
+                    turn, state, audit
+                ):
                     resumed += 1
                 else:
                     await self._ask_again_if_unseen(turn, state)
         return resumed
+
+    async def _end_if_ended(self, turn: Turn, state: ChatState, audit: dict[str, Any]) -> bool:
+        """End ``turn`` if the chat turn it waits in is over (a crash lost
+        the reaction to its end): failed with the chat's error, else
+        cancelled. False while the chat turn is active."""
+        assert self.runner is not None
+        ended = next((t for t in state.turns if t.id == turn.chat_turn), None)
+        if ended is None or (state.active_turn is not None and state.active_turn.id == ended.id):
+            return False
+        try:
+            if ended.error is not None:
+                await self._fail_waiting(turn, ended.error.message, audit)
+            else:
+                await self.runner.cancel(turn.id)
+        except ResumeRejected as error:
+            log.info("%s", error)
+        return True
 
     async def _ask_again_if_unseen(self, turn: Turn, state: ChatState) -> None:
         """Show ``turn``'s suspension in its chat if the chat never got it
@@ -665,9 +719,22 @@ class ChatBridge:
         log.info("turn %s: its chat never showed the approval; asking again", turn.id)
         meta = suspension.metadata
         decision = ApprovalDecision.require_approval(
-            code=meta.get("code"), message=suspension.message, reason=meta.get("reason")
+            code=meta.get("code"),
+            message=suspension.message,
+            reason=meta.get("reason"),
+            expiry=suspension.expiry,
         )
         await self.approval_requested(turn, pending.call, tool, decision)
+
+    async def _approval_expired(self, chat: str, call_id: str) -> bool:
+        """Whether the session's notes say the approval of ``call_id`` in
+        ``chat`` expired (server.expiry)."""
+        session = await self.host.session_of(chat)
+        if session is None:
+            return False
+        state = (await self.host.view(session)).state
+        note = notes.note_of(getattr(state, "meta", None), "toolCalls", chat, call_id)
+        return bool(note and note.get("expired"))
 
     async def _resume_answered(self, turn: Turn, state: ChatState, audit: dict[str, Any]) -> bool:
         """Resume ``turn`` from the chat's answer to its suspension; False
@@ -692,7 +759,12 @@ class ChatBridge:
         if call is None or isinstance(call, ToolCallPendingConfirmation):
             return False
         if isinstance(call, ToolCallCancelled):
-            command = ResumeCommand.reject_tool(call.tool_call_id, "denied")
+            if await self._approval_expired(turn.chat, call.tool_call_id):
+                command = ResumeCommand.reject_tool(
+                    call.tool_call_id, EXPIRED_APPROVAL, skipped=call.reason == "skipped"
+                )
+            else:
+                command = ResumeCommand.reject_tool(call.tool_call_id, "denied")
         else:
             edited = getattr(call, "tool_input", None)
             command = _decision(
@@ -710,6 +782,16 @@ class ChatBridge:
         return True
 
 
+def _expired_request(action: StateAction) -> bool:
+    """Whether ``action`` is the server settling a request the runner opened:
+    only an expiry does that (people's answers have an origin, and the
+    server withdraws only MCP servers' requests)."""
+    return (
+        isinstance(action, ChatInputCompleted)
+        and parse_input_request_id(action.request_id) is not None
+    )
+
+
 def _audit(sender: Identity | None, envelope: ActionEnvelope) -> dict[str, Any]:
     """Who did it, for the turn's audit: the server's identity of the sender."""
     origin = envelope.origin
@@ -721,7 +803,12 @@ def _audit(sender: Identity | None, envelope: ActionEnvelope) -> dict[str, Any]:
     }
 
 
-def _decision(action: ChatToolCallConfirmed) -> ResumeCommand:
+def _decision(action: ChatToolCallConfirmed, *, expired: bool = False) -> ResumeCommand:
+    """The resume a tool call's confirmation makes; ``expired``: it is the
+    expiry's (skipped or denied because nobody decided in time)."""
+    if expired:
+        skipped = action.reason == "skipped"
+        return ResumeCommand.reject_tool(action.tool_call_id, EXPIRED_APPROVAL, skipped=skipped)
     if action.approved:
         edited = None
         if action.edited_tool_input is not None:
@@ -757,9 +844,16 @@ def _invocation(tool: Tool, call: ToolCall) -> str:
     return f"{tool.title} ({', '.join(f'{k}={v!r}' for k, v in call.arguments.items())})"
 
 
-def _started_ms(started_at: str, fallback: int) -> int:
-    try:
-        moment = datetime.fromisoformat(started_at.replace("Z", "+00:00"))
-    except ValueError:
-        return fallback
-    return int(moment.timestamp() * 1000)
+def _expiry_meta(expiry: Expiry | None) -> dict[str, Any] | None:
+    """A tool call's ``_meta`` giving its approval ``expiry`` (server.expiry)."""
+    if expiry is None:
+        return None
+    return {notes.HUDDLE: {"expiry": {"seconds": expiry.seconds, "onExpiry": expiry.on_expiry}}}
+
+
+def _expired(action: StateAction) -> dict[str, Any] | None:
+    """The wait (``{"family", "id"}``) whose expiry made ``action``, if it
+    was server.expiry's."""
+    meta = getattr(action, "meta", None) or {}
+    expired = (meta.get(notes.HUDDLE) or {}).get("expired")
+    return expired if isinstance(expired, dict) else None

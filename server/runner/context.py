@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.expiry import Expiry
 from server.runner.agent import Tool
 from server.runner.ids import idempotency_key
 from server.runner.model import ChatModel
@@ -41,6 +42,8 @@ class ToolContext:
     lets a tool ask the chat's people, as MCP tools do for elicitations)."""
     model: ChatModel | None = None
     """The chat model of the turn's agent (MCP sampling asks it)."""
+    input_expiry: Expiry | None = None
+    """The agent's default expiry for questions (MCP elicitations use it)."""
     _progress: ProgressSink | None = None
     _cancelled: Callable[[], bool] = lambda: False
 

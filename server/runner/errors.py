@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from server.errors import HuddleError, InternalError, StoreError
+from server.expiry import Expiry
 from server.runner.forms import FormDefinition
 
 
@@ -77,15 +78,32 @@ class FormRequired(RunnerError):
     """Raised by a tool, before any side effect, when it needs a form filled
     in first. The turn waits for the people; then the tool runs again from
     the start with ``ToolContext.current().submitted_form_data``. Raising it
-    again after data was submitted is a protocol error that fails the turn."""
+    again after data was submitted is a protocol error that fails the turn.
+    ``expiry`` is this request's (default: the form's, else the agent's
+    ``input_expiry``)."""
 
-    def __init__(self, form: FormDefinition, message: str | None = None) -> None:
+    def __init__(
+        self, form: FormDefinition, message: str | None = None, *, expiry: Expiry | None = None
+    ) -> None:
         super().__init__(form.key)
         self.form = form
         self.message = message or form.description
+        self.expiry = expiry
 
     def __str__(self) -> str:
         return f"form {self.form.key!r} required"
+
+
+class WaitExpired(RunnerError):
+    """Raised by a tool whose wait for people (an MCP server's question)
+    expired with the ``fail`` policy: the turn fails with ``message``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class TransientError(RunnerError):

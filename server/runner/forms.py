@@ -10,13 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from server.expiry import Expiry
+
 
 @dataclass(frozen=True)
 class FormDefinition:
     """A form an agent may ask people to fill in. The model sees ``key`` and
     ``description``; the ``schema`` (MCP's flat JSON Schema subset) is frozen
-    into the turn when it is asked."""
+    into the turn when it is asked. ``expiry`` is how long people have to
+    fill it in, and what then applies (default: the agent's
+    ``input_expiry``)."""
 
     key: str
     description: str
     schema: dict[str, Any]
+    expiry: Expiry | None = None

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import email.utils
 import inspect
 import json
@@ -52,6 +53,7 @@ import jsonschema
 import msgspec
 
 from server.errors import HuddleError, StoreError
+from server.expiry import Expiry
 from server.runner.agent import Agent, ApprovalDecision, Outcome, Tool
 from server.runner.context import ToolContext, enter, leave
 from server.runner.errors import (
@@ -61,6 +63,7 @@ from server.runner.errors import (
     TransientError,
     UnknownAgent,
     VersionConflict,
+    WaitExpired,
 )
 from server.runner.errors import ResumeRejected as ResumeRejected
 from server.runner.errors import TurnBusy as TurnBusy
@@ -297,6 +300,8 @@ class Runner:
             refuse(
                 f"the turn waits on {suspension.correlation_id!r}, not {command.correlation_id!r}"
             )
+        if command.failure is not None:
+            return  # it ends the turn: nothing of it needs to fit the wait
         if command.type == SuspensionType.RETRY:
             due = suspension.due_at or 0.0
             if due > self.clock():
@@ -324,7 +329,9 @@ class Runner:
             )
         )
         call_id = command.correlation_id
-        if suspension.is_plain_question:
+        if command.failure is not None:
+            turn.failing = command.failure
+        elif suspension.is_plain_question:
             turn.messages.append(ModelMessage(role="user", content=command.content or ""))
         elif command.type == SuspensionType.USER_INPUT:
             form = suspension.form
@@ -338,7 +345,8 @@ class Runner:
                     call = msgspec.structs.replace(call, arguments=command.edited_arguments)
                 _set_call(turn, msgspec.structs.replace(pending, call=call, approved=True))
             else:
-                rejected = {"status": "rejected", "reason": command.reason or "denied by a person"}
+                status = "skipped" if command.skipped else "rejected"
+                rejected = {"status": status, "reason": command.reason or "denied by a person"}
                 _set_call(turn, msgspec.structs.replace(pending, result=_dumps(rejected)))
         elif command.type == SuspensionType.CHILD_AGENT:
             pending = next(p for p in turn.pending if p.result is None)
@@ -391,7 +399,12 @@ class Runner:
     async def suspend(self, turn: Turn, suspension: Suspension) -> Turn:
         """Block ``turn`` on ``suspension`` (custom control flow; the
         plain-text ``Suspension.user_input(...)`` path). Returns it saved.
-        Raises IllegalTransition unless the turn is READY or RUNNING."""
+        Raises IllegalTransition unless the turn is READY or RUNNING. A
+        question without an expiry gets the agent's ``input_expiry``."""
+        if suspension.type == SuspensionType.USER_INPUT and suspension.expiry is None:
+            with contextlib.suppress(HuddleError):
+                default = self.agent_for(turn).input_expiry
+                suspension = msgspec.structs.replace(suspension, expiry=default)
         turn.block(suspension)
         turn.updated_at = self.clock()
         saved = await self.store.save(turn)
@@ -481,6 +494,9 @@ class Runner:
             if turn.cancel_requested:
                 turn.start()  # a cancel needs no agent: end it before looking one up
                 await self._finish(turn, lease, Transition.CANCEL)
+            if turn.failing is not None:
+                turn.start()  # a wait that can never be answered: nothing runs
+                await self._finish(turn, lease, Transition.FAIL, turn.failing)
             agent = self.agent_for(turn)
             if taken_over:
                 await self._take_over(turn, lease)
@@ -699,6 +715,8 @@ class Runner:
         if not pending.approved and pending.form_data is None:
             decision = agent.approval_policy(turn, call, tool)
             if decision.outcome == Outcome.REQUIRE_APPROVAL:
+                if decision.expiry is None and agent.approval_expiry is not None:
+                    decision = dataclasses.replace(decision, expiry=agent.approval_expiry)
                 await self._ask_approval(turn, lease, call, tool, decision)
             if decision.outcome == Outcome.DENY:
                 self._emit(EventType.TOOL_DENIED, turn, call_id=call.id, code=decision.code)
@@ -744,6 +762,7 @@ class Runner:
             chat=turn.chat,
             port=self.port,
             model=agent.model,
+            input_expiry=agent.input_expiry,
             _progress=progress,
             _cancelled=cancelled.is_set,
         )
@@ -763,7 +782,11 @@ class Runner:
                     "was submitted (a protocol error)",
                 )
             _set_call(turn, msgspec.structs.replace(pending, form_asked=True, form_data=None))
-            await self._suspend_for_form(turn, lease, call, needed.form, needed.message)
+            expiry = needed.expiry or needed.form.expiry or agent.input_expiry
+            await self._suspend_for_form(turn, lease, call, needed.form, needed.message, expiry)
+        except WaitExpired as error:
+            self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=False)
+            await self._finish(turn, lease, Transition.FAIL, str(error))
         except TransientError as error:
             await self._retry_later(agent, turn, lease, f"tool {tool.name}: {error}")
         except (_Stop, Fenced, VersionConflict):
@@ -792,11 +815,22 @@ class Runner:
             )
         message = call.arguments.get("message")
         await self._suspend_for_form(
-            turn, lease, call, form, message if isinstance(message, str) else form.description
+            turn,
+            lease,
+            call,
+            form,
+            message if isinstance(message, str) else form.description,
+            form.expiry or agent.input_expiry,
         )
 
     async def _suspend_for_form(
-        self, turn: Turn, lease: Lease, call: ToolCall, form: Any, message: str
+        self,
+        turn: Turn,
+        lease: Lease,
+        call: ToolCall,
+        form: Any,
+        message: str,
+        expiry: Expiry | None,
     ) -> NoReturn:
         frozen = FrozenForm(key=form.key, description=form.description, schema=form.schema)
         suspension = Suspension(
@@ -805,6 +839,7 @@ class Runner:
             message=message,
             resume_phase=Phase.TOOLS,
             form=frozen,
+            expiry=expiry,
         )
         self._emit(EventType.TOOL_INPUT_REQUESTED, turn, call_id=call.id, form=form.key)
 
@@ -822,6 +857,7 @@ class Runner:
             message=decision.message or f"Allow {tool.title}?",
             resume_phase=Phase.TOOLS,
             metadata={"code": decision.code, "reason": decision.reason, **decision.metadata},
+            expiry=decision.expiry,
         )
         self._emit(EventType.TOOL_APPROVAL_REQUESTED, turn, call_id=call.id, code=decision.code)
 

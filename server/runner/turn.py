@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from server.expiry import Expiry
 from server.runner.errors import IllegalTransition
 from server.runner.ids import plain_question_id
 
@@ -205,6 +206,8 @@ class Suspension(Record, frozen=True):
     for TOOL_APPROVAL, the child turn id for CHILD_AGENT, the question's own
     id for a plain-text USER_INPUT (:meth:`user_input`), and absent for
     RETRY. A USER_INPUT suspension without ``form`` is a plain-text question.
+    ``expiry`` (USER_INPUT, TOOL_APPROVAL) goes with the question to the
+    chat, which applies its policy when nobody answers in time.
     """
 
     type: SuspensionType
@@ -214,6 +217,7 @@ class Suspension(Record, frozen=True):
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     form: FrozenForm | None = None
     due_at: float | None = None
+    expiry: Expiry | None = None
 
     @property
     def is_plain_question(self) -> bool:
@@ -221,19 +225,27 @@ class Suspension(Record, frozen=True):
 
     @classmethod
     def user_input(
-        cls, message: str, *, question_id: str | None = None, **metadata: Any
+        cls,
+        message: str,
+        *,
+        question_id: str | None = None,
+        expiry: Expiry | None = None,
+        **metadata: Any,
     ) -> Suspension:
         """A plain-text question, with a correlation id of its own
         (``question_id``, a new :func:`~server.runner.ids.plain_question_id`
         by default); resumed by ``ResumeCommand.user_input(content,
         question=...)`` with that id, whose content becomes a user message.
-        An answer to another question (late, duplicate) is refused."""
+        An answer to another question (late, duplicate) is refused.
+        ``expiry``: nobody answering in time is a reply of ``""`` (cancel,
+        decline) or fails the turn (fail)."""
         return cls(
             type=SuspensionType.USER_INPUT,
             correlation_id=question_id or plain_question_id(),
             message=message,
             resume_phase=Phase.MODEL,
             metadata=metadata,
+            expiry=expiry,
         )
 
 
@@ -247,6 +259,12 @@ class ResumeCommand(Record, frozen=True):
     response: Literal["accept", "decline", "cancel"] = "accept"
     approved: bool | None = None
     reason: str | None = None
+    skipped: bool = False
+    """A rejected tool call that was skipped (its approval expired with
+    ``cancel``) rather than denied."""
+    failure: str | None = None
+    """The wait can never be answered (it expired with ``fail``, or its chat
+    turn failed): the turn fails with this error."""
     edited_arguments: dict[str, Any] | None = None
     child_output: str | None = None
     child_status: str | None = None
@@ -288,10 +306,23 @@ class ResumeCommand(Record, frozen=True):
         )
 
     @classmethod
-    def reject_tool(cls, call_id: str, reason: str | None = None) -> ResumeCommand:
+    def reject_tool(
+        cls, call_id: str, reason: str | None = None, *, skipped: bool = False
+    ) -> ResumeCommand:
+        """Deny the call (``skipped``: it was skipped instead); it never runs."""
         return cls(
-            type=SuspensionType.TOOL_APPROVAL, correlation_id=call_id, approved=False, reason=reason
+            type=SuspensionType.TOOL_APPROVAL,
+            correlation_id=call_id,
+            approved=False,
+            reason=reason,
+            skipped=skipped,
         )
+
+    @classmethod
+    def fail(cls, type_: SuspensionType, correlation_id: str | None, failure: str) -> ResumeCommand:
+        """End the wait on ``correlation_id`` (of a ``type_`` suspension) by
+        failing the turn with ``failure``: a worker ends it FAILED at once."""
+        return cls(type=type_, correlation_id=correlation_id, failure=failure)
 
     @classmethod
     def child_completed(cls, child_turn_id: str, status: str, output: str | None) -> ResumeCommand:
@@ -371,6 +402,9 @@ class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
     children: list[str] = msgspec.field(default_factory=list)
     output: str | None = None
     error: str | None = None
+    failing: str | None = None
+    """Set by a resume that fails the turn (``ResumeCommand.fail``): its next
+    execution ends it FAILED with this error, running nothing."""
     audit: list[Audit] = msgspec.field(default_factory=list)
     version: int = 0
     cancel_requested: bool = False

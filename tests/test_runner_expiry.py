@@ -342,7 +342,14 @@ async def test_a_decisions_own_expiry_overrides_the_agents_and_fail_fails_the_tu
     assert runs.count("deploy") == 0
 
 
-async def test_an_approval_given_in_time_runs_the_call() -> None:
+@pytest.mark.parametrize(
+    "meta",
+    [None, {"huddle": {"expired": {"family": "toolCalls", "id": "c1"}}}],
+    ids=["plain", "claiming-to-be-the-expiry"],
+)
+async def test_an_approval_given_in_time_runs_the_call(meta: dict[str, Any] | None) -> None:
+    # A person's approval is theirs whatever its _meta says: only the
+    # server's own confirmation is the expiry's.
     clock = Clock()
     runs = Runs()
     helper, _ = approving(
@@ -352,7 +359,7 @@ async def test_an_approval_given_in_time_runs_the_call() -> None:
         alice, chat, mirror = await open_chat(served.huddle, "Deploy")
         call_id = await asked_approval(served, chat)
         approve = ChatToolCallConfirmed(
-            turn_id="t1", tool_call_id=call_id, approved=True, confirmed="user-action"
+            turn_id="t1", tool_call_id=call_id, approved=True, confirmed="user-action", meta=meta
         )
         await alice.dispatch_and_wait(chat, approve)
         done = await until(mirror, ended)

@@ -534,7 +534,10 @@ class ChatBridge:
                 if settled.status == "resolved" and settled.part is not None:
                     await self._input_resolved(uri, settled.part, audit)
             elif isinstance(action, ChatToolCallConfirmed):
-                command = _decision(action, expired=_expired(action) is not None)
+                # Only the server's own confirmation is the expiry's: a
+                # person's _meta saying so proves nothing.
+                expired = audit is EXPIRY_AUDIT and _expired(action) is not None
+                command = _decision(action, expired=expired)
                 turn = await self._turn_of(uri, action.turn_id, read_ahead=True)
                 if turn is not None:
                     await self.runner.submit_resume(

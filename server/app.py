@@ -402,7 +402,9 @@ async def wait_input(request: Request, server: Server, grant: Grant) -> Response
             "response": outcome.response,
             "answers": outcome.answers,
             **({"data": outcome.data} if outcome.data is not None else {}),
-            **({"by": outcome.by.name} if outcome.by is not None else {}),
+            # ``by`` the name; ``who`` the whole identity (a shared link's
+            # typed-in name is marked ``declared``).
+            **({"by": outcome.by.name, "who": outcome.by.who()} if outcome.by is not None else {}),
         }
     )
 

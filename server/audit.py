@@ -92,6 +92,9 @@ MAX_QUEUED: Final = 10_000
 dropped, and logged: the store is down or far behind)."""
 MAX_ATTEMPTS: Final = 16
 GONE_RECORDS: Final = "audit-of-gone"
+DRAFTS_PER_REQUEST: Final = 100
+"""Draft records one request gets at most (in one process's lifetime): its
+completion, and everything else, is recorded whatever drafting came first."""
 """The audits whose session was disposed, and when (ms): server.retention
 removes them once they are old enough."""
 
@@ -230,6 +233,8 @@ class AuditTrail:
         self._chains: dict[str, _Chain] = {}
         self._heads: Lru[str, tuple[int, str]] = Lru(1024)
         self._drafts: Lru[tuple[str, str, str], tuple[object, ...]] = Lru(4096)
+        self._drafted: Lru[tuple[str, str], int] = Lru(4096)
+        self.drafts_per_request = DRAFTS_PER_REQUEST
         self._tasks: set[asyncio.Task[None]] = set()
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
@@ -365,15 +370,23 @@ class AuditTrail:
         return {**body, "redacted": paths}
 
     def _worth_it(self, chat: str, action: StateAction, sender: Identity | None) -> bool:
-        """A draft is worth a record when its author or state changed."""
+        """A draft is worth a record when its author or state changed, and
+        while its request has had fewer than ``drafts_per_request``. A cleared
+        answer is not: what counts is what was written, and the completion
+        records every answer as submitted (toggling an answer on and off
+        must not fill the audit up)."""
         if not isinstance(action, ChatInputAnswerChanged):
             return True
+        if action.answer is None:
+            return False
         key = (chat, action.request_id, action.question_id)
         who = None if sender is None else (sender.token, sender.name)
-        now = (who, None if action.answer is None else action.answer.state)
-        if self._drafts.get(key) == now:
+        now = (who, action.answer.state)
+        drafted = self._drafted.get((chat, action.request_id)) or 0
+        if self._drafts.get(key) == now or drafted >= self.drafts_per_request:
             return False
         self._drafts.put(key, now)
+        self._drafted.put((chat, action.request_id), drafted + 1)
         return True
 
 

@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import unicodedata
 from dataclasses import dataclass
 from typing import Literal
 
@@ -82,8 +83,12 @@ class Grant:
         by the name they typed in (``declared``), marked as such; any other
         token by its own name, whatever was typed."""
         if self.shared and declared:
-            name = " ".join(declared.split())[:MAX_DECLARED_NAME]
-            return Identity(role=self.role, name=name, token=self.token_id, declared=True)
+            # No control or format characters (a right-to-left override, a
+            # zero-width space, NUL): what is shown is what was typed.
+            printable = "".join(c for c in declared if unicodedata.category(c)[0] != "C")
+            name = " ".join(printable.split())[:MAX_DECLARED_NAME]
+            if name:
+                return Identity(role=self.role, name=name, token=self.token_id, declared=True)
         return self.identity
 
     @property

@@ -291,6 +291,7 @@ class Commands:
 
     async def wait_input(self, grant: Grant, chat: str, request_id: str) -> InputOutcome:
         """Wait for an input request's outcome (bound it with a timeout)."""
+        expect_kind(chat, "chat", "$.chat")
         await self.reach(grant, chat, "$.chat")
         return await self.host.wait_input(chat, request_id)
 

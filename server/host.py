@@ -37,7 +37,7 @@ from protocol.actions import (
     StateAction,
 )
 from protocol.chat import ChatState, InputAnswer, InputRequest
-from protocol.messages import ActionEnvelope, ActionOrigin
+from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode
 from protocol.rejections import Rejection, RejectionCode
 from protocol.session import AgentInfo, RootState
 from protocol.uris import ROOT_URI, channel_kind
@@ -48,7 +48,7 @@ from server.aggregate import SessionAggregate
 from server.audit import GONE_RECORDS, AuditTrail, AuditValues
 from server.auth import Identity
 from server.channels import Applied, ChannelCore, ChannelView, Hook, Validator
-from server.errors import ActionRejected, StoreError
+from server.errors import ActionRejected, CommandError, StoreError
 from server.expiry import Expiries, Expiry, Family
 from server.forms import Form, FormRegistry, chat_session, needs_session
 from server.notes import SessionNotes
@@ -255,7 +255,17 @@ class Host:
     async def create_session(
         self, uri: str, *, provider: str | None = None, title: str | None = None
     ) -> str:
-        """Create session ``uri`` with its default chat; returns the chat URI."""
+        """Create session ``uri`` with its default chat; returns the chat URI.
+
+        The id of a disposed session stays taken while its audit is kept
+        (until server.retention removes it): a new session of that id would
+        show its readers the old one's records, and its own would be
+        removed with them."""
+        if await self.store.last_audit(uri) is not None:
+            raise CommandError(
+                ErrorCode.SESSION_ALREADY_EXISTS,
+                f"session {uri} already exists, or its audit does (kept after it was disposed)",
+            )
         return await self.sessions.create_session(uri, provider=provider, title=title)
 
     async def create_chat(self, session: str, chat: str, *, title: str | None = None) -> None:

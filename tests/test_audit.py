@@ -222,6 +222,43 @@ async def test_sensitive_fields_are_redacted_and_drafts_recorded_when_their_auth
     assert b"hunter2" not in b"".join(await audit_of(huddle, AGENT_TOKEN))
 
 
+async def test_toggling_answers_cannot_fill_the_audit_and_the_completion_is_recorded(
+    huddle: RunningServer,
+) -> None:
+    huddle.server.host.audit.drafts_per_request = 6
+    chat = await asked(huddle)
+    lee = await huddle.client(name="Lee")
+    dana = await huddle.client(name="Dana")
+    for n in range(10):
+        for person in (lee, dana):  # authors taking turns: every change a new author
+            await person.dispatch_and_wait(
+                chat,
+                ChatInputAnswerChanged(
+                    request_id="access", question_id="system", answer=text(f"{n}", "draft")
+                ),
+            )
+        # An answer cleared and typed again is no news.
+        await lee.dispatch_and_wait(
+            chat, ChatInputAnswerChanged(request_id="access", question_id="pin", answer=None)
+        )
+        await lee.dispatch_and_wait(
+            chat,
+            ChatInputAnswerChanged(
+                request_id="access", question_id="pin", answer=text("1", "draft")
+            ),
+        )
+    await lee.dispatch_and_wait(
+        chat, ChatInputCompleted(request_id="access", response="accept", answers={})
+    )
+
+    kept = records(await audit_of(huddle, AGENT_TOKEN))
+
+    drafts = [r for r in kept if r["what"] == "chat/inputAnswerChanged"]
+    assert len(drafts) == 6
+    assert [r["action"]["questionId"] for r in drafts].count("pin") == 1
+    assert kept[-1]["what"] == "chat/inputCompleted"
+
+
 async def test_redacting_every_value_keeps_who_and_what() -> None:
     huddle = await start_server(Settings(port=0, audit_values="redact"))
     try:

@@ -240,7 +240,8 @@ async def test_long_poll_returns_the_answers_a_participant_submits(
     huddle: RunningServer,
 ) -> None:
     chat = await chat_asking(huddle)
-    alice = await Peer.ready(huddle.ws, huddle.token(name="alice"), "alice")
+    alice_token = huddle.token(name="alice")
+    alice = await Peer.ready(huddle.ws, alice_token, "alice")
     await alice.subscribe(chat)
     poll = await parked_poll(huddle, chat)
 
@@ -256,6 +257,11 @@ async def test_long_poll_returns_the_answers_a_participant_submits(
         "response": "accept",
         "answers": {"why": to_builtins(BECAUSE)},
         "by": "alice",
+        "who": {
+            "name": "alice",
+            "role": "participant",
+            "token": huddle.authority.verify(alice_token, 0).token_id,
+        },
     }
 
 
@@ -447,6 +453,15 @@ async def test_bad_body_is_400_naming_the_field(
         ),
         pytest.param(
             "/api/input/wait", {"chat": "", "request": "r"}, "$.chat", id="wait-without-chat"
+        ),
+        pytest.param(
+            "/api/input/wait",
+            {"chat": "ahp-session:/x", "request": "r"},
+            "$.chat",
+            id="wait-on-a-session",
+        ),
+        pytest.param(
+            "/api/input/wait", {"chat": "ahp-root://", "request": "r"}, "$.chat", id="wait-on-root"
         ),
     ],
 )

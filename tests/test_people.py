@@ -22,7 +22,7 @@ from server import presence
 from server.auth import TokenAuthority
 from server.cli import main
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer
-from tests.edge import Peer, initialize_params
+from tests.edge import Peer, eventually, http, initialize_params
 from tests.test_trust import TURN
 
 SESSION = "ahp-session:/people"
@@ -116,6 +116,53 @@ async def test_a_shared_links_holder_goes_by_the_name_they_typed_marked_as_such(
     note = await eventually_noted(huddle, chat, lambda n: n and "answers" in n)
     assert note["answers"]["system"]["by"]["declared"] is True
     assert note["answers"]["system"]["by"]["token"] == huddle.authority.verify(shared, 0).token_id
+
+
+@pytest.mark.parametrize(
+    ("typed", "shown"),
+    [("\u202eecilA", "ecilA"), ("Da\u200bna\x00\x07", "Dana"), (" \t ", "participant")],
+    ids=["right-to-left-override", "zero-width-and-control", "blank"],
+)
+async def test_a_typed_name_loses_control_characters_and_a_blank_one_is_the_tokens(
+    huddle: RunningServer, typed: str, shown: str
+) -> None:
+    shared = huddle.authority.mint(
+        "participant", name="participant", expires_at=time.time() + 60, shared=True
+    )
+    peer = await Peer.open(huddle.ws, shared, "tab")
+    params = initialize_params("tab")
+    params["capabilities"]["huddle.identity"] = {"name": typed}
+
+    identity = (await peer.request("initialize", params))["result"]["_meta"]["huddle"]["identity"]
+
+    assert identity["name"] == shown
+    assert identity.get("declared", False) is (shown != "participant")
+
+
+async def test_the_long_poll_says_a_typed_in_name_is_declared(huddle: RunningServer) -> None:
+    agent, chat = await asked(huddle)
+    poll = asyncio.create_task(
+        http(
+            "GET",
+            f"{huddle.http}/api/input/wait?chat={chat}&request=details&timeout={5 * UNIT}",
+            token=huddle.token(name="agent-poller"),
+        )
+    )
+    await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) > 0)
+    shared = huddle.authority.mint(
+        "participant", name="participant", expires_at=time.time() + 60, shared=True
+    )
+    peer = await Peer.open(huddle.ws, shared, "dana-tab")
+    params = initialize_params("dana-tab")
+    params["capabilities"]["huddle.identity"] = {"name": "alice"}
+    await peer.request("initialize", params)
+
+    await peer.dispatch(chat, ChatInputCompleted(request_id="details", response="cancel"))
+
+    reply = (await poll).json()
+    assert reply["by"] == "alice"
+    assert reply["who"]["declared"] is True
+    assert reply["who"]["token"] == huddle.authority.verify(shared, 0).token_id
 
 
 async def test_a_typed_name_is_ignored_for_a_token_of_ones_own(huddle: RunningServer) -> None:

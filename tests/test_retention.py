@@ -16,7 +16,7 @@ from protocol.actions import ChatTurnComplete
 from protocol.session import SessionState
 from server.audit import GONE_RECORDS, verify
 from server.config import Settings, parse_duration, settings_from
-from server.errors import ChannelGone
+from server.errors import ChannelGone, CommandError
 from server.retention import Retention
 from tests.conftest import RunningServer, start_server
 from tests.test_trust import TURN
@@ -103,11 +103,16 @@ async def test_a_disposed_sessions_audit_stays_its_time_then_goes(
     clock.now += 29 * DAY
     assert await retention(huddle).sweep() == []
     assert len(await store.read_audit("ahp-session:/gone", 0, 10)) == 1  # still readable
+    # Its id stays taken meanwhile: a new session there would read the old
+    # one's records (and lose its own with them).
+    with pytest.raises(CommandError, match="already exists"):
+        await huddle.server.host.create_session("ahp-session:/gone")
     clock.now += 2 * DAY
     assert await retention(huddle).sweep() == ["ahp-session:/gone"]
 
     assert await store.read_audit("ahp-session:/gone", 0, 10) == []
     assert verify((tmp_path / "audits" / "gone.jsonl").read_bytes().splitlines()).records == 1
+    await huddle.server.host.create_session("ahp-session:/gone")  # free once it went
 
 
 async def test_without_an_audit_dir_nothing_is_written(clock: Clock, tmp_path: Path) -> None:

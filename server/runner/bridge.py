@@ -798,12 +798,16 @@ def _expired_request(action: StateAction) -> bool:
 def _audit(sender: Identity | None, envelope: ActionEnvelope) -> dict[str, Any]:
     """Who did it, for the turn's audit: the server's identity of the sender."""
     origin = envelope.origin
-    return {
+    audit: dict[str, Any] = {
         "by": sender.name if sender else None,
         "role": sender.role if sender else None,
+        "token": sender.token if sender else None,
         "clientId": origin.client_id if origin else None,
         "via": "chat",
     }
+    if sender is not None and sender.declared:
+        audit["declared"] = True  # a name typed in with a shared link
+    return audit
 
 
 def _decision(action: ChatToolCallConfirmed, *, expired: bool = False) -> ResumeCommand:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -166,6 +167,11 @@ def verify(lines: Iterable[bytes | str]) -> Verified:
             raise AuditBroken(line_no, "no hash")
         if hashlib.sha256(canonical(record)).hexdigest() != claimed:
             raise AuditBroken(line_no, "the hash does not match the record: it was altered")
+        written = line.encode() if isinstance(line, str) else line
+        if canonical({**record, "hash": claimed}) != written.strip() and _twice(written):
+            # What a reader sees must be what was sealed: with a key given
+            # twice, one parser shows the first and the hash covers the last.
+            raise AuditBroken(line_no, "a key is given twice: the line is not as it was sealed")
         if record.get("prev") != prev:
             raise AuditBroken(line_no, "prev is not the previous record's hash: one is missing")
         if record.get("n") != n + 1:
@@ -176,6 +182,20 @@ def verify(lines: Iterable[bytes | str]) -> Verified:
             raise AuditBroken(line_no, "a record of another session")
         prev, n = claimed, n + 1
     return Verified(records=n, head=prev, session=session)
+
+
+def _twice(line: bytes) -> bool:
+    """Whether some object of ``line`` (JSON) gives a key twice (a line
+    written otherwise than sealed, spaces and all, is still the record)."""
+    found = False
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal found
+        found = found or len({key for key, _ in items}) < len(items)
+        return dict(items)
+
+    json.loads(line, object_pairs_hook=pairs)
+    return found
 
 
 async def export(store: ChannelStore, session: str) -> AsyncIterator[bytes]:

@@ -41,7 +41,7 @@ from protocol.actions import (
 )
 from protocol.chat import ChatState, ToolCallPendingConfirmation
 from protocol.messages import ChannelState
-from protocol.rejections import RejectionCode
+from protocol.rejections import Rejection, RejectionCode
 from protocol.wire import ErrorInfo
 from reducers import notes
 from reducers.chat import select_open_input_part, select_tool_call
@@ -90,6 +90,27 @@ class Expiry:
         if policy not in notes.EXPIRY_POLICIES:
             raise ValueError(f"onExpiry is one of {', '.join(notes.EXPIRY_POLICIES)}")
         return cls(float(seconds), policy)
+
+
+def _asked_expiry(action: StateAction) -> object:
+    """The ``_meta.huddle.expiry`` a tool call asks for, if any."""
+    if not isinstance(action, ChatToolCallReady):
+        return None
+    huddle = (action.meta or {}).get(notes.HUDDLE)
+    return huddle.get("expiry") if isinstance(huddle, dict) else None
+
+
+def expiry_problem(action: StateAction) -> Rejection | None:
+    """The rejection of a ``chat/toolCallReady`` whose ``_meta.huddle.expiry``
+    is not an expiry: its sender must not believe a deadline was set."""
+    raw = _asked_expiry(action)
+    if raw is None:
+        return None
+    try:
+        Expiry.of(raw)
+    except ValueError as error:
+        return Rejection(RejectionCode.INVALID_ACTION, f"_meta.huddle.expiry: {error}")
+    return None
 
 
 class Due(msgspec.Struct, frozen=True):
@@ -146,7 +167,13 @@ class Expiries:
                 else RejectionCode.TOOL_CALL_NOT_PENDING
             )
             raise ActionRejected(code, f"{chat} has no open wait {key!r} to give an expiry")
-        at = self.core.now_ms() + int(expiry.seconds * 1000)
+        now = self.core.now_ms()
+        session_state = (await self.core.view(session)).state
+        earlier = notes.expiry_of(getattr(session_state, "meta", None), family, chat, key)
+        if earlier is not None and earlier[0] <= now:
+            # Its time is up (the sweep is on its way): too late to extend.
+            raise ActionRejected(RejectionCode.EXPIRED, f"the wait {key!r} in {chat} expired")
+        at = now + int(expiry.seconds * 1000)
         due = Due(session, chat, family, key, at, expiry.on_expiry)
         await self.store.put_record(EXPIRY_RECORDS, _name(due), msgspec.json.encode(due))
         policy = expiry.on_expiry
@@ -154,16 +181,17 @@ class Expiries:
         return at
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
-        """A tool call made ready with ``_meta.huddle.expiry`` gets it."""
+        """A tool call made ready with ``_meta.huddle.expiry`` gets it (one
+        that is not an expiry was refused: expiry_problem)."""
         action = event.action
         if not event.local or not isinstance(action, ChatToolCallReady):
             return None
-        raw = ((action.meta or {}).get(notes.HUDDLE) or {}).get("expiry")
+        raw = _asked_expiry(action)
         if raw is None or action.confirmed is not None:
             return None
         try:
             expiry = Expiry.of(raw)
-        except ValueError as error:
+        except ValueError as error:  # pragma: no cover - refused before it was applied
             log.warning("%s: tool call %s: %s", event.uri, action.tool_call_id, error)
             return None
         return self._expire_quietly(event.uri, action.tool_call_id, expiry)

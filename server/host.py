@@ -49,7 +49,7 @@ from server.audit import GONE_RECORDS, AuditTrail, AuditValues
 from server.auth import Identity
 from server.channels import Applied, ChannelCore, ChannelView, Hook, Validator
 from server.errors import ActionRejected, CommandError, StoreError
-from server.expiry import Expiries, Expiry, Family
+from server.expiry import Expiries, Expiry, Family, expiry_problem
 from server.forms import Form, FormRegistry, chat_session, needs_session
 from server.notes import SessionNotes
 from server.sessions import Sessions
@@ -228,8 +228,11 @@ class Host:
                 await self.core.view(session)
         form_check = self.forms.form_check(form)
         root = uri == ROOT_URI
+        bad_expiry = expiry_problem(action)
 
         def validate(state: Any, action: StateAction) -> Rejection | None:
+            if bad_expiry is not None:
+                return bad_expiry
             if root and reduce(state, action, 0) == state:
                 # Nothing to store: a flood of no-ops must not grow the log.
                 return Rejection(RejectionCode.NO_CHANGE, "the root channel already holds that")

@@ -394,6 +394,21 @@ def test_a_record_numbered_out_of_place_or_of_another_session_is_caught() -> Non
         verify([first, other])
 
 
+def test_a_line_with_a_key_given_twice_is_caught_and_one_written_otherwise_is_not() -> None:
+    line, _ = seal(
+        {"session": "ahp-session:/a", "what": "x", "who": {"role": "server"}}, 1, GENESIS
+    )
+    # A forged key before the real one: a parser keeping the first would
+    # show it, the hash covers the last.
+    forged = line.replace(b'"who":', b'"who":{"name":"bob","role":"agent"},"who":', 1)
+    reformatted = line.replace(b",", b", ")
+
+    assert verify([line]).records == 1
+    assert verify([reformatted + b"\r\n"]).records == 1  # the same record, written otherwise
+    with pytest.raises(AuditBroken, match="a key is given twice"):
+        verify([forged])
+
+
 async def test_the_command_line_exports_and_verifies(
     huddle: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

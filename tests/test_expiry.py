@@ -166,13 +166,15 @@ async def test_a_late_answer_is_refused_as_expired_before_and_after_the_sweep(
 
     with pytest.raises(ActionRejected, match="expired") as before:
         await lee.dispatch_and_wait(chat, answer("SS"))
+    with pytest.raises(ActionRejected, match="expired") as extended:  # too late to extend
+        await huddle.server.host.expire(chat, "requests", "details", Expiry(60))
     await huddle.server.host.expiries.sweep()
     with pytest.raises(ActionRejected) as after:
         await lee.dispatch_and_wait(
             chat, ChatInputCompleted(request_id="details", response="accept")
         )
 
-    assert before.value.code == after.value.code == "expired"
+    assert before.value.code == after.value.code == extended.value.code == "expired"
     assert "the input request 'details' expired at" in str(after.value)
     assert (await waiting).response == "cancel"
 
@@ -201,7 +203,7 @@ async def test_a_question_answered_in_time_is_left_alone(
 # ─── Tool approvals ──────────────────────────────────────────────────────────
 
 
-async def ready_call(huddle: RunningServer, chat: str, expiry: dict[str, Any] | None) -> None:
+async def ready_call(huddle: RunningServer, chat: str, expiry: Any) -> None:
     agent = huddle.clients[0]
     await agent.dispatch_and_wait(
         chat,
@@ -253,10 +255,19 @@ async def test_a_tool_approval_with_fail_ends_the_turn(huddle: RunningServer, cl
     assert "tool call 'deploy'" in state.turns[-1].error.message
 
 
-async def test_a_tool_calls_expiry_that_makes_no_sense_is_ignored(huddle: RunningServer) -> None:
+@pytest.mark.parametrize(
+    "expiry",
+    [{"seconds": -1}, {"seconds": "NaN"}, {"seconds": 1e300}, {"seconds": 5, "onExpiry": "x"}, 7],
+    ids=["negative", "a-string", "too-long", "unknown-policy", "not-an-object"],
+)
+async def test_a_tool_calls_expiry_that_makes_no_sense_is_refused(
+    huddle: RunningServer, expiry: Any
+) -> None:
+    # Its sender must not believe a deadline was set.
     chat = await chat_with_turn(huddle)
 
-    await ready_call(huddle, chat, {"seconds": -1})
+    with pytest.raises(ActionRejected, match=r"invalid-action: _meta.huddle.expiry: "):
+        await ready_call(huddle, chat, expiry)
 
     assert await huddle.server.parts.store.records(EXPIRY_RECORDS) == {}
 

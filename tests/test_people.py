@@ -140,7 +140,7 @@ async def test_a_typed_name_loses_control_characters_and_a_blank_one_is_the_toke
 
 
 async def test_the_long_poll_says_a_typed_in_name_is_declared(huddle: RunningServer) -> None:
-    agent, chat = await asked(huddle)
+    _, chat = await asked(huddle)
     poll = asyncio.create_task(
         http(
             "GET",

@@ -486,19 +486,31 @@ async def read_metrics(request: Request) -> Response:
 
 
 async def index(request: Request) -> Response:
-    """The web client; ``?token=`` becomes a cookie and leaves the URL. A
-    token that does not verify sets nothing (a link must not plant someone
-    else's credential in a browser)."""
+    """The web client; ``?token=`` becomes a cookie and leaves the URL (a
+    shared link's, a token of this browser's own). A token that does not
+    verify sets nothing (a link must not plant someone else's credential in
+    a browser)."""
     token = request.query_params.get("token")
     if token:
         server: Server = request.app.state.server
         try:
-            server.authority.verify(token, server.clock())
+            grant = server.authority.verify(token, server.clock())
         except AuthError as error:
             return HTMLResponse(
                 "<!doctype html><title>Huddle</title><p>This link's token is not valid: "
                 f"{html.escape(error.reason)}. Ask for a new link.</p>",
                 status_code=error.status,
+            )
+        if grant.shared and grant.expires_at is not None:
+            # A shared link's every browser gets a token of its own (the same
+            # role, scope and lifetime, its own id): its own client ids, rate
+            # budget and idempotency keys, and the audit tells them apart.
+            token = server.authority.mint(
+                grant.role,
+                sessions=sorted(grant.sessions) if grant.sessions is not None else None,
+                name=grant.name,
+                expires_at=grant.expires_at,
+                shared=True,
             )
         response: Response = RedirectResponse("/", status_code=303)
         response.set_cookie(

@@ -304,6 +304,26 @@ async def test_index_with_token_sets_the_cookie_and_redirects(huddle: RunningSer
     assert "path=/" in attributes
 
 
+async def test_every_browser_opening_a_shared_link_gets_a_token_of_its_own(
+    huddle: RunningServer,
+) -> None:
+    shared = huddle.authority.mint(
+        "participant", sessions=[SESSION_A], expires_at=time.time() + 60, shared=True
+    )
+
+    cookies = [
+        (await http("GET", f"{huddle.http}/?token={shared}")).headers["Set-Cookie"]
+        for _ in range(2)
+    ]
+
+    tokens = [cookie.split(";")[0].split("=", 1)[1] for cookie in cookies]
+    grants = [huddle.authority.verify(t, time.time()) for t in [shared, *tokens]]
+    assert len({g.token_id for g in grants}) == 3
+    assert {(g.role, g.sessions, g.shared, g.expires_at) for g in grants} == {
+        ("participant", frozenset({SESSION_A}), True, grants[0].expires_at)
+    }
+
+
 async def test_token_is_accepted_from_the_cookie(huddle: RunningServer) -> None:
     token = huddle.token("participant", [SESSION_A], name="carol")
     reply = await http("GET", f"{huddle.http}/?token={token}")

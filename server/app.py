@@ -503,14 +503,16 @@ async def index(request: Request) -> Response:
             )
         if grant.shared and grant.expires_at is not None:
             # A shared link's every browser gets a token of its own (the same
-            # role, scope and lifetime, its own id): its own client ids, rate
-            # budget and idempotency keys, and the audit tells them apart.
+            # role, scope and lifetime, its own id): its own client ids and
+            # idempotency keys, told apart in the audit; the rate budget
+            # stays the link's (opening it again buys no more).
             token = server.authority.mint(
                 grant.role,
                 sessions=sorted(grant.sessions) if grant.sessions is not None else None,
                 name=grant.name,
                 expires_at=grant.expires_at,
                 shared=True,
+                link=grant.budget_key,
             )
         response: Response = RedirectResponse("/", status_code=303)
         response.set_cookie(

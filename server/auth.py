@@ -73,6 +73,15 @@ class Grant:
     """When the token expires (Unix time); None for the agent token."""
     shared: bool = False
     """A link's token several people may share: each names themselves."""
+    link: str | None = None
+    """For a token a shared link's browser got (server.app.index): the
+    link's token id. Its rate budget is the link's, shared with every other
+    browser of the link, so that opening the link again buys no more."""
+
+    @property
+    def budget_key(self) -> str:
+        """Whose rate budget this token spends: its own, or its link's."""
+        return self.link or self.token_id
 
     @property
     def identity(self) -> Identity:
@@ -125,6 +134,7 @@ class TokenAuthority:
         name: str | None = None,
         expires_at: float,
         shared: bool = False,
+        link: str | None = None,
     ) -> str:
         """A token for ``role`` on ``sessions`` (all when None) until
         ``expires_at`` (Unix time), in the name of ``name``. A ``shared``
@@ -141,6 +151,8 @@ class TokenAuthority:
         }
         if shared:
             payload["shared"] = True
+        if link is not None:
+            payload["link"] = link
         body = _b64(json.dumps(payload, separators=(",", ":")).encode())
         signature = _b64(hmac.new(self._key, body.encode(), hashlib.sha256).digest())
         return f"{TOKEN_PREFIX}{body}.{signature}"
@@ -180,6 +192,7 @@ class TokenAuthority:
             token_id=token_id(token),
             expires_at=exp,
             shared=payload.get("shared") is True,
+            link=str(payload["link"]) if "link" in payload else None,
         )
 
 

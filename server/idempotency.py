@@ -6,21 +6,33 @@ body) is kept in the store for ``ttl`` seconds; a retry with the same key
 and the same body gets that answer again and applies nothing. The same key
 with another body is 422; a retry while the first is still running is 409
 (try again). Answers that mean "not done, try again" (429, 503) are not
-kept, so a retry runs. The WebSocket's counterpart is the store's
-``(clientId, clientSeq)`` check on every append.
+kept, so a retry runs.
+
+What is kept is bounded per participant or observer token (a shared
+link's browsers count as the link): at most ``budget`` bytes of answers
+within ``ttl`` in this process; beyond, a request with a key is refused
+with 429 before it runs (retry later, or without a key), so nothing is
+ever applied twice for want of room. Agent tokens are trusted.
+
+The WebSocket's counterpart is the store's ``(clientId, clientSeq)`` check
+on every append.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
 from starlette.responses import Response
 
 from server.auth import Grant
+from server.cache import Lru
 from server.store.base import ChannelStore
 
 MAX_KEY: Final = 200
@@ -29,6 +41,25 @@ RUNNING: Final = 10.0
 """Seconds a first request holds its key while it runs."""
 UNKEPT: Final = frozenset({429, 503})
 """Answers that say "not done, try again": a retry runs."""
+BUDGET: Final = 16 << 20
+"""Bytes of kept answers one token may have within the ttl (per process)."""
+
+
+@dataclass
+class _Ledger:
+    """What one token has had kept: (until, bytes) in order, and the sum."""
+
+    kept: deque[tuple[float, int]] = field(default_factory=deque)
+    total: int = 0
+
+    def spent(self, now: float) -> int:
+        while self.kept and self.kept[0][0] <= now:
+            self.total -= self.kept.popleft()[1]
+        return self.total
+
+    def add(self, until: float, size: int) -> None:
+        self.kept.append((until, size))
+        self.total += size
 
 
 class _Kept(msgspec.Struct):
@@ -40,9 +71,19 @@ class _Kept(msgspec.Struct):
 class Idempotency:
     """See the module docstring."""
 
-    def __init__(self, store: ChannelStore, ttl: float) -> None:
+    def __init__(
+        self,
+        store: ChannelStore,
+        ttl: float,
+        *,
+        budget: int = BUDGET,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.ttl = ttl
+        self.budget = budget
+        self.clock = clock
+        self._ledgers: Lru[str, _Ledger] = Lru(10_000)
 
     async def once(
         self, grant: Grant, key: str, body: bytes, run: Callable[[], Awaitable[Response]]
@@ -62,13 +103,33 @@ class Idempotency:
             if kept.fingerprint != fingerprint:
                 return _problem(422, "this Idempotency-Key went with another body")
             return Response(kept.body, status_code=kept.status, media_type="application/json")
+        ledger = self._ledger(grant)
+        if ledger is not None and ledger.spent(self.clock()) >= self.budget:
+            await self.store.claim(running, mine, 0)
+            return _problem(
+                429,
+                f"this token has {self.budget >> 20} MiB of Idempotency-Key answers kept "
+                "already: retry later, or without a key",
+            )
         answer = await run()
         if answer.status_code in UNKEPT:
             await self.store.claim(running, mine, 0)  # given up: a retry may run
         else:
-            record = _Kept(fingerprint, answer.status_code, bytes(answer.body))
-            await self.store.remember(name, msgspec.json.encode(record), self.ttl)
+            record = msgspec.json.encode(_Kept(fingerprint, answer.status_code, bytes(answer.body)))
+            await self.store.remember(name, record, self.ttl)
+            if ledger is not None:
+                ledger.add(self.clock() + self.ttl, len(record))
         return answer
+
+    def _ledger(self, grant: Grant) -> _Ledger | None:
+        """The token's account of what it had kept (None: an agent's)."""
+        if grant.role == "agent":
+            return None
+        ledger = self._ledgers.get(grant.budget_key)
+        if ledger is None:
+            ledger = _Ledger()
+            self._ledgers.put(grant.budget_key, ledger)
+        return ledger
 
     async def _kept(self, name: str) -> _Kept | None:
         raw = await self.store.recall(name)

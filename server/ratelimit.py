@@ -66,8 +66,8 @@ class Budgets:
 
     def take(self, grant: Grant) -> bool:
         """Whether ``grant``'s token may send one more action now."""
-        bucket = self._buckets.get(grant.token_id)
+        bucket = self._buckets.get(grant.budget_key)
         if bucket is None:
             bucket = TokenBucket(self.budget_of(grant), self.clock)
-            self._buckets.put(grant.token_id, bucket)
+            self._buckets.put(grant.budget_key, bucket)
         return bucket.take()

@@ -322,6 +322,8 @@ async def test_every_browser_opening_a_shared_link_gets_a_token_of_its_own(
     assert {(g.role, g.sessions, g.shared, g.expires_at) for g in grants} == {
         ("participant", frozenset({SESSION_A}), True, grants[0].expires_at)
     }
+    # Their rate budget stays the link's: opening it again buys no more.
+    assert {g.budget_key for g in grants} == {grants[0].token_id}
 
 
 async def test_token_is_accepted_from_the_cookie(huddle: RunningServer) -> None:

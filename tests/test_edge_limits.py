@@ -9,6 +9,7 @@ afterwards a fresh client still connects and works.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from tests.edge import (
     Peer,
     StalledPeer,
     assert_still_serving,
+    http,
     initialize_params,
     rpc,
 )
@@ -296,6 +298,35 @@ async def test_a_tokens_sockets_share_one_budget(limited: RunningServer) -> None
     reasons = [(await own_echo(peer)).get("rejectionReason") for peer in peers]
     assert reasons[:3] == [None, None, None]  # the burst of 3, shared
     assert str(reasons[3]).startswith("rate-limited: at most 0.001 actions a second per token")
+
+
+async def test_the_browsers_of_one_shared_link_share_its_budget(limited: RunningServer) -> None:
+    chat = await session_chat(limited)
+    shared = limited.authority.mint(
+        "participant", expires_at=time.time() + 60, shared=True, name="participant"
+    )
+    tokens = [
+        (await http("GET", f"{limited.http}/?token={shared}"))
+        .headers["Set-Cookie"]
+        .split(";")[0]
+        .split("=", 1)[1]
+        for _ in range(4)
+    ]
+    peers = [await Peer.ready(limited.ws, token, f"browser-{n}") for n, token in enumerate(tokens)]
+    for peer in peers:
+        await peer.subscribe(chat)
+
+    for peer in peers:
+        await peer.dispatch(chat, draft(f"from {peer.client_id}"))
+
+    async def own_echo(peer: Peer) -> Frame:
+        while (envelope := await peer.envelope())["origin"]["clientId"] != peer.client_id:
+            pass
+        return envelope
+
+    reasons = [(await own_echo(peer)).get("rejectionReason") for peer in peers]
+    assert reasons[:3] == [None, None, None]  # the link's burst of 3, shared
+    assert str(reasons[3]).startswith("rate-limited: ")
 
 
 async def test_agent_tokens_have_a_budget_of_their_own(limited: RunningServer) -> None:

@@ -5,7 +5,7 @@ and the retry gets the first one's answer; over HTTP, Idempotency-Key."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from starlette.responses import Response
@@ -244,3 +244,34 @@ async def test_an_answer_that_says_try_again_is_not_kept_for_its_key() -> None:
     assert len(runs) == 2
     refused = await once.once(grant, "", b"body", run)
     assert refused.status_code == 400
+
+
+async def test_a_tokens_kept_answers_are_bounded_and_a_refused_key_runs_nothing() -> None:
+    now = [0.0]
+    once = Idempotency(MemoryStore(), ttl=60, budget=1000, clock=lambda: now[0])
+    lee = Grant(role="participant", sessions=None, name="Lee", token_id="tok-1")
+    dana = Grant(role="participant", sessions=None, name="Dana", token_id="tok-2")
+    agent = Grant(role="agent", sessions=None, name="agent", token_id="agent")
+    runs: list[str] = []
+
+    def running(who: str) -> Callable[[], Awaitable[Response]]:
+        async def run() -> Response:
+            runs.append(who)
+            return Response(b"x" * 600, 200)
+
+        return run
+
+    first = await once.once(lee, "k1", b"a", running("lee"))
+    second = await once.once(lee, "k2", b"b", running("lee"))  # still under: 1 answer kept
+    refused = await once.once(lee, "k3", b"c", running("lee"))  # 2 kept, over the budget
+    others = await once.once(dana, "k3", b"c", running("dana"))  # another token's own
+    trusted = [await once.once(agent, f"a{n}", b"d", running("agent")) for n in range(3)]
+    again = await once.once(lee, "k1", b"a", running("lee"))  # a retry of a kept one
+    now[0] = 61.0  # the kept ones expired
+    later = await once.once(lee, "k3", b"c", running("lee"))
+
+    assert [first.status_code, second.status_code, refused.status_code] == [200, 200, 429]
+    assert b"retry later, or without a key" in bytes(refused.body)
+    assert others.status_code == again.status_code == later.status_code == 200
+    assert [t.status_code for t in trusted] == [200, 200, 200]
+    assert runs == ["lee", "lee", "dana", "agent", "agent", "agent", "lee"]

@@ -38,8 +38,14 @@ request's frozen JSON Schema), or the server redacts every value
 
 A session's audit holds at most ``max_records``: the last one then says
 ``"what": "audit/full"`` and nothing more is recorded (the chain stays
-whole). Records of one process are appended in the order it accepted the
-actions; the store's compare-and-set orders processes.
+whole). Its last tenth is a reserve, opened by a record ``"what":
+"audit/reserve"``: from there on only decisive records are written (what
+the server or an agent did, a request completed, a tool call decided), not
+what people can repeat at will (drafts, turns started or cancelled), so
+that nobody can fill an audit to keep the answers out of it.
+
+Records of one process are appended in the order it accepted the actions;
+the store's compare-and-set orders processes.
 """
 
 from __future__ import annotations
@@ -93,6 +99,8 @@ MAX_QUEUED: Final = 10_000
 dropped, and logged: the store is down or far behind)."""
 MAX_ATTEMPTS: Final = 16
 GONE_RECORDS: Final = "audit-of-gone"
+RESERVED_SHARE: Final = 10
+"""The last tenth of a session's audit is kept for decisive records."""
 DRAFTS_PER_REQUEST: Final = 100
 """Draft records one request gets at most (in one process's lifetime): its
 completion, and everything else, is recorded whatever drafting came first."""
@@ -355,23 +363,25 @@ class AuditTrail:
             if head is None:
                 head = _head_of(await self.store.last_audit(session))
             n, prev = head
-            if n >= self.max_records:
-                return  # full: said so by the last record
+            reserved = self.max_records - self.max_records // RESERVED_SHARE
+            if n >= self.max_records or (n >= reserved and not _decisive(body)):
+                return  # full (said so), or in the reserve, which is not for this
+            written = body
             if n + 1 == self.max_records:
-                body = {
-                    "at": body["at"],
-                    "session": session,
-                    "what": "audit/full",
-                    "who": _who(None),
-                }
-            line, digest = seal(body, n + 1, prev)
+                written = _marker(body, session, "audit/full")
+            elif n + 1 == reserved:
+                written = _marker(body, session, "audit/reserve")
+            line, digest = seal(written, n + 1, prev)
             try:
                 await self.store.append_audit(session, n + 1, line)
             except SeqConflict:
                 head = None  # another process appended: read its head
                 continue
-            self._heads.put(session, (n + 1, digest))
-            return
+            head = (n + 1, digest)
+            self._heads.put(session, head)
+            if written is body or not _decisive(body) or written["what"] == "audit/full":
+                return
+            # The reserve's marker took its place: the record itself follows.
         raise StoreUnavailable(f"the audit of {session} is too busy to write now")
 
     async def _redacted(self, pending: _Pending) -> Record:
@@ -408,6 +418,23 @@ class AuditTrail:
         self._drafts.put(key, now)
         self._drafted.put((chat, action.request_id), drafted + 1)
         return True
+
+
+def _decisive(body: Record) -> bool:
+    """Whether a record is one the reserve is kept for: what the server or
+    an agent did (bounded by the agent), and people's answers to it (a
+    request completed, a tool call decided, once each); not what people can
+    repeat at will (drafts, turns started and cancelled)."""
+    who = body.get("who")
+    role = who.get("role") if isinstance(who, dict) else None
+    return role in ("server", "agent") or body.get("what") in (
+        "chat/inputCompleted",
+        "chat/toolCallConfirmed",
+    )
+
+
+def _marker(body: Record, session: str, what: str) -> Record:
+    return {"at": body["at"], "session": session, "what": what, "who": _who(None)}
 
 
 def sensitive_fields(schema: dict[str, Any]) -> frozenset[str]:

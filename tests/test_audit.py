@@ -29,7 +29,7 @@ from protocol.chat import (
     TextValue,
 )
 from protocol.session import SessionState
-from server.audit import GENESIS, REDACTED, AuditBroken, seal, verify
+from server.audit import GENESIS, REDACTED, AuditBroken, export, seal, verify
 from server.auth import TokenAuthority
 from server.cli import main
 from server.client import HuddleClient
@@ -326,6 +326,37 @@ async def test_a_full_audit_says_so_and_records_no_more() -> None:
 
     assert [r["what"] for r in kept] == ["chat/turnStarted", "chat/inputRequested", "audit/full"]
     assert verify([json.dumps(r).encode() for r in kept]).records == 3
+
+
+async def test_the_last_tenth_of_an_audit_is_kept_for_decisive_records() -> None:
+    huddle = await start_server(Settings(port=0, audit_max_records=30))
+    try:
+        audit = huddle.server.host.audit
+        mallory = {"role": "participant", "name": "Mallory", "token": "t-m"}
+
+        def body(what: str, who: dict[str, Any]) -> dict[str, Any]:
+            return {"at": "2026-12-01T10:00:00.000Z", "session": SESSION, "what": what, "who": who}
+
+        for _ in range(40):  # what a person can repeat at will
+            await audit.record(SESSION, body("chat/turnStarted", mallory))
+        await audit.record(SESSION, body("chat/inputCompleted", mallory))
+        await audit.record(SESSION, body("chat/inputRequested", {"role": "server"}))
+        await audit.record(SESSION, body("chat/turnCancelled", mallory))
+        for _ in range(3):
+            await audit.record(SESSION, body("chat/toolCallConfirmed", mallory))
+        lines = [line async for line in export(huddle.server.parts.store, SESSION)]
+    finally:
+        await huddle.stop()
+
+    whats = [r["what"] for r in records(lines)]
+    assert whats == [
+        *["chat/turnStarted"] * 26,
+        "audit/reserve",
+        "chat/inputCompleted",
+        "chat/inputRequested",
+        "audit/full",
+    ]
+    assert verify(lines).records == 30
 
 
 # ─── Who may read it ─────────────────────────────────────────────────────────

@@ -88,6 +88,8 @@ CHANNEL_SEQS: Final = "huddle.channelSeqs"
 TURN_WINDOWS: Final = "huddle.turnWindows"
 TITLES: Final = "huddle.titles"
 IDENTITY: Final = "huddle.identity"
+PRESENT_PER_TOKEN: Final = 10
+"""A person's connections one session lists among its active clients."""
 EXPIRY: Final = "huddle.expiry"
 EXTENSIONS: Final = {
     EXPIRY: "huddle/expire {channel, requestId | toolCallId, seconds, onExpiry}: an open "
@@ -128,6 +130,15 @@ class LiveClients:
             del self._by_id[client_id]
             if rpc.connection.numbering is not None:
                 self.retired.retire(client_id, rpc.connection.numbering)
+
+    def present_in(self, session: str, budget_key: str) -> int:
+        """How many connections of a token (or a shared link's browsers) put
+        themselves in ``session``'s active clients."""
+        return sum(
+            1
+            for rpc in self._by_id.values()
+            if rpc.grant.budget_key == budget_key and session in rpc.present
+        )
 
     def numbering_of(self, client_id: str) -> Numbering | None:
         """The numbering a plain client left behind (live or lately closed)."""
@@ -507,6 +518,8 @@ class Rpc:
         origin = ActionOrigin(client_id=self.client_id, client_seq=params.client_seq)
         uri, action = params.channel, params.action
         try:
+            if isinstance(action, SessionActiveClientSet):
+                self._may_be_present(uri)
             await self.commands.dispatch(
                 self.grant,
                 uri,
@@ -532,6 +545,18 @@ class Rpc:
             reason = Rejection(RejectionCode.STORE_UNAVAILABLE, f"{error}; try again").reason
             await self._echo_rejection(uri, encode(action), origin, reason)
         self.connection.count_action(limited=False)
+
+    def _may_be_present(self, session: str) -> None:
+        """A person's token is in a session's active clients with at most
+        PRESENT_PER_TOKEN connections (of this process): one token opening
+        many sockets must not crowd everyone else out of the list."""
+        if self.grant.role == "agent" or session in self.present:
+            return
+        if self.clients.present_in(session, self.grant.budget_key) >= PRESENT_PER_TOKEN:
+            raise ActionRejected(
+                RejectionCode.TOO_MANY,
+                f"a token may be among a session's active clients {PRESENT_PER_TOKEN} times",
+            )
 
     def _echo_applied(self, applied: AlreadyApplied) -> None:
         """An action re-sent after a reconnect gets the first one's outcome:

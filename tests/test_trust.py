@@ -36,8 +36,9 @@ from protocol.codec import encode
 from protocol.session import ActiveClient, SessionState
 from protocol.uris import ROOT_URI
 from reducers.chat import select_tool_call
+from server.rpc import PRESENT_PER_TOKEN
 from tests.conftest import UNIT, RunningServer, user_message
-from tests.edge import Peer, eventually, http, initialize_params
+from tests.edge import Frame, Peer, eventually, http, initialize_params
 
 SESSION = "ahp-session:/trust"
 TURN = ChatTurnStarted(
@@ -206,6 +207,36 @@ async def test_a_participant_sets_only_its_own_active_client_entry_under_its_tok
         "forbidden: a client may set only its own active-client entry, not 'laptop'",
         "forbidden: a client may remove only its own active-client entry, not 'laptop'",
     ]
+
+
+async def test_one_token_cannot_crowd_a_session_out_with_its_sockets(
+    huddle: RunningServer,
+) -> None:
+    await chat_of(huddle)
+    token = huddle.token(name="mallory")
+    sockets = [await Peer.ready(huddle.ws, token, f"m-{n}") for n in range(PRESENT_PER_TOKEN + 1)]
+    for peer in sockets:
+        await peer.subscribe(SESSION)
+        entry = ActiveClient(client_id=peer.client_id, tools=[])
+        await peer.dispatch(SESSION, SessionActiveClientSet(active_client=entry))
+
+    async def own_echo(peer: Peer) -> Frame:
+        while (envelope := await peer.envelope()).get("origin", {}).get(
+            "clientId"
+        ) != peer.client_id:
+            pass
+        return envelope
+
+    echoes = [await own_echo(peer) for peer in sockets]
+    dana = await Peer.ready(huddle.ws, huddle.token(name="dana"), "dana")
+    await dana.subscribe(SESSION)
+    await dana.dispatch(
+        SESSION, SessionActiveClientSet(active_client=ActiveClient(client_id="dana", tools=[]))
+    )
+
+    assert [e.get("rejectionReason") for e in echoes[:-1]] == [None] * PRESENT_PER_TOKEN
+    assert echoes[-1]["rejectionReason"].startswith("too-many: a token may be among")
+    assert "rejectionReason" not in await own_echo(dana)
 
 
 async def test_a_token_scoped_to_a_session_cannot_change_the_root_channel(

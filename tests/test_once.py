@@ -5,8 +5,10 @@ and the retry gets the first one's answer; over HTTP, Idempotency-Key."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import msgspec
 import pytest
 from starlette.responses import Response
 
@@ -275,3 +277,19 @@ async def test_a_tokens_kept_answers_are_bounded_and_a_refused_key_runs_nothing(
     assert others.status_code == again.status_code == later.status_code == 200
     assert [t.status_code for t in trusted] == [200, 200, 200]
     assert runs == ["lee", "lee", "dana", "agent", "agent", "agent", "lee"]
+
+
+async def test_an_answer_kept_by_an_earlier_version_as_json_is_still_given() -> None:
+    store = MemoryStore()
+    once = Idempotency(store, ttl=60)
+    grant = Grant(role="participant", sessions=None, name="Lee", token_id="tok-1")
+    fingerprint = hashlib.sha256(b"body").hexdigest()
+    old = msgspec.json.encode({"fingerprint": fingerprint, "status": 200, "body": b'{"ok":1}'})
+    await store.remember("idempotency:tok-1:k", old, 60)
+
+    async def run() -> Response:
+        raise AssertionError("kept: nothing runs again")
+
+    kept = await once.once(grant, "k", b"body", run)
+
+    assert (kept.status_code, bytes(kept.body)) == (200, b'{"ok":1}')

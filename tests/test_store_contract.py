@@ -182,7 +182,9 @@ async def test_a_clients_action_is_appended_once_however_often_it_comes(
 async def test_what_is_remembered_lasts_its_time(store: ChannelStore) -> None:
     await store.remember("answer:a", b"kept", 60)
     await store.remember("answer:b", b"brief", 0.05)
+    await store.remember("answer:binary", bytes(range(256)), 60)  # any bytes, not only text
     assert await store.recall("answer:a") == b"kept"
+    assert await store.recall("answer:binary") == bytes(range(256))
     assert await store.recall("answer:missing") is None
     await asyncio.sleep(0.2)  # the time it takes to lapse
     assert await store.recall("answer:b") is None

@@ -13,6 +13,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
+
 from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed, ChatTurnStarted
 from protocol.chat import (
     ChatState,
@@ -289,3 +291,35 @@ async def test_a_plain_text_question_is_asked_and_answered_under_its_own_id() ->
         assert resumed.messages[-1] == ModelMessage(role="user", content="O-1001")
     finally:
         await huddle.stop()
+
+
+# ─── Over HTTP ───────────────────────────────────────────────────────────────
+
+
+async def test_a_turn_started_over_http_runs_the_agent() -> None:
+    # An action sent over HTTP has no origin; it is still a person's (the
+    # server's word on who sent it), so the agent answers it.
+    agent = Agent(name="helper", instructions="Help.", model=scripted(say("Hello.")))
+    huddle = await start_server(agent=agent)
+    try:
+        alice = await huddle.client(name="alice")
+        await alice.create_session("ahp-session:/http")
+        session = await alice.subscribe("ahp-session:/http")
+        assert isinstance(session.state, SessionState)
+        chat = session.state.default_chat
+        assert chat is not None
+        mirror = await alice.subscribe(chat)
+        started = ChatTurnStarted(
+            turn_id="t1", started_at="2027-01-10T10:00:00.000Z", message=user_message("Hi")
+        )
+        body = {"channel": chat, "action": msgspec.to_builtins(started)}
+
+        reply = await http(
+            "POST", f"{huddle.http}/api/dispatch", body=body, token=huddle.token(name="lee")
+        )
+        done = await until(mirror, ended)
+    finally:
+        await huddle.stop()
+
+    assert reply.status == 200
+    assert done.turns[-1].state == "complete"

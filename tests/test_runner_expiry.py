@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pytest
 
 from protocol.actions import ChatError, ChatInputAnswerChanged, ChatToolCallConfirmed
@@ -41,6 +42,7 @@ from server.runner.turn import ResumeCommand, Suspension, SuspensionType, Turn, 
 from server.store.base import ChannelStore
 from server.store.redis import RedisStore
 from tests.conftest import UNIT, RunningServer, start_server
+from tests.edge import http
 from tests.mcp_kit import (
     LEGACY,
     MODES,
@@ -342,14 +344,20 @@ async def test_a_decisions_own_expiry_overrides_the_agents_and_fail_fails_the_tu
     assert runs.count("deploy") == 0
 
 
+CLAIM = {"huddle": {"expired": {"family": "toolCalls", "id": "c1"}}}
+
+
 @pytest.mark.parametrize(
-    "meta",
-    [None, {"huddle": {"expired": {"family": "toolCalls", "id": "c1"}}}],
-    ids=["plain", "claiming-to-be-the-expiry"],
+    ("meta", "over_http"),
+    [(None, False), (CLAIM, False), (None, True), (CLAIM, True)],
+    ids=["plain", "claiming-to-be-the-expiry", "over-http", "over-http-claiming-to-be-the-expiry"],
 )
-async def test_an_approval_given_in_time_runs_the_call(meta: dict[str, Any] | None) -> None:
-    # A person's approval is theirs whatever its _meta says: only the
-    # server's own confirmation is the expiry's.
+async def test_an_approval_given_in_time_runs_the_call(
+    meta: dict[str, Any] | None, over_http: bool
+) -> None:
+    # A person's approval is theirs whatever its _meta says, and over HTTP
+    # (where an action has no origin) too: only the server's own
+    # confirmation is the expiry's.
     clock = Clock()
     runs = Runs()
     helper, _ = approving(
@@ -361,13 +369,22 @@ async def test_an_approval_given_in_time_runs_the_call(meta: dict[str, Any] | No
         approve = ChatToolCallConfirmed(
             turn_id="t1", tool_call_id=call_id, approved=True, confirmed="user-action", meta=meta
         )
-        await alice.dispatch_and_wait(chat, approve)
+        if over_http:
+            body = {"channel": chat, "action": msgspec.to_builtins(approve)}
+            token = served.huddle.token(name="lee")
+            reply = await http("POST", f"{served.huddle.http}/api/dispatch", body=body, token=token)
+            assert reply.status == 200
+        else:
+            await alice.dispatch_and_wait(chat, approve)
         done = await until(mirror, ended)
         clock.now += 10
 
         assert await served.sweep() == 0
+        turn = await served.turn(chat)
     assert done.turns[-1].state == "complete"
     assert runs.count("deploy") == 1
+    approver = turn.audit[-1].metadata
+    assert (approver["by"], approver["via"]) == ("lee" if over_http else "alice", "chat")
 
 
 # ─── Restarts and processes ──────────────────────────────────────────────────

@@ -498,9 +498,11 @@ class ChatBridge:
         if not event.local:
             return None
         action = event.action
-        if event.envelope.origin is None:
-            # The server's own: ours (nothing to do), or an expiry that
-            # settled one of our waits (server.expiry), which resumes it.
+        if event.sender is None:
+            # The server's own (who sent an action is the server's word, not
+            # its origin: one sent over HTTP has none): ours (nothing to do),
+            # or an expiry that settled one of our waits (server.expiry),
+            # which resumes it.
             if _expired(action) is not None or _expired_request(action):
                 return self.accepted(event.uri, action, EXPIRY_AUDIT)
             return None

@@ -12,7 +12,10 @@ What is kept is bounded per participant or observer token (a shared
 link's browsers count as the link): at most ``budget`` bytes of answers
 within ``ttl`` in this process; beyond, a request with a key is refused
 with 429 before it runs (retry later, or without a key), so nothing is
-ever applied twice for want of room. Agent tokens are trusted.
+ever applied twice for want of room. Agent tokens are trusted. A store
+that keeps only so much (the memory store: ``remember_limit``) is never
+asked to keep more, whoever asks, since it would forget the oldest answers
+and their retries would run again.
 
 The WebSocket's counterpart is the store's ``(clientId, clientSeq)`` check
 on every append.
@@ -41,6 +44,8 @@ RUNNING: Final = 10.0
 """Seconds a first request holds its key while it runs."""
 UNKEPT: Final = frozenset({429, 503})
 """Answers that say "not done, try again": a retry runs."""
+ANSWER_OVERHEAD: Final = 4096
+"""Bytes an answer may take beyond its request's body (envelope fields)."""
 BUDGET: Final = 16 << 20
 """Bytes of kept answers one token may have within the ttl (per process)."""
 
@@ -84,6 +89,8 @@ class Idempotency:
         self.budget = budget
         self.clock = clock
         self._ledgers: Lru[str, _Ledger] = Lru(10_000)
+        self._all = _Ledger()
+        """Everything kept, for a store that keeps only so much."""
 
     async def once(
         self, grant: Grant, key: str, body: bytes, run: Callable[[], Awaitable[Response]]
@@ -103,14 +110,30 @@ class Idempotency:
             if kept.fingerprint != fingerprint:
                 return _problem(422, "this Idempotency-Key went with another body")
             return Response(kept.body, status_code=kept.status, media_type="application/json")
+        # What keeping its answer will take, booked before it runs (the
+        # answer, an envelope, is about the size of the action it carries).
+        size = len(name) + len(body) + ANSWER_OVERHEAD
+        now = self.clock()
         ledger = self._ledger(grant)
-        if ledger is not None and ledger.spent(self.clock()) >= self.budget:
+        limit = self.store.remember_limit
+        if ledger is not None and ledger.spent(now) + size > self.budget:
             await self.store.claim(running, mine, 0)
             return _problem(
                 429,
                 f"this token has {self.budget >> 20} MiB of Idempotency-Key answers kept "
                 "already: retry later, or without a key",
             )
+        if limit is not None and self._all.spent(now) + size > limit:
+            # The store keeps no more without forgetting others' answers
+            # (whose retries would then run again): nobody gets more room.
+            await self.store.claim(running, mine, 0)
+            return _problem(
+                429,
+                "the server keeps no more Idempotency-Key answers now: "
+                "retry later, or without a key",
+            )
+        until = now + self.ttl
+        self._book(ledger, until, size)
         answer = await run()
         if answer.status_code in UNKEPT:
             await self.store.claim(running, mine, 0)  # given up: a retry may run
@@ -121,9 +144,14 @@ class Idempotency:
                 _Kept(fingerprint, answer.status_code, bytes(answer.body))
             )
             await self.store.remember(name, record, self.ttl)
-            if ledger is not None:
-                ledger.add(self.clock() + self.ttl, len(record))
+            if (more := len(name) + len(record) - size) > 0:
+                self._book(ledger, until, more)
         return answer
+
+    def _book(self, ledger: _Ledger | None, until: float, size: int) -> None:
+        self._all.add(until, size)
+        if ledger is not None:
+            ledger.add(until, size)
 
     def _ledger(self, grant: Grant) -> _Ledger | None:
         """The token's account of what it had kept (None: an agent's)."""

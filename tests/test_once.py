@@ -250,7 +250,7 @@ async def test_an_answer_that_says_try_again_is_not_kept_for_its_key() -> None:
 
 async def test_a_tokens_kept_answers_are_bounded_and_a_refused_key_runs_nothing() -> None:
     now = [0.0]
-    once = Idempotency(MemoryStore(), ttl=60, budget=1000, clock=lambda: now[0])
+    once = Idempotency(MemoryStore(), ttl=60, budget=9000, clock=lambda: now[0])
     lee = Grant(role="participant", sessions=None, name="Lee", token_id="tok-1")
     dana = Grant(role="participant", sessions=None, name="Dana", token_id="tok-2")
     agent = Grant(role="agent", sessions=None, name="agent", token_id="agent")
@@ -264,8 +264,8 @@ async def test_a_tokens_kept_answers_are_bounded_and_a_refused_key_runs_nothing(
         return run
 
     first = await once.once(lee, "k1", b"a", running("lee"))
-    second = await once.once(lee, "k2", b"b", running("lee"))  # still under: 1 answer kept
-    refused = await once.once(lee, "k3", b"c", running("lee"))  # 2 kept, over the budget
+    second = await once.once(lee, "k2", b"b", running("lee"))  # each books about 4 KiB
+    refused = await once.once(lee, "k3", b"c", running("lee"))  # a third would be over 9,000
     others = await once.once(dana, "k3", b"c", running("dana"))  # another token's own
     trusted = [await once.once(agent, f"a{n}", b"d", running("agent")) for n in range(3)]
     again = await once.once(lee, "k1", b"a", running("lee"))  # a retry of a kept one
@@ -293,3 +293,28 @@ async def test_an_answer_kept_by_an_earlier_version_as_json_is_still_given() -> 
     kept = await once.once(grant, "k", b"body", run)
 
     assert (kept.status_code, bytes(kept.body)) == (200, b'{"ok":1}')
+
+
+async def test_a_store_that_keeps_only_so_much_is_never_asked_to_forget() -> None:
+    # Beyond what the store keeps, it would forget the oldest answers and
+    # their retries would run again: nobody gets more room, agents neither.
+    store = MemoryStore()
+    store.remember_limit = 9000
+    once = Idempotency(store, ttl=60)
+    grants = [
+        Grant(role="participant", sessions=None, name=name, token_id=f"tok-{name}")
+        for name in ("lee", "dana")
+    ] + [Grant(role="agent", sessions=None, name="agent", token_id="agent")]
+    runs: list[str] = []
+
+    async def run() -> Response:
+        runs.append("ran")
+        return Response(b"{}", 200)
+
+    answers = [await once.once(grant, "k", b"body", run) for grant in grants]
+    first_again = await once.once(grants[0], "k", b"body", run)
+
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert b"keeps no more" in bytes(answers[2].body)
+    assert first_again.status_code == 200  # still kept: nothing was forgotten
+    assert len(runs) == 2

@@ -109,6 +109,10 @@ class Listener(ABC):
 class ChannelStore(ABC):
     """Channel logs, snapshots and records; see the module docstring."""
 
+    remember_limit: int | None = None
+    """Bytes :meth:`remember` keeps before it forgets the oldest (None: it
+    forgets nothing before its time)."""
+
     @abstractmethod
     async def create(self, channel: str, state: bytes) -> bool:
         """Create ``channel`` at seq 0 with ``state``; False if it exists."""

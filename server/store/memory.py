@@ -41,6 +41,8 @@ class _Channel:
 
 
 class MemoryStore(ChannelStore):
+    remember_limit = KEPT_BYTES
+
     def __init__(self, retention: int = 1000, retention_bytes: int = 8 << 20) -> None:
         self.retention = retention
         self.retention_bytes = retention_bytes

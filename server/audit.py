@@ -39,10 +39,11 @@ request's frozen JSON Schema), or the server redacts every value
 A session's audit holds at most ``max_records``: the last one then says
 ``"what": "audit/full"`` and nothing more is recorded (the chain stays
 whole). Its last tenth is a reserve, opened by a record ``"what":
-"audit/reserve"``: from there on only decisive records are written (what
-the server or an agent did, a request completed, a tool call decided), not
-what people can repeat at will (drafts, turns started or cancelled), so
-that nobody can fill an audit to keep the answers out of it.
+"audit/reserve"``: from there on only decisive records are written (a
+request completed, a tool call decided, the runner's resume), not what
+people can make as often as they like (drafts, turns started or
+cancelled, and what the agent does in each), so that nobody can fill an
+audit to keep the answers out of it.
 
 Records of one process are appended in the order it accepted the actions;
 the store's compare-and-set orders processes.
@@ -420,17 +421,17 @@ class AuditTrail:
         return True
 
 
+DECISIVE: Final = frozenset({"chat/inputCompleted", "chat/toolCallConfirmed", "runner/resumed"})
+"""What the reserve is kept for: a request completed, a tool call decided,
+and the resume they made."""
+
+
 def _decisive(body: Record) -> bool:
-    """Whether a record is one the reserve is kept for: what the server or
-    an agent did (bounded by the agent), and people's answers to it (a
-    request completed, a tool call decided, once each); not what people can
-    repeat at will (drafts, turns started and cancelled)."""
-    who = body.get("who")
-    role = who.get("role") if isinstance(who, dict) else None
-    return role in ("server", "agent") or body.get("what") in (
-        "chat/inputCompleted",
-        "chat/toolCallConfirmed",
-    )
+    """Whether a record is one the reserve is kept for (DECISIVE), not one
+    people can make as often as they like, directly (drafts, turns started
+    and cancelled) or through the agent (each turn a person starts makes
+    the agent and the server act)."""
+    return body.get("what") in DECISIVE
 
 
 def _marker(body: Record, session: str, what: str) -> Record:

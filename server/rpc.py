@@ -90,6 +90,8 @@ TITLES: Final = "huddle.titles"
 IDENTITY: Final = "huddle.identity"
 PRESENT_PER_TOKEN: Final = 10
 """A person's connections one session lists among its active clients."""
+PRESENT_PER_LINK: Final = 50
+"""The same for the browsers of one shared link, together."""
 EXPIRY: Final = "huddle.expiry"
 EXTENSIONS: Final = {
     EXPIRY: "huddle/expire {channel, requestId | toolCallId, seconds, onExpiry}: an open "
@@ -363,6 +365,9 @@ class Rpc:
         takes its place."""
         older = self.clients.bind(client_id, self)
         if older is not None:
+            # Its entries in sessions' active clients are this one's now:
+            # counted against the token, taken out when this one goes.
+            self.present |= older.present
             older.connection.shut(CLOSE_REPLACED, "another connection took this clientId")
         self.client_id = client_id
 
@@ -548,14 +553,16 @@ class Rpc:
 
     def _may_be_present(self, session: str) -> None:
         """A person's token is in a session's active clients with at most
-        PRESENT_PER_TOKEN connections (of this process): one token opening
-        many sockets must not crowd everyone else out of the list."""
+        PRESENT_PER_TOKEN connections (of this process; a shared link's
+        browsers PRESENT_PER_LINK together): one token opening many sockets
+        must not crowd everyone else out of the list."""
         if self.grant.role == "agent" or session in self.present:
             return
-        if self.clients.present_in(session, self.grant.budget_key) >= PRESENT_PER_TOKEN:
+        limit = PRESENT_PER_LINK if self.grant.shared else PRESENT_PER_TOKEN
+        if self.clients.present_in(session, self.grant.budget_key) >= limit:
             raise ActionRejected(
                 RejectionCode.TOO_MANY,
-                f"a token may be among a session's active clients {PRESENT_PER_TOKEN} times",
+                f"a token may be among a session's active clients {limit} times",
             )
 
     def _echo_applied(self, applied: AlreadyApplied) -> None:

@@ -340,7 +340,9 @@ async def test_the_last_tenth_of_an_audit_is_kept_for_decisive_records() -> None
         for _ in range(40):  # what a person can repeat at will
             await audit.record(SESSION, body("chat/turnStarted", mallory))
         await audit.record(SESSION, body("chat/inputCompleted", mallory))
-        await audit.record(SESSION, body("chat/inputRequested", {"role": "server"}))
+        # What the agent does in each turn a person starts is not decisive.
+        await audit.record(SESSION, body("chat/turnComplete", {"role": "server"}))
+        await audit.record(SESSION, body("runner/resumed", {"role": "server"}))
         await audit.record(SESSION, body("chat/turnCancelled", mallory))
         for _ in range(3):
             await audit.record(SESSION, body("chat/toolCallConfirmed", mallory))
@@ -353,7 +355,7 @@ async def test_the_last_tenth_of_an_audit_is_kept_for_decisive_records() -> None
         *["chat/turnStarted"] * 26,
         "audit/reserve",
         "chat/inputCompleted",
-        "chat/inputRequested",
+        "runner/resumed",
         "audit/full",
     ]
     assert verify(lines).records == 30

@@ -239,6 +239,33 @@ async def test_one_token_cannot_crowd_a_session_out_with_its_sockets(
     assert "rejectionReason" not in await own_echo(dana)
 
 
+async def test_a_connection_that_takes_over_a_client_id_takes_its_presence_too(
+    huddle: RunningServer,
+) -> None:
+    await chat_of(huddle)
+    watcher = await (await huddle.client(name="watcher")).subscribe(SESSION)
+    token = huddle.token(name="mallory")
+    first = await Peer.ready(huddle.ws, token, "m-1")
+    await first.subscribe(SESSION)
+    entry = ActiveClient(client_id="m-1", tools=[])
+    await first.dispatch(SESSION, SessionActiveClientSet(active_client=entry))
+    await first.envelope()
+
+    def listed(state: object) -> bool:
+        assert isinstance(state, SessionState)
+        return any(c.client_id == "m-1" for c in state.active_clients)
+
+    async with asyncio.timeout(5 * UNIT):
+        await watcher.wait_for(listed)
+    again = await Peer.ready(huddle.ws, token, "m-1")  # the first is closed: replaced
+    budget = huddle.authority.verify(token, 0).budget_key
+    assert huddle.server.clients.present_in(SESSION, budget) == 1  # counted for the token
+    await again.ws.close()  # and taken out with the one that holds it now
+
+    async with asyncio.timeout(5 * UNIT):
+        await watcher.wait_for(lambda state: not listed(state))
+
+
 async def test_a_token_scoped_to_a_session_cannot_change_the_root_channel(
     huddle: RunningServer,
 ) -> None:

@@ -45,10 +45,9 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,12 +64,13 @@ from bench.broadcast import (
     open_many,
     read_frames,
 )
+from bench.redis_store import own_redis
 from protocol.actions import ChatInputRequested, ChatTurnStarted
 from protocol.chat import Message, MessageOrigin
 from protocol.session import SessionState
 from server.client import HuddleClient
 from server.store.redis import RedisStore
-from tests.redis_server import RedisServer, RunningCluster
+from tests.redis_server import RunningCluster
 
 GOAL = 1.1
 TOKEN = "bench-fanout-agent-token-0123456789"
@@ -415,19 +415,6 @@ def summary(name: str, windows: list[Window]) -> None:
 # ─── Deployments ─────────────────────────────────────────────────────────────
 
 
-@contextlib.asynccontextmanager
-async def single_redis() -> AsyncIterator[str]:
-    directory = Path(tempfile.mkdtemp(prefix="huddle-bench-redis-", dir="/tmp"))
-    server = RedisServer(directory, appendfsync="everysec")
-    try:
-        async with asyncio.timeout(20):
-            await server.start()
-        yield server.url
-    finally:
-        await server.kill()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
 @contextlib.contextmanager
 def cluster() -> Iterator[str]:
     running = RunningCluster.start(timeout=30, appendfsync="everysec")
@@ -450,7 +437,7 @@ async def run(args: argparse.Namespace) -> int:
     )
     results: list[tuple[str, list[Window]]] = []
     if args.only in (None, "redis"):
-        async with single_redis() as url:
+        async with own_redis() as url:
             name = "single Redis"
             results.append((name, await deployment(name, url, args)))
     if args.only in (None, "cluster"):

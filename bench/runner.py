@@ -64,13 +64,11 @@ import functools
 import os
 import platform
 import secrets
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -78,6 +76,7 @@ from urllib.parse import parse_qs, urlparse
 
 import redis.asyncio as aioredis
 
+from bench.redis_store import own_redis
 from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed, ChatTurnStarted
 from protocol.chat import (
     ChatState,
@@ -98,7 +97,6 @@ from server.runner.ids import runner_turn_id
 from server.runner.model import ModelReply, ScriptedModel, last_tool_result
 from server.runner.runner import REQUEST_USER_INPUT
 from server.runner.turn import ModelMessage, ToolCall
-from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_SPEC = "bench.runner:bench_agent"
@@ -526,20 +524,6 @@ def print_summary(setups: list[Setup], pings: list[int]) -> None:
 
 
 # ─── Main ────────────────────────────────────────────────────────────────────
-
-
-@contextlib.asynccontextmanager
-async def own_redis() -> AsyncIterator[str]:
-    """A redis-server of the benchmark's own: unix socket, AOF everysec."""
-    directory = Path(tempfile.mkdtemp(prefix="huddle-bench-redis-", dir="/tmp"))
-    server = RedisServer(directory, appendfsync="everysec")
-    try:
-        async with asyncio.timeout(20):
-            await server.start()
-        yield server.url
-    finally:
-        await server.kill()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 async def measure_rounds(

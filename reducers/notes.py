@@ -46,9 +46,15 @@ EXPIRY_POLICIES: Final = ("cancel", "decline", "fail")
 Meta: TypeAlias = dict[str, Any]
 
 
+def huddle_meta(meta: Meta | None, key: str) -> Any:
+    """``_meta.huddle.<key>`` of a state or an action, if it is there."""
+    huddle = (meta or {}).get(HUDDLE)
+    return huddle.get(key) if isinstance(huddle, dict) else None
+
+
 def note_of(meta: Meta | None, family: str, chat: str, key: str) -> dict[str, Any] | None:
     """The note on ``key`` (a request or tool call id) of ``chat``, if any."""
-    notes = ((meta or {}).get(HUDDLE) or {}).get(family) or {}
+    notes = huddle_meta(meta, family) or {}
     entry = (notes.get(chat) or {}).get(key)
     return entry if isinstance(entry, dict) else None
 

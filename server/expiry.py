@@ -96,8 +96,7 @@ def _asked_expiry(action: StateAction) -> object:
     """The ``_meta.huddle.expiry`` a tool call asks for, if any."""
     if not isinstance(action, ChatToolCallReady):
         return None
-    huddle = (action.meta or {}).get(notes.HUDDLE)
-    return huddle.get("expiry") if isinstance(huddle, dict) else None
+    return notes.huddle_meta(action.meta, "expiry")
 
 
 def expiry_problem(action: StateAction) -> Rejection | None:
@@ -191,7 +190,7 @@ class Expiries:
             return None
         try:
             expiry = Expiry.of(raw)
-        except ValueError as error:  # pragma: no cover - refused before it was applied
+        except ValueError as error:  # dispatched without validation (else refused)
             log.warning("%s: tool call %s: %s", event.uri, action.tool_call_id, error)
             return None
         return self._expire_quietly(event.uri, action.tool_call_id, expiry)

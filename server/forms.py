@@ -24,20 +24,21 @@ from protocol.codec import encode
 from protocol.forms import FormError, FormSpec, form_data_from_answers, parse_form
 from protocol.messages import ChannelState
 from protocol.session import SessionState
+from reducers import notes
 from reducers.validation import FormCheck, ToolInputCheck
 from server.cache import Lru
 from server.store.base import ChannelStore
 
 FORM_RECORDS = "form"
-HUDDLE_META = "huddle"
+HUDDLE_META = notes.HUDDLE
 CACHED_FORMS = 1024
 """Frozen forms kept in memory (the store holds them all)."""
 
 
 def chat_session(chat: ChatState) -> str | None:
     """The session a chat belongs to (Huddle's ``_meta.huddle.session``)."""
-    meta = (chat.meta or {}).get(HUDDLE_META)
-    return meta.get("session") if isinstance(meta, dict) else None
+    session = notes.huddle_meta(chat.meta, "session")
+    return session if isinstance(session, str) else None
 
 
 @dataclass(frozen=True)

@@ -145,3 +145,9 @@ def test_an_iso_time_reads_back_as_the_ms_it_was_written_from() -> None:
 def test_a_time_without_a_zone_is_utc_and_one_that_is_no_time_the_fallback() -> None:
     assert iso_ms("1970-01-01T00:00:01", 0) == 1000
     assert iso_ms("next tuesday", -1) == -1
+
+
+def test_huddle_meta_reads_one_key_and_nothing_from_what_is_not_huddles() -> None:
+    assert notes.huddle_meta({"huddle": {"session": "s"}, "other": 1}, "session") == "s"
+    assert notes.huddle_meta({"huddle": "not an object"}, "session") is None
+    assert notes.huddle_meta(None, "session") is None

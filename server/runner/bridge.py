@@ -863,6 +863,5 @@ def _expiry_meta(expiry: Expiry | None) -> dict[str, Any] | None:
 def _expired(action: StateAction) -> dict[str, Any] | None:
     """The wait (``{"family", "id"}``) whose expiry made ``action``, if it
     was server.expiry's."""
-    meta = getattr(action, "meta", None) or {}
-    expired = (meta.get(notes.HUDDLE) or {}).get("expired")
+    expired = notes.huddle_meta(getattr(action, "meta", None), "expired")
     return expired if isinstance(expired, dict) else None

@@ -34,11 +34,24 @@ not what gets measured. The redis-server is the benchmark's own (unix
 socket in a temporary directory, ``appendonly yes``, ``appendfsync
 everysec`` as the README advises). Baseline: one bare Redis round trip,
 ``PING`` over the same socket with redis-py asyncio (the client the stores
-use), from this process. Rounds alternate the order of (1), (2) and the
-pings so that machine noise hits all alike; every figure is over all
-rounds. Printed: p50 and p99 of each kind in each set-up, the PING p50 and
-p99, and the ratios of the p50s: (2) over PING (in round trips) and (2)
-over (1).
+use), from this process, measured two ways: back to back (``--pings`` a
+round), and each one ``--think`` seconds after the last answer (``--turns``
+a round), as the answers are sent. The second is the like-for-like one:
+every process on the resume's path (the server, Redis, the worker) has
+slept through the pause, and on a virtual machine a round trip that wakes
+sleeping processes costs several times one that does not (here a paused
+PING is about 7 back-to-back ones); a back-to-back PING measures Redis with
+everything awake. Rounds alternate the order of (1), (2) and the pings so
+that machine noise hits all alike; every figure is over all rounds.
+Printed: p50 and p99 of each kind in each set-up, of both PINGs, and the
+ratios of the p50s: (2) over each PING (in round trips) and (2) over (1).
+
+Before its tool starts a resume crosses between processes five times (the
+participant to the server, the server's append to Redis and back, its
+save to Redis, which hands the turn to the worker), seven for
+``inputCompleted`` (then the worker's save of the model's next call, to
+Redis and back: a call never starts before it is saved); a PING crosses
+twice.
 
 The pause matters: a person answers a moment after the prompt shows, and
 by then the worker that asked has released the turn and waits for work,
@@ -460,10 +473,13 @@ async def play_round(
 # ─── The baseline: a bare Redis round trip ───────────────────────────────────
 
 
-async def ping_round(client: aioredis.Redis, count: int) -> list[int]:
-    """``count`` PINGs one after another; each one's round trip (ns)."""
+async def ping_round(client: aioredis.Redis, count: int, pause: float = 0.0) -> list[int]:
+    """``count`` PINGs one after another, each ``pause`` seconds after the
+    last one's answer; each one's round trip (ns)."""
     samples = []
     for _ in range(count):
+        if pause:
+            await asyncio.sleep(pause)
         start = time.perf_counter_ns()
         await client.ping()
         samples.append(time.perf_counter_ns() - start)
@@ -504,7 +520,7 @@ def _round_line(name: str, samples: dict[str, list[int]]) -> str:
     )
 
 
-def print_summary(setups: list[Setup], pings: list[int]) -> None:
+def print_summary(setups: list[Setup], pings: list[int], paused: list[int], think: float) -> None:
     memory, redis = setups
     turns = memory.turns
     print(
@@ -514,13 +530,19 @@ def print_summary(setups: list[Setup], pings: list[int]) -> None:
     for setup in setups:
         for tool, values in setup.samples.items():
             print(f"  {setup.label:<44} {KINDS[tool]:<17} {_p50_p99(values)}")
-    print(f"  {'bare Redis round trip (PING, redis-py asyncio)':<62} {_p50_p99(pings)}")
-    ping = _percentile(pings, 0.5)
+    back_to_back = "bare Redis round trip (PING, redis-py asyncio), back to back"
+    after = f"the same, each {think * 1000:g} ms after the last (as the answers)"
+    print(f"  {back_to_back:<62} {_p50_p99(pings)}")
+    print(f"  {after:<62} {_p50_p99(paused)}")
+    ping, paused_ping = _percentile(pings, 0.5), _percentile(paused, 0.5)
     print("ratios of p50s:")
     for tool in KINDS:
-        over_ping = _percentile(redis.samples[tool], 0.5) / ping
-        over_memory = _percentile(redis.samples[tool], 0.5) / _percentile(memory.samples[tool], 0.5)
-        print(f"  {KINDS[tool]:<17}  (2) / PING {over_ping:6.1f}   (2) / (1) {over_memory:5.2f}")
+        resume = _percentile(redis.samples[tool], 0.5)
+        over_memory = resume / _percentile(memory.samples[tool], 0.5)
+        print(
+            f"  {KINDS[tool]:<17}  (2) / PING {resume / ping:6.1f}   (2) / paused PING "
+            f"{resume / paused_ping:5.1f}   (2) / (1) {over_memory:5.2f}"
+        )
 
 
 # ─── Main ────────────────────────────────────────────────────────────────────
@@ -528,14 +550,21 @@ def print_summary(setups: list[Setup], pings: list[int]) -> None:
 
 async def measure_rounds(
     participants: list[Participant], client: aioredis.Redis, tag: str, args: argparse.Namespace
-) -> list[int]:
-    """The counted rounds; returns the PING samples of all of them."""
+) -> tuple[list[int], list[int]]:
+    """The counted rounds; returns the PING samples of all of them: back
+    to back, and each after the participant's pause."""
     pings: list[int] = []
+    paused: list[int] = []
 
     async def ping_step(index: int) -> str:
         samples = await ping_round(client, args.pings)
         pings.extend(samples)
         return f"PING p50 {_percentile(samples, 0.5):6.3f} ms"
+
+    async def paused_ping_step(index: int) -> str:
+        samples = await ping_round(client, args.turns, args.think)
+        paused.extend(samples)
+        return f"paused PING p50 {_percentile(samples, 0.5):6.3f} ms"
 
     async def play_step(participant: Participant, index: int) -> str:
         first = WARMUP_TURNS + index * args.turns
@@ -545,11 +574,12 @@ async def measure_rounds(
     steps: list[Callable[[int], Awaitable[str]]] = [
         *(functools.partial(play_step, p) for p in participants),
         ping_step,
+        paused_ping_step,
     ]
     for index in range(args.rounds):
         parts = [await step(index) for step in (steps if index % 2 == 0 else steps[::-1])]
         print(f"  round {index + 1}:   " + "   ".join(parts), flush=True)
-    return pings
+    return pings, paused
 
 
 async def probe_race(participant: Participant, tag: str, turns: int) -> None:
@@ -668,8 +698,8 @@ async def run(args: argparse.Namespace) -> int:
         for participant in participants:  # warm-up, not counted
             await play_round(participant, tag, 0, WARMUP_TURNS, False)
         await ping_round(client, 100)
-        pings = await measure_rounds(participants, client, tag, args)
-        print_summary(setups, pings)
+        pings, paused = await measure_rounds(participants, client, tag, args)
+        print_summary(setups, pings, paused, args.think)
         if args.race_turns:
             await probe_race(participants[1], tag, args.race_turns)
         if args.trace:

@@ -259,7 +259,11 @@ class RedisLink:
             for index, result in zip(indices, out, strict=True):
                 results[index] = result
 
-        await asyncio.gather(*(one(name, indices) for name, indices in groups.items()))
+        if len(groups) == 1:  # one node (a single Redis, always): no task of its own
+            [(name, indices)] = groups.items()
+            await one(name, indices)
+        else:
+            await asyncio.gather(*(one(name, indices) for name, indices in groups.items()))
         return results
 
     async def write(self, key: str, build: Callable[[Any], None]) -> list[Any]:

@@ -1,0 +1,56 @@
+"""The benchmarks run: smoke runs of ``--quick`` (their figures are not
+checked: a smoke run on a busy machine says nothing, but a benchmark that
+no longer measures what it says fails here, not months later)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from bench.fanout import ROOT
+from tests.conftest import UNIT
+
+pytestmark = pytest.mark.redis
+
+
+async def _quick(module: str, *args: str) -> str:
+    """``python -m <module> --quick <args>``'s output; it must succeed."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        module,
+        "--quick",
+        *args,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        async with asyncio.timeout(60 * UNIT):
+            output, _ = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    text = output.decode()
+    assert process.returncode == 0, text
+    return text
+
+
+async def test_the_fanout_benchmark_runs_quick() -> None:
+    text = await _quick("bench.fanout", "--only", "redis")
+    assert "A's server CPU per delivered frame" in text
+    assert "C (serves no channel) CPU" in text
+    assert "not delivered" not in text
+
+
+async def test_the_resume_benchmark_runs_quick_with_both_baselines() -> None:
+    text = await _quick("bench.runner")
+    # Every turn of both set-ups was played to the tool (a turn that is not
+    # ends the run with an error), and both yardsticks were measured.
+    assert "(2) redis, serve --workers 0 + huddle worker toolCallConfirmed p50" in text
+    assert "back to back" in text
+    assert "each 25 ms after the last" in text
+    assert text.count("/ paused PING") == 2

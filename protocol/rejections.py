@@ -42,6 +42,7 @@ class RejectionCode(StrEnum):
     # The host.
     NO_CHANGE = "no-change"
     DUPLICATE = "duplicate"
+    CLIENT_SEQ_REUSED = "client-seq-reused"
     EXPIRED = "expired"
     INVALID_ACTION = "invalid-action"
     # The authorisation policy (server.policy).

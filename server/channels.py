@@ -40,7 +40,7 @@ from typing import Protocol, overload
 
 import msgspec
 
-from protocol.actions import StateAction
+from protocol.actions import StateAction, action_type
 from protocol.codec import convert_state, encode
 from protocol.messages import (
     ActionEnvelope,
@@ -474,15 +474,24 @@ class ChannelCore(Listener):
         self, ch: _Channel, seq: int, action: StateAction, origin: ActionOrigin
     ) -> AlreadyApplied:
         """A re-sent action's first outcome: its envelope as the log holds
-        it (rebuilt from what was re-sent when the log no longer does)."""
+        it (rebuilt from what was re-sent when the log no longer does).
+        Raises ActionRejected when the log holds another action under that
+        ``(clientId, clientSeq)``: a client that numbers two actions alike
+        must not be told the second was applied."""
         try:
             entries = await self.store.read_log(ch.uri, seq - 1, ch.epoch)
         except StoreError:
             entries = None
-        if entries:
-            first = decode_entry(entries[0]).envelope
-        else:
+        if not entries:
             first = ActionEnvelope(channel=ch.uri, action=action, server_seq=seq, origin=origin)
+            return AlreadyApplied(ch.uri, seq, first)
+        first = decode_entry(entries[0]).envelope
+        if first.action != action:
+            raise ActionRejected(
+                RejectionCode.CLIENT_SEQ_REUSED,
+                f"clientSeq {origin.client_seq} was used already, by another action "
+                f"({action_type(first.action)}): number each action anew",
+            )
         return AlreadyApplied(ch.uri, seq, first)
 
     def _apply(

@@ -318,3 +318,26 @@ async def test_a_store_that_keeps_only_so_much_is_never_asked_to_forget() -> Non
     assert b"keeps no more" in bytes(answers[2].body)
     assert first_again.status_code == 200  # still kept: nothing was forgotten
     assert len(runs) == 2
+
+
+@pytest.mark.parametrize("extensions", [None, ()], ids=["huddle", "plain"])
+async def test_a_client_seq_used_again_for_another_action_is_refused_not_taken_for_applied(
+    huddle: RunningServer, extensions: tuple[str, ...] | None
+) -> None:
+    _, chat = await asked(huddle)
+    token = huddle.token(name="Lee")
+    options = {} if extensions is None else {"extensions": extensions}
+    peer = await Peer.ready(huddle.ws, token, "lee-browser", **options)
+    await peer.subscribe(chat)
+    await peer.send(again(chat, 1, DRAFT))
+    first = await peer.envelope()
+    await peer.send(again(chat, 1, ACCEPT))  # another action, the same clientSeq
+    echo = await peer.envelope()
+
+    assert "rejectionReason" not in first
+    assert echo["rejectionReason"].startswith("client-seq-reused: clientSeq 1 was used already")
+    assert echo["action"]["type"] == "chat/inputCompleted"  # its own action comes back refused
+    state = (await huddle.server.host.view(chat)).state
+    assert isinstance(state, ChatState)
+    assert select_input_settlement(state, "details").status == "open"  # the accept did nothing
+    await peer.close()

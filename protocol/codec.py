@@ -35,6 +35,7 @@ from protocol.messages import (
 )
 from protocol.session import RootState, SessionState
 from protocol.uris import BadChannelUri, channel_kind
+from protocol.wire import quoted
 
 T = TypeVar("T")
 
@@ -236,12 +237,17 @@ def decode_request(data: bytes | str) -> Request:
     return _decode(_request, data, "$", ErrorCode.INVALID_REQUEST)
 
 
+def unknown_method(method: str) -> MalformedFrame:
+    """The error for a request or notification of no method we know."""
+    return MalformedFrame(ErrorCode.METHOD_NOT_FOUND, f"unknown method {quoted(method)}")
+
+
 def decode_params(method: str, params: msgspec.Raw) -> Any:
     """Decode the params of ``method``; raises :class:`MalformedFrame` with
     ``METHOD_NOT_FOUND`` for an unknown method."""
     decoder = PARAMS.get(method)
     if decoder is None:
-        raise MalformedFrame(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method!r}")
+        raise unknown_method(method)
     if not params:
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "missing params", "$.params")
     return _decode(decoder, params, "$.params", ErrorCode.INVALID_PARAMS)

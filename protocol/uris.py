@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from protocol.wire import quoted
+
 ROOT_URI = "ahp-root://"
 SESSION_SCHEME = "ahp-session:/"
 CHAT_SCHEME = "ahp-chat:/"
@@ -21,7 +23,7 @@ class BadChannelUri(ValueError):
 
     def __str__(self) -> str:
         return (
-            f"not a channel URI: {self.uri!r} (expected ahp-root://, "
+            f"not a channel URI: {quoted(self.uri)} (expected ahp-root://, "
             "ahp-session:/<id> or ahp-chat:/<id>)"
         )
 

@@ -22,6 +22,19 @@ Number: TypeAlias = int | float
 
 URI: TypeAlias = str
 
+QUOTED = 160
+"""At most this many characters of a client's string go into an error (a
+channel URI of the longest id, 141, whole)."""
+
+
+def quoted(text: str) -> str:
+    """``text`` as an error message shows it (its ``repr``): whole up to
+    :data:`QUOTED` characters, cut and sized beyond, so that an error never
+    echoes a frame's worth of what a client sent."""
+    if len(text) <= QUOTED:
+        return repr(text)
+    return f"{text[:QUOTED]!r}... ({len(text):,} characters)"
+
 
 class Wire(
     msgspec.Struct,

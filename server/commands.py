@@ -32,6 +32,7 @@ from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode, ExpirePar
 from protocol.rejections import RejectionCode
 from protocol.session import SessionSummary
 from protocol.uris import BadChannelUri, channel_kind
+from protocol.wire import quoted
 from server.auth import ROLES, Grant, Identity, Role, TokenAuthority
 from server.channels import ChannelView
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
@@ -286,7 +287,7 @@ class Commands:
         if holder is not None:
             raise CommandError(
                 ErrorCode.PERMISSION_DENIED,
-                f"clientId {client_id!r} belongs to another token: choose another",
+                f"clientId {quoted(client_id)} belongs to another token: choose another",
             )
 
     async def wait_input(self, grant: Grant, chat: str, request_id: str) -> InputOutcome:

@@ -42,7 +42,7 @@ from protocol.actions import (
 from protocol.chat import ChatState, ToolCallPendingConfirmation
 from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
-from protocol.wire import ErrorInfo
+from protocol.wire import ErrorInfo, quoted
 from reducers import notes
 from reducers.chat import select_open_input_part, select_tool_call
 from reducers.clock import iso_ms
@@ -165,13 +165,13 @@ class Expiries:
                 if family == "requests"
                 else RejectionCode.TOOL_CALL_NOT_PENDING
             )
-            raise ActionRejected(code, f"{chat} has no open wait {key!r} to give an expiry")
+            raise ActionRejected(code, f"{chat} has no open wait {quoted(key)} to give an expiry")
         now = self.core.now_ms()
         session_state = (await self.core.view(session)).state
         earlier = notes.expiry_of(getattr(session_state, "meta", None), family, chat, key)
         if earlier is not None and earlier[0] <= now:
             # Its time is up (the sweep is on its way): too late to extend.
-            raise ActionRejected(RejectionCode.EXPIRED, f"the wait {key!r} in {chat} expired")
+            raise ActionRejected(RejectionCode.EXPIRED, f"the wait {quoted(key)} in {chat} expired")
         at = now + int(expiry.seconds * 1000)
         due = Due(session, chat, family, key, at, expiry.on_expiry)
         await self.store.put_record(EXPIRY_RECORDS, _name(due), msgspec.json.encode(due))

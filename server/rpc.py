@@ -35,7 +35,7 @@ from msgspec.structs import replace
 
 from protocol.actions import ChatTurnsLoaded, SessionActiveClientRemoved, SessionActiveClientSet
 from protocol.chat import ChatState
-from protocol.codec import MalformedFrame, decode_params, decode_request, encode
+from protocol.codec import MalformedFrame, decode_params, decode_request, encode, unknown_method
 from protocol.messages import (
     SUPPORTED_PROTOCOL_VERSIONS,
     ActionEnvelope,
@@ -239,7 +239,7 @@ class Rpc:
                     raise MalformedFrame(
                         ErrorCode.INVALID_REQUEST, f"{method} is a request: give it an id"
                     )
-                raise MalformedFrame(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method!r}")
+                raise unknown_method(method)
             try:
                 params = decode_params(method, request.params)
             except MalformedFrame as error:
@@ -255,7 +255,7 @@ class Rpc:
                 raise MalformedFrame(
                     ErrorCode.INVALID_REQUEST, f"{method} is a notification: no id"
                 )
-            raise MalformedFrame(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method!r}")
+            raise unknown_method(method)
         params = decode_params(method, request.params)
         if self.client_id is None and method not in ("initialize", "ping", "reconnect"):
             raise MalformedFrame(ErrorCode.INVALID_REQUEST, "initialize first")

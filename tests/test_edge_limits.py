@@ -503,3 +503,19 @@ async def test_stalled_client_finds_its_socket_closed_when_it_reads_again(
         leftover = await peer.read_to_end()
 
     assert len(leftover) < sent * len(BIG_DRAFT)
+
+
+async def test_errors_quote_only_the_start_of_a_huge_uri_or_method(huddle: RunningServer) -> None:
+    huge = "ahp-chat:/" + "x" * 100_000
+    reply = await http(
+        "GET", f"{huddle.http}/api/snapshot?channel={huge}", token=huddle.token(role="agent")
+    )
+    peer = await Peer.ready(huddle.ws, huddle.token(), "sloppy")
+    unknown = await peer.request("y" * 100_000, {})
+
+    assert reply.status == 400
+    assert len(reply.body) < 1_000
+    assert "(100,010 characters)" in reply.json()["error"]
+    assert unknown["error"]["code"] == -32601
+    assert len(unknown["error"]["message"]) < 300
+    await peer.close()

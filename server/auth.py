@@ -35,6 +35,36 @@ TOKEN_PREFIX = "hud1."
 AGENT_TOKEN_ID = "agent"
 MAX_DECLARED_NAME = 60
 """Characters of a name typed in for a shared link."""
+MAX_MARKS = 3
+"""Combining marks a typed-in name keeps on one character (enough for any
+script's stacked vowel and tone marks; "Zalgo" text stacks dozens)."""
+BLANKS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+"""Characters that are letters or symbols to Unicode but show as nothing
+(the Hangul fillers, the blank Braille pattern): a name of them looks empty."""
+
+
+def typed_name(typed: str) -> str:
+    """A name as someone typed it, made fit to show: composed (NFC), without
+    control, format or blank-looking characters (a right-to-left override,
+    a zero-width space, NUL, a Hangul filler), at most :data:`MAX_MARKS`
+    combining marks on a character, runs of spaces made one, cut to
+    :data:`MAX_DECLARED_NAME` characters; empty when nothing visible is
+    left."""
+    kept: list[str] = []
+    marks = 0
+    for c in unicodedata.normalize("NFC", typed):
+        category = unicodedata.category(c)
+        if category[0] == "C" or c in BLANKS:
+            continue
+        if category[0] == "M":
+            marks += 1
+            if marks > MAX_MARKS or not kept or kept[-1].isspace():
+                continue
+        else:
+            marks = 0
+        kept.append(c)
+    name = " ".join("".join(kept).split())[:MAX_DECLARED_NAME]
+    return name if any(unicodedata.category(c)[0] in "LNPS" for c in name) else ""
 
 
 class Identity(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -92,10 +122,7 @@ class Grant:
         by the name they typed in (``declared``), marked as such; any other
         token by its own name, whatever was typed."""
         if self.shared and declared:
-            # No control or format characters (a right-to-left override, a
-            # zero-width space, NUL): what is shown is what was typed.
-            printable = "".join(c for c in declared if unicodedata.category(c)[0] != "C")
-            name = " ".join(printable.split())[:MAX_DECLARED_NAME]
+            name = typed_name(declared)  # what is shown is what was typed
             if name:
                 return Identity(role=self.role, name=name, token=self.token_id, declared=True)
         return self.identity

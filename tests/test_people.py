@@ -120,8 +120,26 @@ async def test_a_shared_links_holder_goes_by_the_name_they_typed_marked_as_such(
 
 @pytest.mark.parametrize(
     ("typed", "shown"),
-    [("\u202eecilA", "ecilA"), ("Da\u200bna\x00\x07", "Dana"), (" \t ", "participant")],
-    ids=["right-to-left-override", "zero-width-and-control", "blank"],
+    [
+        ("\u202eecilA", "ecilA"),
+        ("Da\u200bna\x00\x07", "Dana"),
+        (" \t ", "participant"),
+        ("Z" + "\u0301" * 60 + "oe", "\u0179" + "\u0301" * 3 + "oe"),
+        ("Nguye\u0302\u0303n", "Nguy\u1ec5n"),
+        ("\u3164\u3164", "participant"),
+        ("\u2800 \u115f\u1160", "participant"),
+        ("\u0301\u0301", "participant"),
+    ],
+    ids=[
+        "right-to-left-override",
+        "zero-width-and-control",
+        "blank",
+        "stacked-marks",
+        "composed",
+        "hangul-fillers",
+        "braille-blank",
+        "marks-alone",
+    ],
 )
 async def test_a_typed_name_loses_control_characters_and_a_blank_one_is_the_tokens(
     huddle: RunningServer, typed: str, shown: str

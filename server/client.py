@@ -139,7 +139,10 @@ class HuddleClient:
         self.reconnects = 0
         self._ws: ClientConnection | None = None
         self._ids = itertools.count(1)
-        self._seqs = itertools.count(1)
+        # A client id given again (by a process started again) goes on from
+        # past the numbers it used before, not from 1 again: the server
+        # takes a (clientId, clientSeq) it has seen for a re-send.
+        self._seqs = itertools.count(1 if client_id is None else time.time_ns() // 1_000_000)
         self._calls: dict[int, tuple[asyncio.Future[Any], Callable[[Any], Any] | None]] = {}
         self._echoes: dict[int, asyncio.Future[ActionEnvelope]] = {}
         self._sent: dict[int, DispatchActionParams] = {}

@@ -341,3 +341,22 @@ async def test_a_client_seq_used_again_for_another_action_is_refused_not_taken_f
     assert isinstance(state, ChatState)
     assert select_input_settlement(state, "details").status == "open"  # the accept did nothing
     await peer.close()
+
+
+async def test_a_client_id_used_again_by_a_new_process_numbers_on_and_is_not_refused(
+    huddle: RunningServer,
+) -> None:
+    _, chat = await asked(huddle)
+    token = huddle.token(name="Lee")
+    first = await HuddleClient.connect(huddle.ws, token, client_id="lee-agent")
+    await first.dispatch_and_wait(chat, DRAFT)
+    await first.close()
+
+    again = await HuddleClient.connect(huddle.ws, token, client_id="lee-agent")  # restarted
+    envelope = await again.dispatch_and_wait(chat, ACCEPT)
+
+    assert envelope.rejection_reason is None
+    state = (await huddle.server.host.view(chat)).state
+    assert isinstance(state, ChatState)
+    assert select_input_settlement(state, "details").status == "resolved"
+    await again.close()

@@ -9,7 +9,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import mcp_types as types
 import pytest
@@ -31,7 +31,9 @@ from protocol.chat import (
     TextQuestion,
     TextValue,
 )
+from server.config import Settings
 from server.errors import ActionRejected
+from server.expiry import Expiry
 from server.mcp import (
     ChatElicitation,
     HostChat,
@@ -41,7 +43,7 @@ from server.mcp import (
     call_tool,
 )
 from server.mcp.elicitation import question_for
-from tests.conftest import RunningServer
+from tests.conftest import UNIT, RunningServer, start_server
 from tests.mcp_kit import (
     EVERYTHING,
     LINK_ID,
@@ -59,6 +61,7 @@ from tests.mcp_kit import (
     resolved,
     stdio_command,
     submitted,
+    wait_for,
 )
 
 T = TypeVar("T")
@@ -470,3 +473,49 @@ async def test_a_stdio_server_asks_through_a_remote_huddle_client(
         await reply(room, part.request.id, "accept", EVERYTHING_ANSWERS)
         result = await within(call)
     assert received(result) == {"action": "accept", "content": EVERYTHING_RECEIVED}
+
+
+# ─── A remote bridge's questions that nobody answers ────────────────────────
+
+
+@pytest.fixture
+async def sweeping() -> AsyncIterator[RunningServer]:
+    """A server whose expiry sweep runs every few milliseconds."""
+    running = await start_server(Settings(port=0, expiry_check_interval=0.02 * UNIT))
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+@pytest.mark.parametrize("policy", ["cancel", "decline"])
+async def test_a_remote_bridges_question_nobody_answers_gets_its_expirys_answer(
+    sweeping: RunningServer, policy: Literal["cancel", "decline"]
+) -> None:
+    room = await open_room(sweeping)
+    agent = await sweeping.client("agent")
+    asker = ChatElicitation(RemoteChat(agent, room.chat), expiry=Expiry(0.1 * UNIT, policy))
+    async with connected(build_server(), MODES[0], asker) as client:
+        result = await within(call_tool(client, "fill", {"form_name": "contact"}))
+
+    assert received(result) == {"action": policy, "content": None}
+    [part] = input_parts(room.mirror.state)
+    assert part.response == policy
+
+
+async def test_a_remote_bridges_question_that_expires_with_fail_is_an_error_to_the_server(
+    sweeping: RunningServer,
+) -> None:
+    room = await open_room(sweeping)
+    agent = await sweeping.client("agent")
+    asker = ChatElicitation(RemoteChat(agent, room.chat), expiry=Expiry(0.1 * UNIT, "fail"))
+    async with connected(build_server(), MODES[0], asker) as client:
+        with pytest.raises(MCPError) as raised:
+            await within(call_tool(client, "fill", {"form_name": "contact"}))
+
+    assert asker.expired is not None
+    assert asker.expired.chat == room.chat
+    assert raised.value.error.code == types.REQUEST_TIMEOUT
+    state = await wait_for(room.mirror, lambda s: s.active_turn is None)
+    assert state.turns[-1].error is not None
+    assert state.turns[-1].error.error_type == "expired"

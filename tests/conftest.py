@@ -16,7 +16,9 @@ from typing import Any
 import hypothesis
 import pytest
 
+from protocol.actions import ChatTurnStarted
 from protocol.chat import Message, MessageOrigin
+from protocol.session import SessionState
 from server.app import Server, create_app
 from server.auth import Role, TokenAuthority
 from server.build import build
@@ -135,6 +137,34 @@ def limits() -> Limits:
 
 def user_message(text: str) -> Message:
     return Message(text=text, origin=MessageOrigin(kind="user"))
+
+
+async def session_chat_with_turn(agent: HuddleClient, session: str, turn: ChatTurnStarted) -> str:
+    """Create ``session`` as ``agent`` (subscribed) and start ``turn`` in its
+    default chat; returns the chat's URI."""
+    await agent.create_session(session)
+    mirror = await agent.subscribe(session)
+    assert isinstance(mirror.state, SessionState)
+    chat = mirror.state.default_chat
+    assert chat is not None
+    await agent.dispatch_and_wait(chat, turn)
+    return chat
+
+
+@dataclass
+class WallClock:
+    """A server's clock that starts at the real time and moves only when
+    the test moves ``now``."""
+
+    now: float = field(default_factory=time.time)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> WallClock:
+    return WallClock()
 
 
 @pytest.fixture

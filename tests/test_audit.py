@@ -35,7 +35,14 @@ from server.cli import main
 from server.client import HuddleClient
 from server.config import Settings
 from server.runner.demo import agent as demo
-from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server, user_message
+from tests.conftest import (
+    AGENT_TOKEN,
+    UNIT,
+    RunningServer,
+    session_chat_with_turn,
+    start_server,
+    user_message,
+)
 from tests.edge import Peer, http, initialize_params
 from tests.redis_server import RedisServer
 from tests.test_runner_demo import open_request, pending_call, wait
@@ -72,12 +79,7 @@ def records(lines: list[bytes]) -> list[dict[str, Any]]:
 
 async def asked(huddle: RunningServer) -> str:
     agent = await huddle.client("agent", name="agent")
-    await agent.create_session(SESSION)
-    mirror = await agent.subscribe(SESSION)
-    assert isinstance(mirror.state, SessionState)
-    chat = mirror.state.default_chat
-    assert chat is not None
-    await agent.dispatch_and_wait(chat, TURN)
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
     await huddle.server.host.ask(chat, FORM, schema=SCHEMA)
     return chat
 
@@ -525,12 +527,7 @@ async def test_two_processes_writing_one_session_keep_one_chain(
     a, b = (f"ws://127.0.0.1:{served.port}/ahp" for served in two_servers)
     mint = TokenAuthority(TOKEN).mint
     agent = await HuddleClient.connect(a, TOKEN)
-    await agent.create_session(SESSION)
-    mirror = await agent.subscribe(SESSION)
-    assert isinstance(mirror.state, SessionState)
-    chat = mirror.state.default_chat
-    assert chat is not None
-    await agent.dispatch_and_wait(chat, TURN)
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
     request = InputRequest(
         id="r", questions=[TextQuestion(id=q, message=q) for q in ("one", "two")]
     )

@@ -8,9 +8,7 @@ waited for (but where a test says it runs on the sweeper)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -37,7 +35,14 @@ from server.config import Settings
 from server.errors import ActionRejected, InputAbandoned
 from server.expiry import EXPIRY_RECORDS, Expiry
 from server.store.redis import RedisStore
-from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
+from tests.conftest import (
+    AGENT_TOKEN,
+    UNIT,
+    RunningServer,
+    WallClock,
+    session_chat_with_turn,
+    start_server,
+)
 from tests.edge import Peer, http, initialize_params
 from tests.redis_server import RedisServer
 from tests.test_trust import TURN
@@ -48,21 +53,8 @@ SLOW = Settings(port=0, expiry_check_interval=3600.0)
 """The sweeper never runs by itself: the tests sweep."""
 
 
-@dataclass
-class Clock:
-    now: float = field(default_factory=time.time)
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-async def huddle(clock: Clock) -> AsyncIterator[RunningServer]:
+async def huddle(clock: WallClock) -> AsyncIterator[RunningServer]:
     running = await start_server(SLOW, clock=clock)
     try:
         yield running
@@ -72,13 +64,7 @@ async def huddle(clock: Clock) -> AsyncIterator[RunningServer]:
 
 async def chat_with_turn(huddle: RunningServer) -> str:
     agent = await huddle.client("agent", name="agent")
-    await agent.create_session(SESSION)
-    mirror = await agent.subscribe(SESSION)
-    assert isinstance(mirror.state, SessionState)
-    chat = mirror.state.default_chat
-    assert chat is not None
-    await agent.dispatch_and_wait(chat, TURN)
-    return chat
+    return await session_chat_with_turn(agent, SESSION, TURN)
 
 
 async def asked(huddle: RunningServer, expiry: Expiry) -> tuple[str, asyncio.Task[Any]]:
@@ -116,7 +102,7 @@ def answer(value: str) -> ChatInputAnswerChanged:
 
 @pytest.mark.parametrize("policy", ["cancel", "decline"])
 async def test_a_question_nobody_answers_is_withdrawn_or_declined_once_its_time_is_up(
-    huddle: RunningServer, clock: Clock, policy: str
+    huddle: RunningServer, clock: WallClock, policy: str
 ) -> None:
     chat, waiting = await asked(huddle, Expiry(60, policy))  # type: ignore[arg-type]
     noted = await note(huddle, chat, "requests", "details")
@@ -139,7 +125,7 @@ async def test_a_question_nobody_answers_is_withdrawn_or_declined_once_its_time_
 
 
 async def test_a_question_with_fail_ends_its_turn_with_a_clear_error(
-    huddle: RunningServer, clock: Clock
+    huddle: RunningServer, clock: WallClock
 ) -> None:
     chat, waiting = await asked(huddle, Expiry(5, "fail"))
     clock.now += 5
@@ -157,7 +143,7 @@ async def test_a_question_with_fail_ends_its_turn_with_a_clear_error(
 
 
 async def test_a_late_answer_is_refused_as_expired_before_and_after_the_sweep(
-    huddle: RunningServer, clock: Clock
+    huddle: RunningServer, clock: WallClock
 ) -> None:
     chat, waiting = await asked(huddle, Expiry(30))
     lee = await huddle.client(name="Lee")
@@ -180,7 +166,7 @@ async def test_a_late_answer_is_refused_as_expired_before_and_after_the_sweep(
 
 
 async def test_a_question_answered_in_time_is_left_alone(
-    huddle: RunningServer, clock: Clock
+    huddle: RunningServer, clock: WallClock
 ) -> None:
     chat, waiting = await asked(huddle, Expiry(30, "fail"))
     lee = await huddle.client(name="Lee")
@@ -224,7 +210,7 @@ async def ready_call(huddle: RunningServer, chat: str, expiry: Any) -> None:
 
 @pytest.mark.parametrize(("policy", "reason"), [("cancel", "skipped"), ("decline", "denied")])
 async def test_a_tool_approval_nobody_gives_is_skipped_or_denied(
-    huddle: RunningServer, clock: Clock, policy: str, reason: str
+    huddle: RunningServer, clock: WallClock, policy: str, reason: str
 ) -> None:
     chat = await chat_with_turn(huddle)
     await ready_call(huddle, chat, {"seconds": 10, "onExpiry": policy})
@@ -242,7 +228,9 @@ async def test_a_tool_approval_nobody_gives_is_skipped_or_denied(
     assert (await chat_state(huddle, chat)).active_turn is not None
 
 
-async def test_a_tool_approval_with_fail_ends_the_turn(huddle: RunningServer, clock: Clock) -> None:
+async def test_a_tool_approval_with_fail_ends_the_turn(
+    huddle: RunningServer, clock: WallClock
+) -> None:
     chat = await chat_with_turn(huddle)
     await ready_call(huddle, chat, {"seconds": 10, "onExpiry": "fail"})
     clock.now += 11
@@ -365,7 +353,7 @@ def test_an_expiry_is_checked_when_made() -> None:
 
 
 @pytest.mark.redis
-async def test_an_expiry_survives_a_restart(redis_server: RedisServer, clock: Clock) -> None:
+async def test_an_expiry_survives_a_restart(redis_server: RedisServer, clock: WallClock) -> None:
     first = await start_server(SLOW, RedisStore(redis_server.url), clock=clock)
     try:
         chat, waiting = await asked(first, Expiry(60))
@@ -387,7 +375,9 @@ async def test_an_expiry_survives_a_restart(redis_server: RedisServer, clock: Cl
 
 
 @pytest.mark.redis
-async def test_two_processes_fire_an_expiry_once(redis_server: RedisServer, clock: Clock) -> None:
+async def test_two_processes_fire_an_expiry_once(
+    redis_server: RedisServer, clock: WallClock
+) -> None:
     a = await start_server(SLOW, RedisStore(redis_server.url), clock=clock)
     b = await start_server(SLOW, RedisStore(redis_server.url), clock=clock)
     try:

@@ -20,13 +20,12 @@ from protocol.actions import (
 )
 from protocol.chat import ChatState, InputAnswer, InputRequest, TextQuestion, TextValue
 from protocol.codec import encode
-from protocol.session import SessionState
 from reducers.chat import select_input_settlement
 from server.auth import Grant
 from server.client import HuddleClient
 from server.idempotency import Idempotency
 from server.store.memory import MemoryStore
-from tests.conftest import AGENT_TOKEN, UNIT, RunningServer
+from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, session_chat_with_turn
 from tests.edge import CuttingProxy, Peer, http
 from tests.test_trust import TURN
 
@@ -50,12 +49,7 @@ async def proxy(huddle: RunningServer) -> AsyncIterator[CuttingProxy]:
 
 async def asked(huddle: RunningServer) -> tuple[HuddleClient, str]:
     agent = await huddle.client("agent", name="agent")
-    await agent.create_session(SESSION)
-    mirror = await agent.subscribe(SESSION)
-    assert isinstance(mirror.state, SessionState)
-    chat = mirror.state.default_chat
-    assert chat is not None
-    await agent.dispatch_and_wait(chat, TURN)
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
     await agent.dispatch_and_wait(chat, ChatInputRequested(request=FORM))
     return agent, chat
 

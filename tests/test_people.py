@@ -21,7 +21,7 @@ from reducers import notes
 from server import presence
 from server.auth import TokenAuthority
 from server.cli import main
-from tests.conftest import AGENT_TOKEN, UNIT, RunningServer
+from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, session_chat_with_turn
 from tests.edge import Peer, eventually, http, initialize_params
 from tests.test_trust import TURN
 
@@ -41,12 +41,7 @@ def text(value: str, state: str = "draft") -> InputAnswer:
 
 async def asked(huddle: RunningServer) -> tuple[Any, str]:
     agent = await huddle.client("agent", name="agent")
-    await agent.create_session(SESSION)
-    mirror = await agent.subscribe(SESSION)
-    assert isinstance(mirror.state, SessionState)
-    chat = mirror.state.default_chat
-    assert chat is not None
-    await agent.dispatch_and_wait(chat, TURN)
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
     await agent.dispatch_and_wait(chat, ChatInputRequested(request=FORM))
     return agent, chat
 

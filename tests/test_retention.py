@@ -5,40 +5,24 @@ test's; sweeps are called."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from protocol.actions import ChatTurnComplete
-from protocol.session import SessionState
 from server.audit import GONE_RECORDS, verify
 from server.config import Settings, parse_duration, settings_from
 from server.errors import ChannelGone, CommandError
 from server.retention import Retention
-from tests.conftest import RunningServer, start_server
+from tests.conftest import RunningServer, WallClock, session_chat_with_turn, start_server
 from tests.test_trust import TURN
 
 DAY = 86400.0
 
 
-@dataclass
-class Clock:
-    now: float = field(default_factory=time.time)
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-async def huddle(clock: Clock, tmp_path: Path) -> AsyncIterator[RunningServer]:
+async def huddle(clock: WallClock, tmp_path: Path) -> AsyncIterator[RunningServer]:
     settings = Settings(port=0, retention=30 * DAY, audit_dir=str(tmp_path / "audits"))
     running = await start_server(settings, clock=clock)
     try:
@@ -55,19 +39,14 @@ def retention(huddle: RunningServer) -> Retention:
 
 async def session_with_a_turn(huddle: RunningServer, uri: str, *, finish: bool) -> str:
     agent = huddle.clients[0] if huddle.clients else await huddle.client("agent", name="agent")
-    await agent.create_session(uri)
-    mirror = await agent.subscribe(uri)
-    assert isinstance(mirror.state, SessionState)
-    chat = mirror.state.default_chat
-    assert chat is not None
-    await agent.dispatch_and_wait(chat, TURN)
+    chat = await session_chat_with_turn(agent, uri, TURN)
     if finish:
         await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id=TURN.turn_id, duration=5))
     return chat
 
 
 async def test_a_finished_session_past_its_time_goes_after_its_audit_is_exported(
-    huddle: RunningServer, clock: Clock, tmp_path: Path
+    huddle: RunningServer, clock: WallClock, tmp_path: Path
 ) -> None:
     chat = await session_with_a_turn(huddle, "ahp-session:/old", finish=True)
     await session_with_a_turn(huddle, "ahp-session:/busy", finish=False)
@@ -93,7 +72,7 @@ async def test_a_finished_session_past_its_time_goes_after_its_audit_is_exported
 
 
 async def test_a_disposed_sessions_audit_stays_its_time_then_goes(
-    huddle: RunningServer, clock: Clock, tmp_path: Path
+    huddle: RunningServer, clock: WallClock, tmp_path: Path
 ) -> None:
     await session_with_a_turn(huddle, "ahp-session:/gone", finish=False)
     await huddle.server.host.audit.settled()
@@ -115,7 +94,7 @@ async def test_a_disposed_sessions_audit_stays_its_time_then_goes(
     await huddle.server.host.create_session("ahp-session:/gone")  # free once it went
 
 
-async def test_without_an_audit_dir_nothing_is_written(clock: Clock, tmp_path: Path) -> None:
+async def test_without_an_audit_dir_nothing_is_written(clock: WallClock, tmp_path: Path) -> None:
     running = await start_server(Settings(port=0, retention=60), clock=clock)
     try:
         await session_with_a_turn(running, "ahp-session:/x", finish=True)

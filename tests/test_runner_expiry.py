@@ -14,9 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -41,7 +40,7 @@ from server.runner.store import MemoryTurnStore
 from server.runner.turn import ResumeCommand, Suspension, SuspensionType, Turn, TurnStatus
 from server.store.base import ChannelStore
 from server.store.redis import RedisStore
-from tests.conftest import UNIT, RunningServer, start_server
+from tests.conftest import UNIT, RunningServer, WallClock, start_server
 from tests.edge import http
 from tests.mcp_kit import (
     LEGACY,
@@ -70,14 +69,6 @@ SYSTEM = FormDefinition(
         "required": ["system"],
     },
 )
-
-
-@dataclass
-class Clock:
-    now: float = field(default_factory=time.time)
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Ends:
@@ -112,7 +103,7 @@ class Served:
 @contextlib.asynccontextmanager
 async def serving(
     helper: Agent,
-    clock: Clock,
+    clock: WallClock,
     store: ChannelStore | None = None,
     redis: RedisServer | None = None,
 ) -> AsyncIterator[Served]:
@@ -189,7 +180,7 @@ async def asked_approval(served: Served, chat: str) -> str:
 async def test_a_form_nobody_fills_in_resumes_the_turn_as_dismissed_or_declined(
     policy: str, status: str
 ) -> None:
-    clock = Clock()
+    clock = WallClock()
     helper, model = asking(input_expiry=Expiry(60, policy))  # type: ignore[arg-type]
     async with serving(helper, clock) as served:
         _, chat, mirror = await open_chat(served.huddle, "Fix it")
@@ -209,7 +200,7 @@ async def test_a_form_nobody_fills_in_resumes_the_turn_as_dismissed_or_declined(
 
 
 async def test_a_forms_own_expiry_overrides_the_agents_and_fail_fails_the_turn() -> None:
-    clock = Clock()
+    clock = WallClock()
     urgent = FormDefinition(
         key=SYSTEM.key,
         description=SYSTEM.description,
@@ -244,7 +235,7 @@ async def test_a_forms_own_expiry_overrides_the_agents_and_fail_fails_the_turn()
 
 
 async def test_a_late_answer_to_an_expired_form_is_refused_as_expired() -> None:
-    clock = Clock()
+    clock = WallClock()
     helper, _ = asking(input_expiry=Expiry(30))
     async with serving(helper, clock) as served:
         alice, chat, mirror = await open_chat(served.huddle, "Fix it")
@@ -265,7 +256,7 @@ async def test_a_late_answer_to_an_expired_form_is_refused_as_expired() -> None:
 
 
 async def test_a_question_answered_in_time_is_not_expired() -> None:
-    clock = Clock()
+    clock = WallClock()
     helper, model = asking(input_expiry=Expiry(30, "fail"))
     async with serving(helper, clock) as served:
         alice, chat, mirror = await open_chat(served.huddle, "Fix it")
@@ -291,7 +282,7 @@ async def test_a_question_answered_in_time_is_not_expired() -> None:
 async def test_an_approval_nobody_gives_skips_or_denies_the_call_and_says_it_expired(
     policy: str, status: str, reason: str
 ) -> None:
-    clock = Clock()
+    clock = WallClock()
     runs = Runs()
     helper, model = approving(
         runs,
@@ -320,7 +311,7 @@ async def test_an_approval_nobody_gives_skips_or_denies_the_call_and_says_it_exp
 
 
 async def test_a_decisions_own_expiry_overrides_the_agents_and_fail_fails_the_turn() -> None:
-    clock = Clock()
+    clock = WallClock()
     runs = Runs()
     helper, _ = approving(
         runs,
@@ -358,7 +349,7 @@ async def test_an_approval_given_in_time_runs_the_call(
     # A person's approval is theirs whatever its _meta says, and over HTTP
     # (where an action has no origin) too: only the server's own
     # confirmation is the expiry's.
-    clock = Clock()
+    clock = WallClock()
     runs = Runs()
     helper, _ = approving(
         runs, lambda: ApprovalDecision.require_approval(), approval_expiry=Expiry(9)
@@ -394,7 +385,7 @@ async def test_an_approval_given_in_time_runs_the_call(
 async def test_a_wait_expires_after_a_restart_and_a_new_process_resumes_the_turn(
     redis_server: RedisServer,
 ) -> None:
-    clock = Clock()
+    clock = WallClock()
     helper, model = asking(input_expiry=Expiry(60, "decline"))
     async with serving(helper, clock, RedisStore(redis_server.url), redis_server) as first:
         _, chat, _ = await open_chat(first.huddle, "Fix it")
@@ -414,7 +405,7 @@ async def test_a_wait_expires_after_a_restart_and_a_new_process_resumes_the_turn
 
 @pytest.mark.redis
 async def test_two_processes_on_one_redis_expire_a_wait_once(redis_server: RedisServer) -> None:
-    clock = Clock()
+    clock = WallClock()
     runs = Runs()
     helper, _ = approving(
         runs, lambda: ApprovalDecision.require_approval(), approval_expiry=Expiry(10, "decline")
@@ -450,7 +441,7 @@ def filling(tools: tuple[Tool, ...], **options: Any) -> tuple[Agent, Model]:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_an_mcp_elicitation_nobody_answers_gets_cancel(mode: str) -> None:
-    clock = Clock()
+    clock = WallClock()
     config = McpServerConfig.in_process("kit", build_server("kit"), mode=mode)
     async with McpToolSource(config) as source:
         helper, model = filling(await source.list_tools(), input_expiry=Expiry(30))
@@ -467,7 +458,7 @@ async def test_an_mcp_elicitation_nobody_answers_gets_cancel(mode: str) -> None:
 
 
 async def test_an_mcp_elicitation_that_expires_with_fail_fails_the_call_and_the_turn() -> None:
-    clock = Clock()
+    clock = WallClock()
     config = McpServerConfig.in_process(
         "kit", build_server("kit"), mode=LEGACY, expiry=Expiry(30, "fail")
     )
@@ -522,7 +513,7 @@ async def test_a_plain_question_gets_the_agents_default_and_a_fail_resume_ends_t
 
 
 async def test_a_turn_whose_chat_turn_failed_meanwhile_is_failed_by_reconcile() -> None:
-    clock = Clock()
+    clock = WallClock()
     helper, _ = asking()
     async with serving(helper, clock) as served:
         _, chat, mirror = await open_chat(served.huddle, "Fix it")
@@ -548,7 +539,7 @@ async def test_a_turn_whose_chat_turn_failed_meanwhile_is_failed_by_reconcile() 
 
 async def test_an_agent_ending_the_chat_turn_with_an_error_fails_the_waiting_turn() -> None:
     helper, _ = asking()
-    async with serving(helper, Clock()) as served:
+    async with serving(helper, WallClock()) as served:
         _, chat, mirror = await open_chat(served.huddle, "Fix it")
         await next_request(mirror)
         other = await served.huddle.client("agent")

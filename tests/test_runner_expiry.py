@@ -21,7 +21,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from protocol.actions import ChatError, ChatInputAnswerChanged, ChatToolCallConfirmed
+from protocol.actions import (
+    ChatError,
+    ChatInputAnswerChanged,
+    ChatToolCallConfirmed,
+    ChatTurnComplete,
+)
 from protocol.chat import InputAnswer, TextValue, ToolCallCancelled
 from protocol.session import SessionState
 from protocol.wire import ErrorInfo
@@ -32,11 +37,12 @@ from server.errors import ActionRejected
 from server.expiry import Expiry
 from server.mcp import McpServerConfig, McpToolSource
 from server.runner.agent import Agent, ApprovalDecision, FormDefinition, Tool
+from server.runner.context import ToolContext
 from server.runner.events import EventType, RunnerEvent
 from server.runner.ids import runner_turn_id
 from server.runner.redis_store import RedisTurnStore
 from server.runner.runner import REQUEST_USER_INPUT, ResumeRejected, Runner
-from server.runner.store import MemoryTurnStore
+from server.runner.store import MemoryTurnStore, TurnStore
 from server.runner.turn import ResumeCommand, Suspension, SuspensionType, Turn, TurnStatus
 from server.store.base import ChannelStore
 from server.store.redis import RedisStore
@@ -78,7 +84,11 @@ class Ends:
         self.ended: dict[str, asyncio.Event] = {}
 
     def __call__(self, event: RunnerEvent) -> None:
-        if event.type in (EventType.TURN_COMPLETED, EventType.TURN_FAILED):
+        if event.type in (
+            EventType.TURN_COMPLETED,
+            EventType.TURN_FAILED,
+            EventType.TURN_CANCELLED,
+        ):
             self.ended.setdefault(event.turn_id, asyncio.Event()).set()
 
     async def of(self, turn_id: str) -> None:
@@ -106,8 +116,10 @@ async def serving(
     clock: WallClock,
     store: ChannelStore | None = None,
     redis: RedisServer | None = None,
+    turns: TurnStore | None = None,
 ) -> AsyncIterator[Served]:
-    turns = RedisTurnStore(redis.url) if redis is not None else None
+    if redis is not None:
+        turns = RedisTurnStore(redis.url)
     huddle = await start_server(SLOW, store, agent=helper, turn_store=turns, clock=clock)
     ends = Ends()
     service = huddle.server.parts.service
@@ -553,3 +565,95 @@ async def test_an_agent_ending_the_chat_turn_with_an_error_fails_the_waiting_tur
     assert turn.status == TurnStatus.FAILED
     assert turn.error == "stopped by ops"
     assert turn.audit[-1].metadata["role"] == "agent"
+
+
+class CancelSeen(MemoryTurnStore):
+    """Tells when a cancel of any turn was requested."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requested = asyncio.Event()
+
+    async def request_cancel(self, turn_id: str) -> None:
+        await super().request_cancel(turn_id)
+        self.requested.set()
+
+
+@dataclass
+class Working:
+    helper: Agent
+    model: Model
+    started: asyncio.Event
+    seen: list[bool]
+    """Whether ``deploy`` saw the cancel, once it was requested."""
+
+
+def working(store: CancelSeen, *, progress: bool = False) -> Working:
+    """An agent whose ``deploy`` starts (after reporting progress, with
+    ``progress``), waits for a cancel to be requested, then says whether
+    it sees it; then the model would say "Done."."""
+    seen: list[bool] = []
+    started = asyncio.Event()
+
+    async def deploy(arguments: dict[str, Any]) -> str:
+        context = ToolContext.current()
+        if progress:
+            context.emit_progress("halfway")
+        started.set()
+        async with asyncio.timeout(WITHIN):
+            await store.requested.wait()
+        seen.append(context.cancellation_requested)
+        return "stopped" if seen[-1] else "deployed"
+
+    model = scripted(use(call("c1", "deploy")), say("Done."))
+    tools = (Tool(name="deploy", description="Deploy", function=deploy),)
+    helper = Agent(name="helper", instructions="Help.", model=model, tools=tools)
+    return Working(helper, model, started, seen)
+
+
+def agent_ends(how: str) -> ChatError | ChatTurnComplete:
+    if how == "error":
+        error = ErrorInfo(error_type="x", message="stopped by ops")
+        return ChatError(turn_id="t1", duration=0, error=error)
+    return ChatTurnComplete(turn_id="t1", duration=0)
+
+
+@pytest.mark.parametrize("how", ["error", "complete"])
+async def test_an_agent_ending_the_chat_turn_while_a_tool_runs_cancels_the_turn(how: str) -> None:
+    # The chat says the turn is over: the runner's turn must not go on
+    # (its tools and the model's next reply would show nowhere).
+    store = CancelSeen()
+    work = working(store)
+    async with serving(work.helper, WallClock(), turns=store) as served:
+        _, chat, _ = await open_chat(served.huddle, "Deploy")
+        async with asyncio.timeout(WITHIN):
+            await work.started.wait()
+        other = await served.huddle.client("agent")
+        await other.dispatch_and_wait(chat, agent_ends(how))
+        await served.ends.of(runner_turn_id(chat, "t1"))
+        turn = await served.turn(chat)
+
+    assert work.seen == [True]
+    assert turn.status == TurnStatus.CANCELLED
+    assert work.model.calls == 1  # not asked again after the tool
+
+
+async def test_a_turn_whose_chat_turn_ended_unheard_is_cancelled_when_it_next_shows_something() -> (
+    None
+):
+    # The server's own chat/error is no agent's: the bridge does not act on
+    # it, as when the process that accepted an agent's died before it did.
+    # The tool's progress then finds its chat turn over.
+    store = CancelSeen()
+    work = working(store, progress=True)
+    async with serving(work.helper, WallClock(), turns=store) as served:
+        _, chat, _ = await open_chat(served.huddle, "Deploy")
+        async with asyncio.timeout(WITHIN):
+            await work.started.wait()
+        await served.huddle.server.host.dispatch(chat, agent_ends("error"))
+        await served.ends.of(runner_turn_id(chat, "t1"))
+        turn = await served.turn(chat)
+
+    assert work.seen == [True]
+    assert turn.status == TurnStatus.CANCELLED
+    assert work.model.calls == 1

@@ -87,6 +87,7 @@ from protocol.chat import (
     ToolCallPendingConfirmation,
     ToolCallResult,
 )
+from protocol.chat import Turn as ChatTurn
 from protocol.messages import ActionEnvelope
 from protocol.session import SessionState, ToolDefinition
 from protocol.uris import chat_uri
@@ -153,7 +154,9 @@ class ChatBridge:
         self._showing: dict[str, asyncio.Task[None]] = {}
         """Per turn, what is being shown of it in the background; the rest
         of what is shown of that turn waits for it."""
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopping: set[str] = set()
+        """Turns being cancelled because their chat turn ended without them."""
 
     def attach(self, runner: Runner) -> None:
         self.runner = runner
@@ -176,9 +179,33 @@ class ChatBridge:
             state = (await self.host.view(turn.chat)).state
         except ChannelGone:
             return None
-        if not isinstance(state, ChatState) or state.active_turn is None:
+        if not isinstance(state, ChatState):
             return None
-        return state if state.active_turn.id == turn.chat_turn else None
+        if state.active_turn is not None and state.active_turn.id == turn.chat_turn:
+            return state
+        if not turn.is_terminal and _ended_turn(state, turn.chat_turn) is not None:
+            self._stop_later(turn)
+        return None
+
+    def _stop_later(self, turn: Turn) -> None:
+        """Cancel ``turn``, in the background and once: the chat turn it
+        shows ended without the runner (an agent ended it, and this
+        process's reaction to that was lost to a crash), so nothing it does
+        can show any more."""
+        if self.runner is None or turn.id in self._stopping:
+            return
+        self._stopping.add(turn.id)
+        log.info("turn %s: its chat turn ended without it; cancelling it", turn.id)
+        task = asyncio.ensure_future(self.runner.cancel(turn.id))
+        self._tasks.add(task)
+
+        def done(task: asyncio.Task[Turn]) -> None:
+            self._tasks.discard(task)
+            self._stopping.discard(turn.id)
+            if not task.cancelled() and (error := task.exception()) is not None:
+                log.warning("turn %s: could not cancel it: %s", turn.id, error)
+
+        task.add_done_callback(done)
 
     async def _send(self, turn: Turn, action: Any) -> None:
         assert turn.chat is not None
@@ -512,7 +539,8 @@ class ChatBridge:
             | ChatInputCompleted
             | ChatToolCallConfirmed
             | ChatTurnCancelled
-            | ChatError,
+            | ChatError
+            | ChatTurnComplete,
         ):
             return self.accepted(event.uri, action, _audit(event.sender, event.envelope))
         return None
@@ -549,10 +577,12 @@ class ChatBridge:
                 turn_id = await self.turn_of(uri, action.turn_id)
                 if turn_id is not None:
                     await self.runner.cancel(turn_id)
-            elif isinstance(action, ChatError):
-                turn = await self._turn_of(uri, action.turn_id, read_ahead=True)
+            elif isinstance(action, ChatError | ChatTurnComplete):
+                # An agent ended the chat turn a runner's turn shows.
+                turn = await self._turn_of(uri, action.turn_id)
                 if turn is not None:
-                    await self._fail_waiting(turn, action.error.message, audit)
+                    error = action.error.message if isinstance(action, ChatError) else None
+                    await self._chat_turn_ended(turn, error, audit)
         except ResumeRejected as error:
             log.info("%s", error)
         except HuddleError as error:
@@ -643,6 +673,24 @@ class ChatBridge:
         if turn is not None:
             await self.runner.submit_resume(turn.id, command.with_metadata(**audit), loaded=turn)
 
+    async def _chat_turn_ended(self, turn: Turn, error: str | None, audit: dict[str, Any]) -> None:
+        """The chat turn ``turn`` shows is over, not by the runner (an agent
+        ended it, with ``error`` or as complete): nothing the turn does can
+        show any more, so it stops too. A turn waiting there fails with the
+        chat's error; any other is cancelled (a running one at its next
+        step: its tools see ``cancellation_requested``), as when people
+        cancel."""
+        assert self.runner is not None
+        if turn.is_terminal:
+            return
+        if error is not None and turn.is_blocked:
+            try:
+                await self._fail_waiting(turn, error, audit)
+                return
+            except ResumeRejected:
+                pass  # it is no longer waiting: it runs on, so it is cancelled
+        await self.runner.cancel(turn.id)
+
     async def _fail_waiting(self, turn: Turn, message: str, audit: dict[str, Any]) -> None:
         """The chat turn ``turn`` shows failed (a wait expired with the
         ``fail`` policy, or an agent ended it with an error): a turn waiting
@@ -686,16 +734,11 @@ class ChatBridge:
         the reaction to its end): failed with the chat's error, else
         cancelled. False while the chat turn is active."""
         assert self.runner is not None
-        ended = next((t for t in state.turns if t.id == turn.chat_turn), None)
-        if ended is None or (state.active_turn is not None and state.active_turn.id == ended.id):
+        ended = _ended_turn(state, turn.chat_turn)
+        if ended is None:
             return False
-        try:
-            if ended.error is not None:
-                await self._fail_waiting(turn, ended.error.message, audit)
-            else:
-                await self.runner.cancel(turn.id)
-        except ResumeRejected as error:
-            log.info("%s", error)
+        error = ended.error.message if ended.error is not None else None
+        await self._chat_turn_ended(turn, error, audit)
         return True
 
     async def _ask_again_if_unseen(self, turn: Turn, state: ChatState) -> None:
@@ -785,6 +828,13 @@ class ChatBridge:
         except ResumeRejected as error:
             log.info("%s", error)
         return True
+
+
+def _ended_turn(state: ChatState, chat_turn: str | None) -> ChatTurn | None:
+    """AHP turn ``chat_turn`` of ``state`` if it is over (not the active one)."""
+    if state.active_turn is not None and state.active_turn.id == chat_turn:
+        return None
+    return next((t for t in state.turns if t.id == chat_turn), None)
 
 
 def _expired_request(action: StateAction) -> bool:

@@ -39,6 +39,7 @@ class RejectionCode(StrEnum):
     # The limits on what goes into state (reducers.limits).
     TOO_LARGE = "too-large"
     TOO_MANY = "too-many"
+    CHAT_FULL = "chat-full"
     # The host.
     NO_CHANGE = "no-change"
     DUPLICATE = "duplicate"

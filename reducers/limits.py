@@ -1,7 +1,8 @@
 """How much an action may put into a channel's state.
 
-``limit_problem(state, action, limits)`` is ``None`` when the action fits,
-else the rejection. Like the validation rules it is pure; the host checks
+``limit_problem(state, action, limits, state_bytes)`` is ``None`` when the
+action fits, else the rejection (``state_bytes``: about how many bytes of
+JSON the channel's state takes now). Like the validation rules it is pure; the host checks
 it before them, for every sender (an agent's bug must not make a chat
 unloadable either). Sizes are the UTF-8 bytes of the value as JSON; counts
 are of the entries a list in state would hold after the action::
@@ -21,6 +22,9 @@ are of the entries a list in state would hold after the action::
     active clients of a session            active_clients      too-many
     working directories of a chat or       working_directories too-many
       session
+    a chat's whole state, for a new turn   chat_bytes          chat-full
+      or pending message (once it holds
+      this much, the rest still goes on)
 
 The sentence names what is too large or too many and the limit, never the
 content.
@@ -70,10 +74,14 @@ class SizeLimits(msgspec.Struct, frozen=True, kw_only=True):
     queued_messages: int = 50
     active_clients: int = 200
     working_directories: int = 50
+    chat_bytes: int = 16 << 20
 
 
-def limit_problem(state: ChannelState, action: StateAction, limits: SizeLimits) -> Rejection | None:
-    """Why ``action`` would put too much into ``state``, or None."""
+def limit_problem(
+    state: ChannelState, action: StateAction, limits: SizeLimits, state_bytes: int = 0
+) -> Rejection | None:
+    """Why ``action`` would put too much into ``state`` (whose JSON takes
+    about ``state_bytes``), or None."""
     for what, value, limit in _measured(action, limits):
         size = len(value.encode()) if isinstance(value, str) else len(_encode(value))
         if size > limit:
@@ -86,7 +94,27 @@ def limit_problem(state: ChannelState, action: StateAction, limits: SizeLimits) 
             RejectionCode.TOO_LARGE,
             f"the {action_type(action)} action is {size:,} bytes; the limit is {limits.action:,}",
         )
-    return _count_problem(state, action, limits)
+    return _count_problem(state, action, limits) or _full_problem(
+        state, action, limits, state_bytes
+    )
+
+
+def _full_problem(
+    state: ChannelState, action: StateAction, limits: SizeLimits, state_bytes: int
+) -> Rejection | None:
+    """A full chat takes no new turn or message: its people start a new
+    chat (what is under way in it still ends as it would)."""
+    if (
+        isinstance(state, ChatState)
+        and isinstance(action, ChatTurnStarted | ChatPendingMessageSet)
+        and state_bytes >= limits.chat_bytes
+    ):
+        return Rejection(
+            RejectionCode.CHAT_FULL,
+            f"the chat holds about {state_bytes:,} bytes; the limit is {limits.chat_bytes:,}: "
+            "start a new chat",
+        )
+    return None
 
 
 def _measured(action: StateAction, limits: SizeLimits) -> list[tuple[str, Any, int]]:

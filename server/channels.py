@@ -95,11 +95,16 @@ class Subscriber(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ChannelView:
-    """A channel at one moment: its URI, state and seq."""
+    """A channel at one moment: its URI, state and seq, and about how many
+    bytes its state takes as JSON (``size``: exact at each snapshot, plus
+    the bytes of each envelope since; an envelope carries more than it
+    adds, so this errs on the large side, by at most a snapshot's worth of
+    envelopes)."""
 
     uri: str
     state: ChannelState
     seq: int
+    size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +136,8 @@ Hook = Callable[[Applied], Awaitable[None] | None]
 """Called for every applied envelope, in seq order, with the channel's lock
 held; returns the follow-up work to await once the lock is released."""
 
-Validator = Callable[[ChannelState, StateAction], Rejection | None]
-"""Why ``action`` may not be applied to the state, or None."""
+Validator = Callable[[ChannelView, StateAction], Rejection | None]
+"""Why ``action`` may not be applied to the channel as it is, or None."""
 
 Change = Callable[[ChannelState], StateAction | None]
 """The action to apply to a channel's current state (None: none)."""
@@ -157,7 +162,7 @@ def step(
     """The next envelope of ``view`` for ``action``, or why it is rejected.
     Pure: the caller commits the step (or drops it)."""
     if validate is not None:
-        rejection = validate(view.state, action)
+        rejection = validate(view, action)
         if rejection is not None:
             return rejection
     after = reduce(view.state, action, now_ms)
@@ -175,6 +180,8 @@ class _Channel:
     state: ChannelState
     seq: int
     epoch: str
+    size: int = 0
+    """About how many bytes the state takes as JSON (see ChannelView)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     subscribers: set[Subscriber] = field(default_factory=set)
     since_snapshot: int = 0
@@ -189,7 +196,7 @@ class _Channel:
     appending: bool = False
 
     def view(self) -> ChannelView:
-        return ChannelView(self.uri, self.state, self.seq)
+        return ChannelView(self.uri, self.state, self.seq, self.size)
 
     @property
     def served(self) -> bool:
@@ -319,7 +326,8 @@ class ChannelCore(Listener):
         for raw in stored.log:
             entry = decode_entry(raw)
             state = reduce(state, entry.envelope.action, entry.time)
-        return _Channel(uri=uri, state=state, seq=stored.seq, epoch=stored.epoch)
+        size = len(stored.snapshot) + sum(len(raw) for raw in stored.log)
+        return _Channel(uri=uri, state=state, seq=stored.seq, epoch=stored.epoch, size=size)
 
     def _touch(self, ch: _Channel, *, using: bool = False) -> None:
         """Note that ``ch`` was used: an idle one becomes the newest idle one,
@@ -512,9 +520,12 @@ class ChannelCore(Listener):
             subscriber.send_frame(frame, channel=ch.uri)
         ch.since_snapshot += 1
         ch.since_snapshot_bytes += len(result.data)
+        ch.size += len(result.data)
         if ch.since_snapshot >= self.snapshot_every or ch.since_snapshot_bytes >= SNAPSHOT_BYTES:
             ch.since_snapshot, ch.since_snapshot_bytes = 0, 0
-            self.spawn(self.store.save_snapshot(ch.uri, ch.seq, encode(result.after)))
+            snapshot = encode(result.after)
+            ch.size = len(snapshot)
+            self.spawn(self.store.save_snapshot(ch.uri, ch.seq, snapshot))
         event = Applied(ch.view(), result.envelope, before, sender, local, latency)
         for hook in self.hooks:
             try:
@@ -556,7 +567,9 @@ class ChannelCore(Listener):
         """The store is behind what this process saw: it lost acknowledged
         appends. Give it back the state we hold, under a new epoch; every
         other process then reloads it, and its subscribers start over."""
-        epoch = await self.store.restore(ch.uri, ch.seq, encode(ch.state))
+        snapshot = encode(ch.state)
+        ch.size = len(snapshot)
+        epoch = await self.store.restore(ch.uri, ch.seq, snapshot)
         log.warning("%s: the store lost appends up to %d; restored them", ch.uri, ch.seq)
         if epoch is not None:
             ch.epoch = epoch
@@ -566,7 +579,7 @@ class ChannelCore(Listener):
         """The log we knew is gone (epoch changed or trimmed past us): load
         afresh and make every subscriber start over."""
         fresh = await self._load(ch.uri)
-        ch.state, ch.seq, ch.epoch = fresh.state, fresh.seq, fresh.epoch
+        ch.state, ch.seq, ch.epoch, ch.size = fresh.state, fresh.seq, fresh.epoch, fresh.size
         ch.keep_hints_after(None)
         for subscriber in list(ch.subscribers):
             subscriber.resync(ch.uri)

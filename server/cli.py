@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("answer", "one answer", "16 KiB"),
         ("tool-data", "a tool's input, result or content", "256 KiB"),
         ("action", "any one action", "512 KiB"),
+        ("chat", "a chat's state before it takes no new turn", "16 MiB"),
     ):
         serve.add_argument(
             f"--max-{name}-bytes", type=int, help=f"JSON bytes {what} may take ({default})"

@@ -154,6 +154,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
             answer=src.integer("max_answer_bytes", sizes.answer),
             tool_data=src.integer("max_tool_data_bytes", sizes.tool_data),
             action=src.integer("max_action_bytes", sizes.action),
+            chat_bytes=src.integer("max_chat_bytes", sizes.chat_bytes),
         ),
         metrics_token=None if src.raw("metrics_token") is None else str(src.raw("metrics_token")),
         allowed_hosts=src.items("allowed_hosts"),

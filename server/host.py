@@ -230,7 +230,8 @@ class Host:
         root = uri == ROOT_URI
         bad_expiry = expiry_problem(action)
 
-        def validate(state: Any, action: StateAction) -> Rejection | None:
+        def validate(view: ChannelView, action: StateAction) -> Rejection | None:
+            state: Any = view.state
             if bad_expiry is not None:
                 return bad_expiry
             if root and reduce(state, action, 0) == state:
@@ -238,7 +239,7 @@ class Host:
                 return Rejection(RejectionCode.NO_CHANGE, "the root channel already holds that")
             if answering and (late := self._too_late(uri, state, action)):
                 return late
-            return limit_problem(state, action, self.sizes) or reject_reason(
+            return limit_problem(state, action, self.sizes, view.size) or reject_reason(
                 state,
                 action,
                 form_check=form_check,

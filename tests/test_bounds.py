@@ -9,12 +9,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from protocol.actions import ChatDraftChanged, ChatTurnComplete, ChatTurnStarted
+from protocol.actions import ChatDraftChanged, ChatTurnCancelled, ChatTurnComplete, ChatTurnStarted
 from protocol.chat import Message, MessageOrigin
 from protocol.codec import encode
 from protocol.session import SessionState
 from reducers.limits import SizeLimits
 from server.config import Limits, Settings
+from server.errors import ActionRejected
 from server.store.memory import KEPT_BYTES, MemoryStore
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
 from tests.edge import Peer, http
@@ -235,3 +236,53 @@ async def test_what_the_memory_store_keeps_for_retries_is_bounded() -> None:
     newest = f"idempotency:t:{2 * (KEPT_BYTES >> 20) - 1}"
     assert await store.recall(newest) == value
     assert store._kept_bytes <= KEPT_BYTES
+
+
+async def test_a_chat_that_fills_up_takes_no_new_turn_and_stays_loadable() -> None:
+    # A participant starting and cancelling turns of big messages, as fast
+    # as the rate limit lets it, must not grow a chat without bound.
+    store = MemoryStore()
+    settings = Settings(
+        port=0, sizes=SizeLimits(chat_bytes=512 << 10), limits=Limits(action_burst=1000)
+    )
+    running = await start_server(settings, store)
+    try:
+        chat = await a_chat(running)
+        mallory = await running.client(name="mallory")
+        refused: ActionRejected | None = None
+        for n in range(100):
+            start = ChatTurnStarted(
+                turn_id=f"t{n}", started_at="2026-11-30T10:00:00Z", message=big("x")
+            )
+            try:
+                await mallory.dispatch_and_wait(chat, start)
+            except ActionRejected as error:
+                refused = error
+                break
+            await mallory.dispatch_and_wait(chat, ChatTurnCancelled(turn_id=f"t{n}", duration=1))
+        full = (await running.server.host.view(chat)).state
+        late = await Peer.ready(running.ws, running.token(name="late"), "late")
+        snapshot = await late.subscribe(chat)
+    finally:
+        await running.stop()
+
+    assert refused is not None
+    assert refused.code == "chat-full"
+    assert "start a new chat" in refused.sentence
+    # Full at the limit (give or take the envelopes since the last snapshot).
+    assert len(encode(full)) + (64 << 10) * 2 >= (512 << 10)
+    assert len(encode(full)) <= (512 << 10) + (64 << 10) * 2
+    assert snapshot["state"]["turns"]
+
+    # The store holds what the chat holds: loaded again, it is still full.
+    again = await start_server(settings, store)
+    try:
+        alice = await again.client(name="alice")
+        start = ChatTurnStarted(
+            turn_id="t-new", started_at="2026-11-30T10:00:00Z", message=big("y")
+        )
+        with pytest.raises(ActionRejected) as still:
+            await alice.dispatch_and_wait(chat, start)
+    finally:
+        await again.stop()
+    assert still.value.code == "chat-full"

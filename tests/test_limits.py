@@ -300,3 +300,31 @@ def test_no_sentence_quotes_what_was_sent() -> None:
     rejection = limit_problem(CHAT, ChatDraftChanged(draft=message(secret)), LIMITS)
     assert rejection is not None
     assert "hunter2" not in rejection.sentence
+
+
+FULL = SizeLimits(chat_bytes=1000)
+NEW_CONTENT: list[StateAction] = [
+    ChatTurnStarted(turn_id="t", started_at="t", message=message("hi")),
+    ChatPendingMessageSet(kind="steering", id="p", message=message("hi")),
+]
+
+
+@pytest.mark.parametrize("action", NEW_CONTENT)
+def test_a_full_chat_takes_no_new_turn_or_message(action: StateAction) -> None:
+    assert limit_problem(CHAT, action, FULL, state_bytes=999) is None
+    assert limit_problem(CHAT, action, FULL, state_bytes=1000) == Rejection(
+        RejectionCode.CHAT_FULL,
+        "the chat holds about 1,000 bytes; the limit is 1,000: start a new chat",
+    )
+
+
+def test_what_is_under_way_in_a_full_chat_still_goes_on() -> None:
+    answering = ChatInputAnswerChanged(request_id="r", question_id="q", answer=answer("x"))
+    assert limit_problem(CHAT, answering, FULL, state_bytes=10**9) is None
+
+
+def test_only_a_chat_is_ever_full() -> None:
+    # A chat action sent to a session is refused as such elsewhere
+    # (server.policy); the fullness rule is the chat's alone.
+    started = NEW_CONTENT[0]
+    assert limit_problem(SESSION, started, FULL, state_bytes=10**9) is None

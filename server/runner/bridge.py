@@ -15,8 +15,12 @@ process accepted, so that one process acts on each action): a
 participant's ``chat/turnStarted`` starts the session's agent;
 ``chat/inputCompleted`` of a request the runner opened becomes
 ``user_input``; ``chat/toolCallConfirmed`` becomes ``approve_tool``
-or ``reject_tool``; ``chat/turnCancelled`` cancels. Each resume carries who
-did it (name, role, client id) for the turn's audit.
+or ``reject_tool``; ``chat/turnCancelled`` cancels; an agent's
+``chat/error`` or ``chat/turnComplete`` of the turn's AHP turn fails it when
+it waits (an error) and cancels it otherwise: nothing it does could show any
+more (and should the reaction be lost, the turn's next output finds its chat
+turn over and cancels it). Each resume carries who did it (name, role,
+client id) for the turn's audit.
 
 :meth:`ChatBridge.reconcile` covers a crash between the chat action and the
 runner's resume: a turn still waiting on a request its chat has already

@@ -48,17 +48,20 @@ from protocol.chat import (
     ToolCallCancelled,
     ToolCallPart,
 )
+from protocol.session import SessionState
 from protocol.status import SessionStatus
 from reducers.clock import iso_time
 from server.app import create_app
 from server.auth import TokenAuthority
 from server.build import build
+from server.client import HuddleClient
 from server.config import Settings
+from server.connection import CLOSE_GOING_AWAY
 from server.runner import demo
 from server.runner.store import MemoryTurnStore
 from server.serve import UvicornServer, uvicorn_config
 from server.store.memory import MemoryStore
-from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
+from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, WallClock, start_server
 
 pytestmark = pytest.mark.browser
 
@@ -671,12 +674,13 @@ def free_port() -> int:
 
 @contextlib.asynccontextmanager
 async def serving(
-    port: int, store: MemoryStore, turns: MemoryTurnStore
+    port: int, store: MemoryStore, turns: MemoryTurnStore, agent_token: str = AGENT_TOKEN
 ) -> AsyncIterator[Callable[[], Any]]:
-    """A server with the demo agent on a fixed port over kept stores."""
+    """A server with the demo agent on a fixed port over kept stores
+    (another ``agent_token`` revokes every token minted with the first)."""
     settings = Settings(port=port)
     parts = build(settings, store=store, agent=demo.agent, turn_store=turns)
-    app = create_app(parts, TokenAuthority(AGENT_TOKEN))
+    app = create_app(parts, TokenAuthority(agent_token))
     server = UvicornServer(uvicorn_config(app, settings, port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     async with asyncio.timeout(10 * UNIT):
@@ -728,6 +732,177 @@ async def test_the_page_survives_a_server_restart_and_catches_up(browser: Browse
         await page.get_by_role("button", name="Approve").click()
         await expect(page.get_by_text("is open with high priority")).to_be_visible()
         await shot(page, "restart-3-done")
+
+
+# ─── Refused: no retrying ────────────────────────────────────────────────────
+
+
+def counting_sockets(opened: list[str]) -> Callable[[Page], Awaitable[None]]:
+    """A ``prepare`` for open_client: every socket the page opens goes into
+    ``opened`` (its URL), and the page's clock is Playwright's, so that a
+    test can let the page's timers run far ahead."""
+
+    async def prepare(page: Page) -> None:
+        await page.clock.install()
+        page.on("websocket", lambda ws: opened.append(ws.url))
+
+    return prepare
+
+
+async def assert_tries_no_more(page: Page, opened: list[str]) -> None:
+    """The page opens no socket of its own from now on: ten minutes of its
+    timers run (every retry of its backoff would be due a hundred times
+    over), and it hears it is back online; then a socket the test opens in
+    the page is the next one the page opened (the page reports its sockets
+    in the order it opens them)."""
+    before = list(opened)
+    await page.clock.run_for("10:00")
+    async with page.expect_websocket(lambda ws: ws.url.endswith("/after-all")) as marker:
+        await page.evaluate(
+            """() => {
+              dispatchEvent(new Event('online'));
+              new WebSocket(`${location.origin.replace('http', 'ws')}/after-all`);
+            }"""
+        )
+    assert opened == [*before, (await marker.value).url]
+
+
+async def settle(ws: str, session: str, name: str) -> None:
+    """Wait until the page in ``name``'s name is in ``session``'s active
+    clients and has marked it read: then none of its own actions is pending
+    (closed gracefully, its socket delivers their echoes first)."""
+
+    def settled(state: object) -> bool:
+        return (
+            isinstance(state, SessionState)
+            and bool(state.status & SessionStatus.IS_READ)
+            and any(c.display_name == name for c in state.active_clients)
+        )
+
+    async with await HuddleClient.connect(ws, AGENT_TOKEN) as agent:
+        mirror = await agent.subscribe(session)
+        async with asyncio.timeout(5 * UNIT):
+            await mirror.wait_for(settled)
+
+
+def drop_connections(running: Any, name: str) -> None:
+    """The server closes the sockets of the tokens in ``name``'s name, as it
+    does when it goes away: their clients reconnect."""
+    for rpc in list(running.connections):
+        if rpc.grant.name == name:
+            rpc.connection.shut(CLOSE_GOING_AWAY, "dropped by the test")
+
+
+async def test_a_page_whose_link_expired_says_so_once_dropped_and_stops_trying(
+    browser: Browser, clock: WallClock
+) -> None:
+    running = await start_server(clock=clock)
+    try:
+        session, _ = await create_session(running.http, "Expiring")
+        token = running.authority.mint("participant", name="Ann", expires_at=clock.now + 60)
+        opened: list[str] = []
+        _, page = await open_client(
+            browser, running.http, token, session=session, prepare=counting_sockets(opened)
+        )
+        await settle(running.ws, session, "Ann")
+        clock.now += 120  # past the token's expiry
+        drop_connections(running.server, "Ann")
+
+        banner = page.locator("#connection")
+        await expect(banner).to_have_text(
+            "This link no longer gives access: the token has expired. Ask for a new link."
+        )
+        await expect(banner).to_have_attribute("data-tone", "error")
+        await shot(page, "refused-expired")
+        await assert_tries_no_more(page, opened)
+    finally:
+        await running.stop()
+
+
+async def test_a_page_whose_link_was_revoked_retries_while_the_server_is_down_then_stops(
+    browser: Browser,
+) -> None:
+    port, store, turns = free_port(), MemoryStore(), MemoryTurnStore()
+    base = f"http://127.0.0.1:{port}"
+    token = TokenAuthority(AGENT_TOKEN).mint("participant", name="Ann", expires_at=4_000_000_000)
+    opened: list[str] = []
+    async with serving(port, store, turns):
+        session, _ = await create_session(base, "Revoked")
+        _, page = await open_client(
+            browser, base, token, session=session, prepare=counting_sockets(opened)
+        )
+        await settle(f"ws://127.0.0.1:{port}/ahp", session, "Ann")
+
+    banner = page.locator("#connection")
+    await expect(banner).to_contain_text("Reconnecting")  # a server that is down is retried
+    composer = page.get_by_label("Message to the agent")
+    await composer.fill("Are you there?")
+    await composer.press("Enter")  # pending until the server is back
+    await expect(banner).to_contain_text("1 change will be sent")
+    tries = len(opened)
+    # Back under another agent token: every token minted with the old one is revoked.
+    async with serving(port, store, turns, agent_token="another-agent-token-0123456789"):
+        await expect(banner).to_have_text(
+            "This link no longer gives access: invalid token signature. Ask for a new link."
+            " 1 change may not have been saved."
+        )
+        assert len(opened) > tries  # it tried the server that is back, once refused
+        await shot(page, "refused-revoked")
+        await assert_tries_no_more(page, opened)
+
+
+async def test_a_page_opened_without_its_link_says_it_has_no_access_and_stops_trying(
+    browser: Browser, plain_server: RunningServer
+) -> None:
+    context = await browser.new_context()
+    context.set_default_timeout(WAIT_MS)
+    page = await context.new_page()
+    opened: list[str] = []
+    await counting_sockets(opened)(page)
+    await page.goto(plain_server.http)  # no ?token=, no cookie
+
+    await expect(page.locator("#connection")).to_have_text(
+        "This page has no access: a token is required."
+        " Open the link you were given, or the one huddle serve printed."
+    )
+    assert len(opened) == 1  # refused at once: no retry before the final word
+    await assert_tries_no_more(page, opened)
+
+
+async def test_a_page_whose_initialize_is_refused_says_so_and_stops_trying(
+    browser: Browser, plain_server: RunningServer
+) -> None:
+    base = plain_server.http
+    session, _ = await create_session(base, "Two links")
+    opened: list[str] = []
+    context, page = await open_client(
+        browser,
+        base,
+        plain_server.token(name="Ann"),
+        session=session,
+        prepare=counting_sockets(opened),
+    )
+    # Another link opened in the same browser: its token is the cookie now,
+    # and Ann's page reconnects with it under a client id Ann's token holds.
+    other = await context.new_page()
+    await other.goto(f"{base}/?token={plain_server.token(name='Bob')}")
+    await expect(other.locator("#identity")).to_contain_text("Bob")
+    await settle(plain_server.ws, session, "Ann")
+    drop_connections(plain_server.server, "Ann")
+
+    banner = page.locator("#connection")
+    await expect(banner).to_have_text(
+        re.compile(
+            r"^Huddle refused this page: clientId '[^']+' belongs to another token: "
+            r"choose another\. Reload the page to try again\.$"
+        )
+    )
+    await shot(page, "refused-initialize")
+    await assert_tries_no_more(page, opened)
+
+    await page.reload()  # what the page says to do: a new page, a new client id
+    await expect(page.locator("#identity")).to_contain_text("Bob")
+    await expect(banner).to_be_hidden()
 
 
 def open_request(state: ChatState) -> InputRequest:

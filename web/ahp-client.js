@@ -18,7 +18,16 @@
 // `huddle.identity` capability on every initialize; `rename` reconnects
 // with a new one).
 //
-// Events (an EventTarget): `status` {status, attempt}, `change` {uri},
+// A refusal is final: when the server refuses this page's token (HTTP 401
+// or 403 before the socket opens, which a browser only sees as close code
+// 1006, like a server that is down) or refuses its `initialize`, the client
+// stops retrying and its status is 'refused' (`refusal` says why). To tell
+// a refusal from a network loss, a socket that closed before it opened is
+// followed by one HTTP request with the same cookie (`accessUrl`): 401 or
+// 403 is a refusal; no answer, or any other, is retried as before.
+//
+// Events (an EventTarget): `status` {status, attempt} (status: 'connecting',
+// 'open', 'reconnecting', 'renaming' or 'refused'), `change` {uri},
 // `rejected` {uri, action, reason}, `notice` {method, params} for root
 // notifications, `missing` {uri}, `identity` {identity} after every
 // initialize, `resumed` {renaming} after every reconnect (renaming: one
@@ -36,6 +45,15 @@ const ROOT = 'ahp-root://';
 const PING_EVERY_MS = 20000;
 const PING_TIMEOUT_MS = 10000;
 const BACKOFF_MS = [250, 500, 1000, 2000, 3000, 5000];
+const ACCESS_CHECK_TIMEOUT_MS = 10000;
+/** The statuses by which the server refuses a request's credentials: 401
+ * for a missing, forged or expired token, 403 for a foreign origin
+ * (server/app.py `authenticate`, asked before a socket opens too). */
+const REFUSED_STATUSES = new Set([401, 403]);
+/** The JSON-RPC code of an `initialize` the server could not answer now (its
+ * store unreachable, a bug of its own): tried again. Any other error is the
+ * server's refusal of this client, and trying again changes nothing. */
+const INTERNAL_ERROR = -32603;
 
 /** The channel kind of a URI: 'root', 'session' or 'chat'. */
 export function channelKind(uri) {
@@ -59,14 +77,48 @@ export class RpcError extends Error {
   }
 }
 
+/**
+ * Where to ask whether the server accepts this page's credentials: a cheap
+ * request every token may make (the root channel's snapshot), beside the
+ * socket's URL (`ws://host/ahp` -> `http://host/api/snapshot?...`).
+ */
+export function accessUrlOf(socketUrl) {
+  const url = new URL(`api/snapshot?channel=${encodeURIComponent(ROOT)}`, socketUrl);
+  url.protocol = url.protocol === 'wss:' ? 'https:' : 'http:';
+  return url.href;
+}
+
+/**
+ * The refusal an HTTP answer (its status and JSON body) says, or null when
+ * it is not one: `{kind: 'access', status, reason}`, the reason the
+ * server's (`{"error": ...}`).
+ */
+export function accessRefusal(status, body) {
+  if (!REFUSED_STATUSES.has(status)) return null;
+  const said = typeof body?.error === 'string' ? body.error.trim() : '';
+  return { kind: 'access', status, reason: said || `the server answered ${status}` };
+}
+
+/**
+ * The refusal an error of `initialize` is, or null when it is worth trying
+ * again (the socket dropped, the server could not answer now):
+ * `{kind: 'initialize', code, reason}`.
+ */
+export function initializeRefusal(error) {
+  if (!(error instanceof RpcError) || error.code === INTERNAL_ERROR) return null;
+  return { kind: 'initialize', code: error.code, reason: error.message };
+}
+
 export class AhpClient extends EventTarget {
   /**
-   * @param {{url: string, clientId?: string, name?: string, now?: () => number}} options
-   *   `name`: the name to go by where the token is a shared link's
+   * @param {{url: string, accessUrl?: string, clientId?: string, name?: string, now?: () => number}} options
+   *   `name`: the name to go by where the token is a shared link's;
+   *   `accessUrl`: where to ask whether the credentials are refused
    */
-  constructor({ url, clientId = `web-${randomId()}`, name = '', now = Date.now }) {
+  constructor({ url, accessUrl = accessUrlOf(url), clientId = `web-${randomId()}`, name = '', now = Date.now }) {
     super();
     this.url = url;
+    this.accessUrl = accessUrl;
     this.clientId = clientId;
     this.name = name;
     /** Who the server takes this client for (initialize's `_meta.huddle.identity`), once known. */
@@ -86,6 +138,8 @@ export class AhpClient extends EventTarget {
     this.pingTimer = null;
     this.retryTimer = null;
     this.stopped = false;
+    /** Why the server refused this client, once it has: nothing is tried again. */
+    this.refusal = null;
     globalThis.addEventListener?.('online', () => this.retryNow());
   }
 
@@ -93,6 +147,7 @@ export class AhpClient extends EventTarget {
 
   connect() {
     this.stopped = false;
+    this.refusal = null;
     this.open();
   }
 
@@ -115,9 +170,13 @@ export class AhpClient extends EventTarget {
     clearTimeout(this.retryTimer);
     const socket = new WebSocket(this.url, ['ahp']);
     this.socket = socket;
-    socket.onopen = () => this.handshake(socket);
+    let opened = false;
+    socket.onopen = () => {
+      opened = true;
+      this.handshake(socket);
+    };
     socket.onmessage = (event) => this.receive(socket, event.data);
-    socket.onclose = () => this.lost(socket);
+    socket.onclose = () => this.lost(socket, opened);
     socket.onerror = () => {}; // a close event follows; that is where we act
   }
 
@@ -131,6 +190,7 @@ export class AhpClient extends EventTarget {
   async handshake(socket) {
     const resuming = this.everOpen;
     const renaming = this.status === 'renaming';
+    let initialized = false;
     try {
       const initial = resuming ? [] : [...this.replicas.keys()];
       const result = await this.call(
@@ -145,6 +205,7 @@ export class AhpClient extends EventTarget {
         },
         socket,
       );
+      initialized = true;
       if (socket !== this.socket) return;
       this.identity = result._meta?.huddle?.identity ?? null;
       this.emit('identity', { identity: this.identity });
@@ -158,7 +219,11 @@ export class AhpClient extends EventTarget {
         for (const replica of this.replicas.values()) this.emit('change', { uri: replica.uri });
       }
     } catch (error) {
-      if (socket === this.socket) socket.close(4000, 'handshake failed');
+      if (socket === this.socket) {
+        // Only initialize's answer says whether this client is let in.
+        if (!initialized) this.refusal = initializeRefusal(error);
+        socket.close(4000, 'handshake failed');
+      }
       return;
     }
     if (socket !== this.socket) return;
@@ -204,7 +269,9 @@ export class AhpClient extends EventTarget {
     this.emit('change', { uri: replica.uri });
   }
 
-  lost(socket) {
+  /** `socket` closed; `opened`: it had opened (a socket refused by the
+   * server, or that never reached it, closes without opening). */
+  lost(socket, opened) {
     if (socket !== this.socket) return;
     clearTimeout(this.pingTimer);
     this.socket = null;
@@ -215,6 +282,10 @@ export class AhpClient extends EventTarget {
       for (const entry of replica.pending) entry.sentOn = 0;
     }
     if (this.stopped) return;
+    if (this.refusal) {
+      this.setStatus('refused');
+      return;
+    }
     if (this.reopening) {
       // Closed on purpose to initialize again (a new name): no backoff.
       this.reopening = false;
@@ -223,12 +294,57 @@ export class AhpClient extends EventTarget {
     }
     this.attempt += 1;
     this.setStatus(this.everOpen ? 'reconnecting' : 'connecting');
+    if (opened) this.retryLater();
+    else this.checkAccess();
+  }
+
+  retryLater() {
+    clearTimeout(this.retryTimer);
     const base = BACKOFF_MS[Math.min(this.attempt - 1, BACKOFF_MS.length - 1)];
     this.retryTimer = setTimeout(() => this.open(), base + Math.random() * base * 0.3);
   }
 
+  /**
+   * A socket closed before it opened: the server refused its credentials
+   * (401/403), or it is out of reach. Ask over HTTP with the same cookie
+   * which: a refusal is final; anything else (no answer, 5xx) is retried.
+   */
+  async checkAccess() {
+    const refusal = await this.askAccess();
+    // Closed, or opened again meanwhile (back online): that socket's end decides.
+    if (this.stopped || this.socket || this.refusal) return;
+    if (!refusal) {
+      this.retryLater();
+      return;
+    }
+    this.refusal = refusal;
+    clearTimeout(this.retryTimer);
+    this.setStatus('refused');
+  }
+
+  async askAccess() {
+    let response;
+    try {
+      response = await fetch(this.accessUrl, {
+        credentials: 'same-origin',
+        cache: 'no-store',
+        signal: AbortSignal.timeout(ACCESS_CHECK_TIMEOUT_MS),
+      });
+    } catch {
+      return null; // no answer: the server is down or out of reach
+    }
+    if (!REFUSED_STATUSES.has(response.status)) return null;
+    let body = null;
+    try {
+      body = await response.json();
+    } catch {
+      // not JSON: the status says enough
+    }
+    return accessRefusal(response.status, body);
+  }
+
   retryNow() {
-    if (this.stopped || this.socket) return;
+    if (this.stopped || this.socket || this.refusal) return;
     this.open();
   }
 

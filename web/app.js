@@ -320,6 +320,9 @@ function renderConnection() {
     if (pending) text += ` ${pending} change${pending === 1 ? '' : 's'} will be sent when it is back.`;
     else text += ' You can keep typing; nothing is lost.';
     tone = 'warning';
+  } else if (status === 'refused') {
+    text = refusedText(client.refusal, pending);
+    tone = 'error';
   } else if (Date.now() < app.backOnlineUntil) {
     text = 'Back online: up to date.';
     tone = 'ok';
@@ -329,6 +332,21 @@ function renderConnection() {
   banner.dataset.status = status;
   if (banner.textContent !== text) banner.textContent = text;
   document.body.dataset.connection = status;
+}
+
+/** What to tell someone the server no longer lets in (final: nothing is retried). */
+function refusedText(refusal, pending) {
+  let text;
+  if (refusal.kind === 'access') {
+    text = client.everOpen
+      ? `This link no longer gives access: ${refusal.reason}. Ask for a new link.`
+      : `This page has no access: ${refusal.reason}. Open the link you were given, or the one huddle serve printed.`;
+  } else {
+    text = `Huddle refused this page: ${refusal.reason}. Reload the page to try again.`;
+  }
+  // Sent or not, nothing confirms them now.
+  if (pending) text += ` ${pending} change${pending === 1 ? '' : 's'} may not have been saved.`;
+  return text;
 }
 
 // ─── Toasts and announcements ───────────────────────────────────────────

@@ -15,10 +15,19 @@ exists. Nothing is lost, nothing applied twice.
 **Huddle's way** (extension ``huddle.channelSeqs``, after ``initialize``):
 one cursor per channel, answered per channel with ``replay``,
 ``snapshot`` or ``missing``.
+
+Either way a reconnect is held to ``--max-subscriptions`` as ``subscribe``
+is: when the channels it would subscribe to (those it reaches, besides the
+connection's own) are too many, it is refused (-32009) before anything is
+subscribed, numbered or labelled. A refused reconnect changes nothing, so a
+plain client's fallback (AHP's reference client sends ``initialize`` with
+the same subscriptions on the same socket) still works; ``initialize``
+leaves out what is beyond the limit, as it does a gone channel.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from protocol.codec import MalformedFrame
@@ -64,12 +73,7 @@ async def reconnect(
             "reconnect needs lastSeenServerSeq and subscriptions",
             "$.params",
         )
-    if rpc.client_id is None:
-        await rpc.commands.claim_client(rpc.grant, params.client_id)
-        left = rpc.clients.numbering_of(params.client_id)
-        rpc.label(params.client_id)
-        rpc.extensions = frozenset()
-    else:
+    if rpc.client_id is not None:
         _same_client(rpc, params)
         if rpc.numbering is None:
             raise MalformedFrame(
@@ -77,8 +81,15 @@ async def reconnect(
                 "this connection counts serverSeq per channel: reconnect with cursors",
                 "$.params.lastSeenServerSeq",
             )
+    reached = await reach_all(rpc, ((uri, "$.subscriptions") for uri in params.subscriptions))
+    if rpc.client_id is None:
+        await rpc.commands.claim_client(rpc.grant, params.client_id)
+        left = rpc.clients.numbering_of(params.client_id)
+        rpc.label(params.client_id)
+        rpc.extensions = frozenset()
+    else:
         left = rpc.numbering
-    return await resume_plain(rpc, left, params.last_seen_server_seq, params.subscriptions)
+    return await resume_plain(rpc, left, params.last_seen_server_seq, params.subscriptions, reached)
 
 
 def _same_client(rpc: Rpc, params: ReconnectParams) -> None:
@@ -88,23 +99,39 @@ def _same_client(rpc: Rpc, params: ReconnectParams) -> None:
         )
 
 
-async def resume_plain(
-    rpc: Rpc, left: Numbering | None, seen: int, subscriptions: list[str]
-) -> ReconnectReplay | ReconnectSnapshots:
-    """AHP's reconnect from ``left`` (the client's last numbering, if this
-    process holds it) at number ``seen``."""
-    reachable: list[str] = []
-    missing: list[str] = []
-    for uri in dict.fromkeys(subscriptions):
+async def reach_all(rpc: Rpc, channels: Iterable[tuple[str, str]]) -> set[str]:
+    """Which of ``channels`` (each with the path of its field in the params)
+    the connection's token reaches; the others are gone or not permitted.
+    Raises CommandError (-32009) as soon as subscribing to every one reached
+    would take the connection past its limit, before anything is subscribed."""
+    reached: set[str] = set()
+    asked: set[str] = set()
+    more = 0
+    for uri, path in channels:
+        if uri in asked:
+            continue
+        asked.add(uri)
         try:
-            await rpc.commands.reach(rpc.grant, uri, "$.subscriptions")
+            await rpc.commands.reach(rpc.grant, uri, path)
         except CommandError as error:
             if error.code not in NOT_THERE:
                 raise
-            missing.append(uri)
             continue
-        rpc.count_subscription(uri)
-        reachable.append(uri)
+        reached.add(uri)
+        if uri not in rpc.subscriptions:
+            more += 1
+            rpc.count_subscriptions(more)
+    return reached
+
+
+async def resume_plain(
+    rpc: Rpc, left: Numbering | None, seen: int, subscriptions: list[str], reached: set[str]
+) -> ReconnectReplay | ReconnectSnapshots:
+    """AHP's reconnect from ``left`` (the client's last numbering, if this
+    process holds it) at number ``seen``, ``reached`` being the
+    subscriptions the token reaches (:func:`reach_all`)."""
+    reachable = [uri for uri in dict.fromkeys(subscriptions) if uri in reached]
+    missing = [uri for uri in dict.fromkeys(subscriptions) if uri not in reached]
     cursors = {uri: left.cursor(uri, seen) if left else None for uri in reachable}
     share = rpc.frame_budget // max(1, len(reachable))
     replayed: list[ActionEnvelope] = []
@@ -143,18 +170,15 @@ async def resume_plain(
 async def resume_channels(rpc: Rpc, cursors: list[ChannelCursor]) -> ReconnectResult:
     """Huddle's reconnect: per channel, the envelopes after its cursor, a
     snapshot, or missing."""
+    paths = ((c.channel, f"$.cursors[{index}].channel") for index, c in enumerate(cursors))
+    reached = await reach_all(rpc, paths)
     resumes: list[Resume] = []
     share = rpc.frame_budget // max(1, len(cursors))
-    for index, cursor in enumerate(cursors):
+    for cursor in cursors:
         uri = cursor.channel
-        try:
-            await rpc.commands.reach(rpc.grant, uri, f"$.cursors[{index}].channel")
-        except CommandError as error:
-            if error.code not in NOT_THERE:
-                raise
+        if uri not in reached:
             resumes.append(MissingResume(channel=uri))
             continue
-        rpc.count_subscription(uri)
         rpc.add_subscription(uri)
         rpc.connection.park(uri)
         resume = await rpc.host.core.resume(

@@ -416,10 +416,12 @@ class Rpc:
 
     def count_subscription(self, uri: str) -> None:
         """CommandError when one more subscription would be too many."""
-        if (
-            uri not in self.subscriptions
-            and len(self.subscriptions) >= self.limits.max_subscriptions
-        ):
+        self.count_subscriptions(0 if uri in self.subscriptions else 1)
+
+    def count_subscriptions(self, more: int) -> None:
+        """CommandError when ``more`` subscriptions besides this connection's
+        would be too many (checked before any is made: reconnect)."""
+        if more > 0 and len(self.subscriptions) + more > self.limits.max_subscriptions:
             raise CommandError(
                 ErrorCode.PERMISSION_DENIED,
                 f"at most {self.limits.max_subscriptions} subscriptions per connection",

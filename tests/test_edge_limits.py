@@ -394,6 +394,81 @@ async def test_unsubscribing_frees_a_subscription(limited: RunningServer) -> Non
     assert snapshot["resource"] == chat
 
 
+def subscriptions_of(running: RunningServer, name: str) -> set[str]:
+    (connection,) = [c for c in running.server.connections if c.grant.name == name]
+    return connection.subscriptions
+
+
+def plain_reconnect(client_id: str, subscriptions: list[str]) -> Frame:
+    return {
+        "channel": ROOT_URI,
+        "clientId": client_id,
+        "lastSeenServerSeq": 0,
+        "subscriptions": subscriptions,
+    }
+
+
+async def test_a_plain_reconnect_beyond_the_limit_is_refused_and_subscribes_nothing(
+    limited: RunningServer,
+) -> None:
+    chat = await session_chat(limited)
+    peer = await Peer.open(limited.ws, limited.token(name="hoarder"), "hoarder")
+
+    reply = await peer.request("reconnect", plain_reconnect("hoarder", [ROOT_URI, SESSION, chat]))
+
+    assert reply["error"]["code"] == -32009
+    assert "at most 2 subscriptions" in reply["error"]["message"]
+    assert subscriptions_of(limited, "hoarder") == set()
+    # AHP's reference client falls back to initialize on the same socket:
+    # it works, and leaves out what is beyond the limit.
+    params = {
+        **initialize_params("hoarder", extensions=()),
+        "initialSubscriptions": [ROOT_URI, SESSION, chat],
+    }
+    result = (await peer.request("initialize", params))["result"]
+    assert [s["resource"] for s in result["snapshots"]] == [ROOT_URI, SESSION]
+    assert subscriptions_of(limited, "hoarder") == {ROOT_URI, SESSION}
+
+
+async def test_a_plain_reconnect_counts_only_channels_it_reaches_and_does_not_hold(
+    limited: RunningServer,
+) -> None:
+    chat = await session_chat(limited)
+    peer = await Peer.ready(limited.ws, limited.token(name="returner"), "returner", ())
+    await peer.subscribe(ROOT_URI)
+
+    too_many = await peer.request("reconnect", plain_reconnect("returner", [SESSION, chat]))
+    held = await peer.request(
+        "reconnect", plain_reconnect("returner", [ROOT_URI, SESSION, "ahp-chat:/gone"])
+    )
+
+    assert too_many["error"]["code"] == -32009
+    assert held["result"]["type"] == "snapshot"
+    assert sorted(s["resource"] for s in held["result"]["snapshots"]) == [ROOT_URI, SESSION]
+    assert subscriptions_of(limited, "returner") == {ROOT_URI, SESSION}
+
+
+async def test_a_reconnect_with_cursors_beyond_the_limit_is_refused_and_subscribes_nothing(
+    limited: RunningServer,
+) -> None:
+    chat = await session_chat(limited)
+    peer = await Peer.ready(limited.ws, limited.token(name="hoarder"), "hoarder")
+    cursors = [{"channel": uri, "lastSeenServerSeq": 0} for uri in (ROOT_URI, SESSION, chat)]
+
+    reply = await peer.request(
+        "reconnect", {"channel": ROOT_URI, "clientId": "hoarder", "cursors": cursors}
+    )
+
+    assert reply["error"]["code"] == -32009
+    assert "at most 2 subscriptions" in reply["error"]["message"]
+    assert subscriptions_of(limited, "hoarder") == set()
+    within = await peer.request(
+        "reconnect", {"channel": ROOT_URI, "clientId": "hoarder", "cursors": cursors[1:]}
+    )
+    assert [r["channel"] for r in within["result"]["channels"]] == [SESSION, chat]
+    assert subscriptions_of(limited, "hoarder") == {SESSION, chat}
+
+
 # ─── A client that stops reading ─────────────────────────────────────────────
 
 BIG_DRAFT = "x" * (32 << 10)

@@ -38,6 +38,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol.actions import StateAction
+from protocol.chat import ChatState
 from protocol.codec import MalformedFrame, convert, decode_json, encode
 from protocol.messages import ErrorCode, ExpireParams, ExpireResult, Implementation
 from protocol.rejections import RejectionCode
@@ -66,6 +67,7 @@ from server.metrics import ServerMetrics
 from server.policy import Command
 from server.ratelimit import Budget, Budgets
 from server.rpc import LiveClients, Rpc
+from server.sessions import windowed
 
 log = logging.getLogger("huddle.app")
 
@@ -316,9 +318,59 @@ async def create_session(request: Request, server: Server, grant: Grant) -> Resp
 
 
 async def read_snapshot(request: Request, server: Server, grant: Grant) -> Response:
-    uri = request.query_params.get("channel", "")
+    """``GET /api/snapshot?channel=URI``: the channel's snapshot, a chat's
+    windowed as the socket windows one: the newest turns that fit in what
+    one answer may take (half of ``--send-buffer``), at most ``turns=N`` of
+    them, and ``turnsNextCursor`` when older turns exist. With ``cursor=C``
+    (a chat's): the turns before C, oldest first, as ``fetchTurns`` pages
+    them (at most N, 50 unless asked), as many as fit in the same budget
+    but at least one, ``{"resource", "turns", "turnsNextCursor"?}``."""
+    query = request.query_params
+    uri = query.get("channel", "")
+    turns = _positive(query.get("turns"), "$.turns")
+    budget = server.settings.limits.send_buffer // 2
+    cursor = query.get("cursor")
+    if cursor is not None:
+        return await _older_turns(server, grant, uri, cursor, turns, budget)
     view = await server.commands.snapshot(grant, uri)
-    return _json({"resource": uri, "state": view.state, "fromSeq": view.seq})
+    state = view.state
+    if isinstance(state, ChatState):
+        state = windowed(state, turns, budget)
+    return _json({"resource": uri, "state": state, "fromSeq": view.seq})
+
+
+async def _older_turns(
+    server: Server, grant: Grant, chat: str, cursor: str, limit: int | None, budget: int
+) -> Response:
+    """A page of ``chat``'s turns before ``cursor`` (see read_snapshot)."""
+    try:
+        page, older = await server.commands.fetch_turns(grant, chat, cursor, limit)
+        room = budget - len(encode({"resource": chat, "turns": [], "turnsNextCursor": "x" * 64}))
+        fit = 0
+        for turn in reversed(page):
+            room -= len(encode(turn)) + 1
+            if room < 0 and fit > 0:
+                break
+            fit += 1
+        if fit < len(page):  # the newest of the page, and the cursor before them
+            page, older = await server.commands.fetch_turns(grant, chat, cursor, fit)
+    except CommandError as error:
+        if error.code != ErrorCode.INVALID_PARAMS:
+            raise
+        raise MalformedFrame(error.code, error.message, "$.cursor") from None
+    answer: dict[str, Any] = {"resource": chat, "turns": page}
+    if older is not None:
+        answer["turnsNextCursor"] = older
+    return _json(answer)
+
+
+def _positive(value: str | None, path: str) -> int | None:
+    """A query parameter that must be a positive integer, if given."""
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise MalformedFrame(ErrorCode.INVALID_PARAMS, "expected a positive integer", path)
+    return int(value)
 
 
 async def read_audit(request: Request, server: Server, grant: Grant) -> Response:

@@ -199,13 +199,32 @@ def windowed(state: ChatState, turns: int | None, max_bytes: int) -> ChatState:
     ``max_bytes`` of JSON with the rest of the state, so that a frame the
     server sends is never larger than its client can receive. A window
     carries ``turnsNextCursor`` naming the turn before it."""
-    keep = len(state.turns) if turns is None else max(0, min(turns, len(state.turns)))
-    if keep == len(state.turns) and len(encode(state)) <= max_bytes:
-        return state
+    count = len(state.turns)
+    keep = count if turns is None else max(0, min(turns, count))
+    # Only the newest turns are ever encoded, as many as could fit: a chat
+    # may hold far more than any client receives, and encoding all of it
+    # would hold the event loop for as long.
+    sizes: list[int] = []  # the newest turns' JSON sizes, newest first
+
+    def size_of(back: int) -> int:
+        while len(sizes) <= back:
+            sizes.append(len(encode(state.turns[count - 1 - len(sizes)])))
+        return sizes[back]
+
+    if keep == count:
+        # The whole state's JSON: the state without turns, and each turn
+        # with a comma between.
+        whole = len(encode(replace(state, turns=[])))
+        for back in range(count):
+            whole += size_of(back) + (1 if back else 0)
+            if whole > max_bytes:
+                break
+        if whole <= max_bytes:
+            return state
     room = max_bytes - len(encode(replace(state, turns=[], turns_next_cursor="x" * 64)))
-    start = len(state.turns)
-    while start > len(state.turns) - keep:
-        size = len(encode(state.turns[start - 1])) + 1
+    start = count
+    while start > count - keep:
+        size = size_of(count - start) + 1
         if size > room:
             break
         room -= size

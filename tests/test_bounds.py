@@ -6,19 +6,21 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from urllib.parse import urlencode
 
 import pytest
 
 from protocol.actions import ChatDraftChanged, ChatTurnCancelled, ChatTurnComplete, ChatTurnStarted
-from protocol.chat import Message, MessageOrigin
+from protocol.chat import ChatState, Message, MessageOrigin, Turn
 from protocol.codec import encode
 from protocol.session import SessionState
 from reducers.limits import SizeLimits
 from server.config import Limits, Settings
 from server.errors import ActionRejected
+from server.sessions import windowed
 from server.store.memory import KEPT_BYTES, MemoryStore
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
-from tests.edge import Peer, http
+from tests.edge import HttpReply, Peer, http
 from tests.test_serve_cli import TOKEN, start
 
 SESSION = "ahp-session:/bounds"
@@ -55,19 +57,26 @@ def big(text: str) -> Message:
     return Message(text=text * (60 << 10), origin=MessageOrigin(kind="user"))
 
 
-async def test_a_chat_larger_than_a_client_can_receive_still_loads_windowed(
-    small: RunningServer,
-) -> None:
-    chat = await a_chat(small)
-    agent = small.clients[0]
-    for n in range(12):  # 12 turns of 60 KiB: about three times the send buffer
+async def a_long_chat(running: RunningServer) -> str:
+    """A chat of 12 turns of 60 KiB (t0 .. t11): about three times the send
+    buffer."""
+    chat = await a_chat(running)
+    agent = running.clients[0]
+    for n in range(12):
         start = ChatTurnStarted(
             turn_id=f"t{n}", started_at="2026-11-30T10:00:00Z", message=big("x")
         )
         await agent.dispatch_and_wait(chat, start)
         await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id=f"t{n}", duration=1))
-    full = (await small.server.host.view(chat)).state
+    full = (await running.server.host.view(chat)).state
     assert len(encode(full)) > SEND_BUFFER
+    return chat
+
+
+async def test_a_chat_larger_than_a_client_can_receive_still_loads_windowed(
+    small: RunningServer,
+) -> None:
+    chat = await a_long_chat(small)
 
     peer = await Peer.ready(small.ws, small.token(name="late"), "late")
     snapshot = await peer.subscribe(chat)
@@ -78,6 +87,102 @@ async def test_a_chat_larger_than_a_client_can_receive_still_loads_windowed(
     assert 0 < len(turns) < 12
     assert snapshot["state"]["turnsNextCursor"]
     assert "result" in await peer.request("ping", {"channel": "ahp-root://"})
+
+
+async def snapshot_over_http(running: RunningServer, **query: str) -> HttpReply:
+    token = running.token("observer", name="olga")
+    reply = await http("GET", f"{running.http}/api/snapshot?{urlencode(query)}", token=token)
+    assert reply.status == 200, reply.body[:200]
+    assert len(reply.body) <= SEND_BUFFER // 2
+    return reply
+
+
+async def test_an_http_snapshot_of_a_long_chat_is_windowed_as_the_sockets_is(
+    small: RunningServer,
+) -> None:
+    chat = await a_long_chat(small)
+    peer = await Peer.ready(small.ws, small.token(name="late"), "late")
+
+    reply = await snapshot_over_http(small, channel=chat)
+
+    state = reply.json()["state"]
+    assert 0 < len(state["turns"]) < 12
+    assert state["turnsNextCursor"]
+    assert state == (await peer.subscribe(chat))["state"]
+
+
+async def test_http_pages_a_long_chats_older_turns_until_none_are_left(
+    small: RunningServer,
+) -> None:
+    chat = await a_long_chat(small)
+    state = (await snapshot_over_http(small, channel=chat)).json()["state"]
+    seen = [t["id"] for t in state["turns"]]
+    cursor = state["turnsNextCursor"]
+
+    while cursor is not None:
+        page = (await snapshot_over_http(small, channel=chat, cursor=cursor)).json()
+        assert page["resource"] == chat
+        assert page["turns"]
+        seen = [t["id"] for t in page["turns"]] + seen
+        cursor = page.get("turnsNextCursor")
+
+    assert seen == [f"t{n}" for n in range(12)]
+
+
+async def test_http_snapshot_and_pages_take_at_most_the_turns_asked_for(
+    small: RunningServer,
+) -> None:
+    chat = await a_long_chat(small)
+
+    state = (await snapshot_over_http(small, channel=chat, turns="1")).json()["state"]
+    page = await snapshot_over_http(small, channel=chat, cursor=state["turnsNextCursor"], turns="1")
+
+    assert [t["id"] for t in state["turns"]] == ["t11"]
+    assert [t["id"] for t in page.json()["turns"]] == ["t10"]
+    assert page.json()["turnsNextCursor"]
+
+
+async def test_an_http_page_with_an_unknown_cursor_is_400(small: RunningServer) -> None:
+    chat = await a_chat(small)
+    query = urlencode({"channel": chat, "cursor": "not-a-cursor"})
+
+    reply = await http("GET", f"{small.http}/api/snapshot?{query}", token=AGENT_TOKEN)
+
+    assert reply.status == 400
+    assert reply.json()["path"] == "$.cursor"
+
+
+def test_a_window_is_taken_only_when_the_whole_chat_does_not_fit() -> None:
+    turns = [
+        Turn(id=f"t{n}", message=big("x"), response_parts=[], state="complete") for n in range(3)
+    ]
+    chat = ChatState(resource="ahp-chat:/c", title="c", status=0, modified_at="", turns=turns)
+    size = len(encode(chat))
+
+    assert windowed(chat, None, size) is chat
+    assert windowed(chat, None, size - 1).turns == turns[1:]
+    assert windowed(chat, 3, size) is chat
+    assert windowed(chat, 2, size).turns == turns[1:]
+
+
+def test_a_window_never_encodes_a_turn_it_leaves_out() -> None:
+    # Older turns that cannot be encoded at all: a window that fits without
+    # them must not touch them (a chat may hold far more than a client gets).
+    broken = Message(text=object(), origin=MessageOrigin(kind="user"))  # type: ignore[arg-type]
+    older = [
+        Turn(id=f"o{n}", message=broken, response_parts=[], state="complete") for n in range(3)
+    ]
+    newest = [
+        Turn(id=f"t{n}", message=big("x"), response_parts=[], state="complete") for n in range(3)
+    ]
+    chat = ChatState(
+        resource="ahp-chat:/c", title="c", status=0, modified_at="", turns=older + newest
+    )
+
+    window = windowed(chat, None, 2 * len(encode(newest[0])) + 1024)
+
+    assert [t.id for t in window.turns] == ["t1", "t2"]
+    assert window.turns_next_cursor is not None
 
 
 async def test_sessions_are_listed_a_page_at_a_time_by_default(small: RunningServer) -> None:

@@ -446,6 +446,24 @@ async def test_bad_body_is_400_naming_the_field(
     [
         pytest.param("/api/snapshot", {"channel": "nowhere"}, "$.channel", id="snapshot-channel"),
         pytest.param(
+            "/api/snapshot",
+            {"channel": "ahp-root://", "turns": "many"},
+            "$.turns",
+            id="snapshot-turns-not-a-number",
+        ),
+        pytest.param(
+            "/api/snapshot",
+            {"channel": "ahp-root://", "turns": "0"},
+            "$.turns",
+            id="snapshot-no-turns",
+        ),
+        pytest.param(
+            "/api/snapshot",
+            {"channel": "ahp-session:/x", "cursor": "c"},
+            "$.channel",
+            id="snapshot-cursor-of-a-session",
+        ),
+        pytest.param(
             "/api/input/wait",
             {"chat": "ahp-chat:/x", "request": "r", "timeout": "soon"},
             "$.timeout",

@@ -368,7 +368,7 @@ def _positive(value: str | None, path: str) -> int | None:
     """A query parameter that must be a positive integer, if given."""
     if value is None:
         return None
-    if not value.isdigit() or int(value) < 1:
+    if not (value.isascii() and value.isdigit() and len(value) <= 9) or int(value) < 1:
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "expected a positive integer", path)
     return int(value)
 

@@ -459,6 +459,18 @@ async def test_bad_body_is_400_naming_the_field(
         ),
         pytest.param(
             "/api/snapshot",
+            {"channel": "ahp-root://", "turns": "²"},
+            "$.turns",
+            id="snapshot-turns-not-ascii-digits",
+        ),
+        pytest.param(
+            "/api/snapshot",
+            {"channel": "ahp-root://", "turns": "9" * 5000},
+            "$.turns",
+            id="snapshot-turns-beyond-any-chat",
+        ),
+        pytest.param(
+            "/api/snapshot",
             {"channel": "ahp-session:/x", "cursor": "c"},
             "$.channel",
             id="snapshot-cursor-of-a-session",

@@ -8,14 +8,30 @@ with another body is 422; a retry while the first is still running is 409
 (try again). Answers that mean "not done, try again" (429, 503) are not
 kept, so a retry runs.
 
-What is kept is bounded per participant or observer token (a shared
-link's browsers count as the link): at most ``budget`` bytes of answers
-within ``ttl`` in this process; beyond, a request with a key is refused
-with 429 before it runs (retry later, or without a key), so nothing is
-ever applied twice for want of room. Agent tokens are trusted. A store
-that keeps only so much (the memory store: ``remember_limit``) is never
-asked to keep more, whoever asks, since it would forget the oldest answers
-and their retries would run again.
+Room for an answer is booked before its request runs (as much as the
+request's body and an envelope's fields: the answer carries the action),
+so that nothing is ever applied twice for want of room to keep its answer;
+once it has run, the booking becomes what is really kept (the stored
+record), or nothing when no answer is kept, and the rest is given back.
+What is booked counts for ``ttl``, in this process:
+
+- per participant or observer token (a shared link's browsers count as
+  the link), at most ``budget`` bytes; agent tokens are trusted and have
+  no budget of their own;
+- a store that keeps only so much (the memory store: ``remember_limit``)
+  is never asked to keep more, whoever asks, since it would forget the
+  oldest answers and their retries would run again; and of that room,
+  participant and observer tokens together may take at most
+  ``PEOPLE_SHARE``. The rest is the agents' reserve: people cannot crowd
+  an agent out, however many tokens they hold, and an agent's request is
+  refused for want of room only when agents' own answers leave it none in
+  the reserve. (People may still crowd each other out of their share, each
+  token at most by its budget, until their answers expire.) A store that
+  bounds nothing itself (Redis: its ``maxmemory`` is the operator's) has
+  only the tokens' budgets.
+
+Beyond a bound a request with a key is refused with 429 before it runs
+(retry later, or without a key).
 
 The WebSocket's counterpart is the store's ``(clientId, clientSeq)`` check
 on every append.
@@ -48,23 +64,63 @@ ANSWER_OVERHEAD: Final = 4096
 """Bytes an answer may take beyond its request's body (envelope fields)."""
 BUDGET: Final = 16 << 20
 """Bytes of kept answers one token may have within the ttl (per process)."""
+PEOPLE_SHARE: Final = 0.5
+"""Of what a store keeps at most, the part that participant and observer
+tokens' answers may take together; the rest is kept for agent tokens'."""
+
+
+@dataclass(slots=True)
+class _Booking:
+    """Room booked in one ledger until ``until``; ``held`` until it expires."""
+
+    until: float
+    size: int
+    held: bool = True
 
 
 @dataclass
 class _Ledger:
-    """What one token has had kept: (until, bytes) in order, and the sum."""
+    """What was booked for answers kept, oldest first, and the sum."""
 
-    kept: deque[tuple[float, int]] = field(default_factory=deque)
+    kept: deque[_Booking] = field(default_factory=deque)
     total: int = 0
 
     def spent(self, now: float) -> int:
-        while self.kept and self.kept[0][0] <= now:
-            self.total -= self.kept.popleft()[1]
+        while self.kept and self.kept[0].until <= now:
+            booking = self.kept.popleft()
+            booking.held = False
+            self.total -= booking.size
         return self.total
 
-    def add(self, until: float, size: int) -> None:
-        self.kept.append((until, size))
+    def book(self, until: float, size: int) -> _Booking:
+        booking = _Booking(until, size)
+        self.kept.append(booking)
         self.total += size
+        return booking
+
+    def rebook(self, booking: _Booking, until: float, size: int) -> None:
+        """``booking`` becomes ``size`` bytes until ``until`` (not before
+        when it was due: the order of expiry stays safe, room is given back
+        late rather than early)."""
+        if not booking.held:  # expired while its request ran
+            if size > 0:
+                self.book(until, size)
+            return
+        self.total += size - booking.size
+        booking.size = size
+        booking.until = max(booking.until, until)
+
+
+@dataclass
+class _Hold:
+    """One request's room, in each ledger it counts in."""
+
+    bookings: list[tuple[_Ledger, _Booking]]
+
+    def settle(self, until: float, size: int) -> None:
+        """Keep ``size`` bytes until ``until`` (0: give it all back)."""
+        for ledger, booking in self.bookings:
+            ledger.rebook(booking, until, size)
 
 
 class _Kept(msgspec.Struct):
@@ -91,6 +147,8 @@ class Idempotency:
         self._ledgers: Lru[str, _Ledger] = Lru(10_000)
         self._all = _Ledger()
         """Everything kept, for a store that keeps only so much."""
+        self._people = _Ledger()
+        """What participant and observer tokens keep, together."""
 
     async def once(
         self, grant: Grant, key: str, body: bytes, run: Callable[[], Awaitable[Response]]
@@ -110,53 +168,75 @@ class Idempotency:
             if kept.fingerprint != fingerprint:
                 return _problem(422, "this Idempotency-Key went with another body")
             return Response(kept.body, status_code=kept.status, media_type="application/json")
-        # What keeping its answer will take, booked before it runs (the
+        # What keeping its answer may take, booked before it runs (the
         # answer, an envelope, is about the size of the action it carries).
         size = len(name) + len(body) + ANSWER_OVERHEAD
         now = self.clock()
-        ledger = self._ledger(grant)
-        limit = self.store.remember_limit
-        if ledger is not None and ledger.spent(now) + size > self.budget:
+        refusal = self._refusal(grant, now, size)
+        if refusal is not None:
             await self.store.claim(running, mine, 0)
-            return _problem(
-                429,
-                f"this token has {self.budget >> 20} MiB of Idempotency-Key answers kept "
-                "already: retry later, or without a key",
-            )
-        if limit is not None and self._all.spent(now) + size > limit:
-            # The store keeps no more without forgetting others' answers
-            # (whose retries would then run again): nobody gets more room.
-            await self.store.claim(running, mine, 0)
-            return _problem(
-                429,
-                "the server keeps no more Idempotency-Key answers now: "
-                "retry later, or without a key",
-            )
-        until = now + self.ttl
-        self._book(ledger, until, size)
-        answer = await run()
-        if answer.status_code in UNKEPT:
-            await self.store.claim(running, mine, 0)  # given up: a retry may run
-        else:
-            # MessagePack: the answer's bytes as they are (JSON would
-            # base64 them, a third more to keep).
-            record = msgspec.msgpack.encode(
-                _Kept(fingerprint, answer.status_code, bytes(answer.body))
-            )
-            await self.store.remember(name, record, self.ttl)
-            if (more := len(name) + len(record) - size) > 0:
-                self._book(ledger, until, more)
+            return _problem(429, refusal)
+        ledgers = self._ledgers_of(grant)
+        hold = _Hold([(ledger, ledger.book(now + self.ttl, size)) for ledger in ledgers])
+        keeping = 0
+        try:
+            answer = await run()
+            if answer.status_code in UNKEPT:
+                await self.store.claim(running, mine, 0)  # given up: a retry may run
+            else:
+                # MessagePack: the answer's bytes as they are (JSON would
+                # base64 them, a third more to keep).
+                record = msgspec.msgpack.encode(
+                    _Kept(fingerprint, answer.status_code, bytes(answer.body))
+                )
+                await self.store.remember(name, record, self.ttl)
+                keeping = len(name) + len(record)
+        finally:
+            # What is really kept, for as long as the store keeps it: a
+            # small answer to a large body (a rejection) keeps little.
+            hold.settle(self.clock() + self.ttl, keeping)
         return answer
 
-    def _book(self, ledger: _Ledger | None, until: float, size: int) -> None:
-        self._all.add(until, size)
-        if ledger is not None:
-            ledger.add(until, size)
-
-    def _ledger(self, grant: Grant) -> _Ledger | None:
-        """The token's account of what it had kept (None: an agent's)."""
-        if grant.role == "agent":
+    def _refusal(self, grant: Grant, now: float, size: int) -> str | None:
+        """Why there is no room for ``size`` more bytes of ``grant``'s (None:
+        there is)."""
+        person = grant.role != "agent"
+        if person and self._ledger(grant).spent(now) + size > self.budget:
+            return (
+                f"this token has {self.budget >> 20} MiB of Idempotency-Key answers kept "
+                "already: retry later, or without a key"
+            )
+        limit = self.store.remember_limit
+        if limit is None:
             return None
+        if person and self._people.spent(now) + size > limit * PEOPLE_SHARE:
+            return (
+                "the server keeps no more Idempotency-Key answers of participants now: "
+                "retry later, or without a key"
+            )
+        if self._all.spent(now) + size > limit:
+            # The store keeps no more without forgetting others' answers
+            # (whose retries would then run again): nobody gets more room.
+            return (
+                "the server keeps no more Idempotency-Key answers now: "
+                "retry later, or without a key"
+            )
+        return None
+
+    def _ledgers_of(self, grant: Grant) -> list[_Ledger]:
+        """The ledgers ``grant``'s answers count in: a participant's or
+        observer's own (an agent has none); for a store that keeps only so
+        much, also people's together (not an agent's) and the whole store's."""
+        if grant.role == "agent":
+            shared = [self._all]
+            return shared if self.store.remember_limit is not None else []
+        mine = self._ledger(grant)
+        if self.store.remember_limit is None:
+            return [mine]
+        return [mine, self._people, self._all]
+
+    def _ledger(self, grant: Grant) -> _Ledger:
+        """The token's account of what it had kept."""
         ledger = self._ledgers.get(grant.budget_key)
         if ledger is None:
             ledger = _Ledger()

@@ -5,8 +5,10 @@ and the retry gets the first one's answer; over HTTP, Idempotency-Key."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import msgspec
 import pytest
@@ -24,9 +26,19 @@ from reducers.chat import select_input_settlement
 from server.auth import Grant
 from server.client import HuddleClient
 from server.idempotency import Idempotency
+from server.store.base import ChannelStore
 from server.store.memory import MemoryStore
-from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, session_chat_with_turn
-from tests.edge import CuttingProxy, Peer, http
+from server.store.redis import RedisStore
+from tests.conftest import (
+    AGENT_TOKEN,
+    UNIT,
+    RunningServer,
+    session_chat_with_turn,
+    start_server,
+    user_message,
+)
+from tests.edge import CuttingProxy, HttpReply, Peer, http
+from tests.redis_server import running_redis
 from tests.test_trust import TURN
 
 SESSION = "ahp-session:/once"
@@ -253,12 +265,12 @@ async def test_a_tokens_kept_answers_are_bounded_and_a_refused_key_runs_nothing(
     def running(who: str) -> Callable[[], Awaitable[Response]]:
         async def run() -> Response:
             runs.append(who)
-            return Response(b"x" * 600, 200)
+            return Response(b"x" * 4000, 200)
 
         return run
 
     first = await once.once(lee, "k1", b"a", running("lee"))
-    second = await once.once(lee, "k2", b"b", running("lee"))  # each books about 4 KiB
+    second = await once.once(lee, "k2", b"b", running("lee"))  # each keeps about 4 KiB
     refused = await once.once(lee, "k3", b"c", running("lee"))  # a third would be over 9,000
     others = await once.once(dana, "k3", b"c", running("dana"))  # another token's own
     trusted = [await once.once(agent, f"a{n}", b"d", running("agent")) for n in range(3)]
@@ -289,29 +301,55 @@ async def test_an_answer_kept_by_an_earlier_version_as_json_is_still_given() -> 
     assert (kept.status_code, bytes(kept.body)) == (200, b'{"ok":1}')
 
 
-async def test_a_store_that_keeps_only_so_much_is_never_asked_to_forget() -> None:
+@pytest.mark.parametrize("status", [409, 503], ids=["kept-small", "not-kept"])
+async def test_a_small_answer_to_a_large_body_gives_the_rest_of_its_room_back(
+    status: int,
+) -> None:
+    # Room for an answer as large as the body is booked before the run; a
+    # rejection kept, or an answer not kept at all, gives back what it
+    # does not take: ten bodies of half the budget each all run.
+    once = Idempotency(MemoryStore(), ttl=60, budget=20_000)
+    lee = Grant(role="participant", sessions=None, name="Lee", token_id="tok-1")
+    runs: list[int] = []
+
+    async def run() -> Response:
+        runs.append(1)
+        return Response(b'{"code":"no"}', status)
+
+    answers = [await once.once(lee, f"k{n}", b"p" * 10_000, run) for n in range(10)]
+
+    assert [a.status_code for a in answers] == [status] * 10
+    assert len(runs) == 10
+
+
+async def test_a_bounded_store_is_never_asked_to_forget_and_keeps_agents_a_reserve() -> None:
     # Beyond what the store keeps, it would forget the oldest answers and
-    # their retries would run again: nobody gets more room, agents neither.
+    # their retries would run again: nobody gets more room. Of that room
+    # people together get half; the rest only agents' answers take.
     store = MemoryStore()
-    store.remember_limit = 9000
+    store.remember_limit = 12_000
     once = Idempotency(store, ttl=60)
-    grants = [
+    lee, dana = (
         Grant(role="participant", sessions=None, name=name, token_id=f"tok-{name}")
         for name in ("lee", "dana")
-    ] + [Grant(role="agent", sessions=None, name="agent", token_id="agent")]
+    )
+    agent = Grant(role="agent", sessions=None, name="agent", token_id="agent")
     runs: list[str] = []
 
     async def run() -> Response:
         runs.append("ran")
-        return Response(b"{}", 200)
+        return Response(b"x" * 3000, 200)  # each keeps about 3 KiB
 
-    answers = [await once.once(grant, "k", b"body", run) for grant in grants]
-    first_again = await once.once(grants[0], "k", b"body", run)
+    people = [await once.once(grant, "k", b"body", run) for grant in (lee, dana)]
+    agents = [await once.once(agent, f"k{n}", b"body", run) for n in range(3)]
+    first_again = await once.once(lee, "k", b"body", run)
 
-    assert [a.status_code for a in answers] == [200, 200, 429]
-    assert b"keeps no more" in bytes(answers[2].body)
+    assert [a.status_code for a in people] == [200, 429]
+    assert b"answers of participants" in bytes(people[1].body)
+    assert [a.status_code for a in agents] == [200, 200, 429]
+    assert b"keeps no more" in bytes(agents[2].body)
     assert first_again.status_code == 200  # still kept: nothing was forgotten
-    assert len(runs) == 2
+    assert len(runs) == 3
 
 
 @pytest.mark.parametrize("extensions", [None, ()], ids=["huddle", "plain"])
@@ -354,3 +392,88 @@ async def test_a_client_id_used_again_by_a_new_process_numbers_on_and_is_not_ref
     assert isinstance(state, ChatState)
     assert select_input_settlement(state, "details").status == "resolved"
     await again.close()
+
+
+# ─── Room for kept answers, over real servers ────────────────────────────────
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def keeping(request: pytest.FixtureRequest) -> AsyncIterator[RunningServer]:
+    """A server whose tokens may each keep 1 MiB of answers and whose memory
+    store (not Redis, which bounds nothing itself) keeps 2 MiB at most."""
+    async with contextlib.AsyncExitStack() as stack:
+        store: ChannelStore
+        if request.param == "memory":
+            store = MemoryStore()
+            store.remember_limit = 2 << 20
+        else:
+            redis = await stack.enter_async_context(running_redis(10 * UNIT))
+            store = RedisStore(redis.url)
+        running = await start_server(store=store)
+        running.server.idempotency.budget = 1 << 20
+        try:
+            yield running
+        finally:
+            await running.stop()
+
+
+async def keyed(running: RunningServer, token: str, key: str, body: dict[str, Any]) -> HttpReply:
+    headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
+    url = running.http + "/api/dispatch"
+    return await http("POST", url, token=token, data=encode(body), headers=headers)
+
+
+async def test_rejected_requests_with_large_bodies_keep_only_their_small_answers(
+    keeping: RunningServer,
+) -> None:
+    # Each body books 300 KB before it runs; its answer, a rejection, keeps
+    # a few hundred bytes. Had the rest stayed booked, each token would be
+    # out of room after three and the memory store after six.
+    agent = await keeping.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    rejected = {
+        "channel": chat,
+        "action": ChatInputCompleted(request_id="nothing-asked", response="cancel"),
+        "pad": "p" * 300_000,
+    }
+    mallories = [keeping.token(name=f"mallory-{n}") for n in range(2)]
+
+    answers = [
+        await keyed(keeping, token, f"k{n}", rejected) for token in mallories for n in range(6)
+    ]
+    again = await keyed(keeping, mallories[0], "k0", rejected)
+    draft = {"channel": chat, "action": ChatDraftChanged(draft=user_message("hello"))}
+    victim = await keyed(keeping, keeping.token(name="victim"), "mine", draft)
+    trusted = await keyed(keeping, AGENT_TOKEN, "agents", draft)
+
+    assert [a.status for a in answers] == [409] * 12
+    assert (again.status, again.json()) == (409, answers[0].json())  # kept, and given again
+    assert victim.status == trusted.status == 200
+
+
+async def test_people_cannot_crowd_an_agent_out_of_a_bounded_store() -> None:
+    store = MemoryStore()
+    store.remember_limit = 2 << 20
+    running = await start_server(store=store)
+    try:
+        agent = await running.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        big = {"channel": chat, "action": ChatDraftChanged(draft=user_message("d" * 60_000))}
+        mallories = [running.token(name=f"mallory-{n}") for n in range(2)]
+        statuses: list[int] = []
+        refusal = None
+        for n in range(100):  # 60 KB answers kept: people's half is full after about 17
+            reply = await keyed(running, mallories[n % 2], f"k{n}", big)
+            statuses.append(reply.status)
+            if reply.status == 429:
+                refusal = reply.json()["error"]
+                break
+
+        trusted = await keyed(running, AGENT_TOKEN, "agents", big)
+
+        assert set(statuses[:-1]) == {200}
+        assert refusal is not None
+        assert "answers of participants" in refusal
+        assert trusted.status == 200
+    finally:
+        await running.stop()

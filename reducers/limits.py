@@ -2,21 +2,29 @@
 
 ``limit_problem(state, action, limits, state_bytes)`` is ``None`` when the
 action fits, else the rejection (``state_bytes``: about how many bytes of
-JSON the channel's state takes now). Like the validation rules it is pure; the host checks
-it before them, for every sender (an agent's bug must not make a chat
-unloadable either). Sizes are the UTF-8 bytes of the value as JSON; counts
-are of the entries a list in state would hold after the action::
+JSON the channel's state takes now). Like the validation rules it is
+pure; the host checks it before them, for every sender (an agent's bug must
+not make a chat unloadable either). Sizes are the UTF-8 bytes of the value as JSON (of a
+string, its UTF-8 bytes); counts are of the entries a list in state would
+hold after the action::
 
     what                                   limit (SizeLimits)  code
     -------------------------------------  ------------------  ---------
+    an id or a timestamp, anywhere in the  id; a turn id:      too-large
+      action (see below)                     turn_id
     a session's title                      title               too-large
+    a working directory of a chat or       uri                 too-large
+      session
     a message (turn start, pending         message             too-large
-      message, draft), a streamed delta
+      message, draft), a streamed delta,
+      a denied tool call's reason and
+      suggestion
     one answer (inputAnswerChanged, each   answer              too-large
       answer an inputCompleted carries)
     tool data (input, edited input,        tool_data           too-large
-      result, content, progress, an
-      active client's entry and tools)
+      result, content, progress, a tool
+      call's _meta, an active client's
+      entry and tools)
     any action, whole                      action              too-large
     queued messages of a chat              queued_messages     too-many
     active clients of a session            active_clients      too-many
@@ -26,13 +34,25 @@ are of the entries a list in state would hold after the action::
       or pending message (once it holds
       this much, the rest still goes on)
 
+Ids are found by name, at any depth of the action's Structs, so that a new
+field is covered the day it is added: a field named ``id`` or ``<x>Id``
+(``turnId``, ``requestId``, ``toolCallId``, ``questionId``, ``clientId``,
+``selectedOptionId``...), each entry of a ``<x>Ids`` list, each key of a
+map of Structs (the question ids of ``answers``) and, as short as ids, a
+timestamp ``<x>At`` (``startedAt``). A turn id has the smaller limit
+because the runner builds the ids of a turn's input requests and reply
+parts on it (``<turnId>:input:<callId>``, ``<turnId>:md:<n>``), and those
+must fit the id limit. What a client sends as JSON the host does not
+interpret (``_meta``, tool input, config) is not searched for ids.
+
 The sentence names what is too large or too many and the limit, never the
-content.
+content; an id by where it is (``the request.questions[0].options[1].id``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -42,11 +62,15 @@ from protocol.actions import (
     ChatInputAnswerChanged,
     ChatInputCompleted,
     ChatPendingMessageSet,
+    ChatToolCallAuthRequired,
+    ChatToolCallAuthResolved,
     ChatToolCallComplete,
     ChatToolCallConfirmed,
     ChatToolCallContentChanged,
     ChatToolCallDelta,
     ChatToolCallReady,
+    ChatToolCallResultConfirmed,
+    ChatToolCallStart,
     ChatTurnStarted,
     ChatWorkingDirectorySet,
     SessionActiveClientSet,
@@ -62,6 +86,19 @@ from protocol.session import SessionState
 
 _encode = msgspec.json.Encoder().encode
 
+TOOL_CALL_ACTIONS = (
+    ChatToolCallStart,
+    ChatToolCallDelta,
+    ChatToolCallReady,
+    ChatToolCallConfirmed,
+    ChatToolCallComplete,
+    ChatToolCallResultConfirmed,
+    ChatToolCallContentChanged,
+    ChatToolCallAuthRequired,
+    ChatToolCallAuthResolved,
+)
+"""The actions whose ``_meta`` the tool call keeps."""
+
 
 class SizeLimits(msgspec.Struct, frozen=True, kw_only=True):
     """The limits of the module docstring (bytes of JSON, or entries)."""
@@ -74,6 +111,11 @@ class SizeLimits(msgspec.Struct, frozen=True, kw_only=True):
     queued_messages: int = 50
     active_clients: int = 200
     working_directories: int = 50
+    id: int = 256
+    """An id or a timestamp in an action; also a connection's clientId
+    (checked where the client names it, at initialize and reconnect)."""
+    turn_id: int = 128
+    uri: int = 1024
     chat_bytes: int = 16 << 20
 
 
@@ -82,21 +124,26 @@ def limit_problem(
 ) -> Rejection | None:
     """Why ``action`` would put too much into ``state`` (whose JSON takes
     about ``state_bytes``), or None."""
+    for found in _ids(action, ()):
+        limit = limits.turn_id if found.path[-1] == "turnId" else limits.id
+        if (rejection := _too_large(found.what, found.value, limit)) is not None:
+            return rejection
     for what, value, limit in _measured(action, limits):
-        size = len(value.encode()) if isinstance(value, str) else len(_encode(value))
-        if size > limit:
-            return Rejection(
-                RejectionCode.TOO_LARGE, f"{what} is {size:,} bytes; the limit is {limit:,}"
-            )
-    size = len(_encode(action))
-    if size > limits.action:
-        return Rejection(
-            RejectionCode.TOO_LARGE,
-            f"the {action_type(action)} action is {size:,} bytes; the limit is {limits.action:,}",
-        )
-    return _count_problem(state, action, limits) or _full_problem(
-        state, action, limits, state_bytes
+        if (rejection := _too_large(what, value, limit)) is not None:
+            return rejection
+    rejection = _too_large(f"the {action_type(action)} action", action, limits.action)
+    return (
+        rejection
+        or _count_problem(state, action, limits)
+        or _full_problem(state, action, limits, state_bytes)
     )
+
+
+def _too_large(what: str, value: Any, limit: int) -> Rejection | None:
+    size = len(value.encode()) if isinstance(value, str) else len(_encode(value))
+    if size <= limit:
+        return None
+    return Rejection(RejectionCode.TOO_LARGE, f"{what} is {size:,} bytes; the limit is {limit:,}")
 
 
 def _full_problem(
@@ -117,35 +164,86 @@ def _full_problem(
     return None
 
 
+class _Id(NamedTuple):
+    """An id found in an action: where (wire names and list indices), the
+    id, and whether it is a key of a map there."""
+
+    path: tuple[str | int, ...]
+    value: str
+    key: bool = False
+
+    @property
+    def what(self) -> str:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in self.path)
+        return f"a key of {where[1:]}" if self.key else f"the {where[1:]}"
+
+
+def _ids(value: object, path: tuple[str | int, ...]) -> Iterator[_Id]:
+    """Every id in ``value`` (a Struct, or a list of them) at ``path``; see
+    the module docstring for what counts as one."""
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _ids(item, (*path, index))
+        return
+    if not isinstance(value, msgspec.Struct):
+        return
+    for name, wire in zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True):
+        field = getattr(value, name)
+        at = (*path, wire)
+        if name == "id" or name.endswith(("_id", "_at")):
+            if isinstance(field, str):
+                yield _Id(at, field)
+        elif name.endswith("_ids") and isinstance(field, list):
+            yield from (_Id((*at, i), item) for i, item in enumerate(field))
+        elif isinstance(field, dict):
+            for key, item in field.items():
+                if isinstance(item, msgspec.Struct):
+                    yield _Id(at, key, key=True)
+                    yield from _ids(item, (*at, key))
+        else:
+            yield from _ids(field, at)
+
+
 def _measured(action: StateAction, limits: SizeLimits) -> list[tuple[str, Any, int]]:
-    """The parts of ``action`` that have a limit of their own."""
+    """The parts of ``action`` that have a limit of their own (None: absent)."""
+    return [m for m in _parts(action, limits) if m[1] is not None]
+
+
+def _parts(action: StateAction, limits: SizeLimits) -> list[tuple[str, Any, int]]:
+    parts: list[tuple[str, Any, int]] = []
+    if isinstance(action, TOOL_CALL_ACTIONS):
+        parts.append(("the tool call's _meta", action.meta, limits.tool_data))
     match action:
         case SessionTitleChanged():
-            return [("the title", action.title, limits.title)]
+            parts.append(("the title", action.title, limits.title))
+        case SessionWorkingDirectorySet() | ChatWorkingDirectorySet():
+            parts.append(("the working directory", action.directory, limits.uri))
         case ChatTurnStarted() | ChatPendingMessageSet():
-            return [("the message", action.message, limits.message)]
-        case ChatDraftChanged() if action.draft is not None:
-            return [("the draft", action.draft, limits.message)]
+            parts.append(("the message", action.message, limits.message))
+        case ChatDraftChanged():
+            parts.append(("the draft", action.draft, limits.message))
         case ChatDelta():
-            return [("the delta", action.content, limits.message)]
-        case ChatInputAnswerChanged() if action.answer is not None:
-            return [(f"the answer to '{action.question_id}'", action.answer, limits.answer)]
+            parts.append(("the delta", action.content, limits.message))
+        case ChatInputAnswerChanged():
+            parts.append((f"the answer to '{action.question_id}'", action.answer, limits.answer))
         case ChatInputCompleted():
             answers = action.answers or {}
-            return [(f"the answer to '{q}'", a, limits.answer) for q, a in answers.items()]
-        case ChatToolCallReady() if action.tool_input is not None:
-            return [("the tool input", action.tool_input, limits.tool_data)]
-        case ChatToolCallConfirmed() if action.edited_tool_input is not None:
-            return [("the edited tool input", action.edited_tool_input, limits.tool_data)]
+            parts.extend((f"the answer to '{q}'", a, limits.answer) for q, a in answers.items())
+        case ChatToolCallReady():
+            parts.append(("the tool input", action.tool_input, limits.tool_data))
+        case ChatToolCallConfirmed():
+            parts.append(("the edited tool input", action.edited_tool_input, limits.tool_data))
+            parts.append(("the reason", action.reason_message, limits.message))
+            parts.append(("the suggestion", action.user_suggestion, limits.message))
         case ChatToolCallComplete():
-            return [("the tool result", action.result, limits.tool_data)]
+            parts.append(("the tool result", action.result, limits.tool_data))
         case ChatToolCallContentChanged():
-            return [("the tool call's content", action.content, limits.tool_data)]
+            parts.append(("the tool call's content", action.content, limits.tool_data))
         case ChatToolCallDelta():
-            return [("the tool input delta", action.content, limits.tool_data)]
+            parts.append(("the tool input delta", action.content, limits.tool_data))
         case SessionActiveClientSet():
-            return [("the active client's entry", action.active_client, limits.tool_data)]
-    return []
+            parts.append(("the active client's entry", action.active_client, limits.tool_data))
+    return parts
 
 
 def _count_problem(

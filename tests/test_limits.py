@@ -10,6 +10,7 @@ from protocol.actions import (
     ChatDraftChanged,
     ChatInputAnswerChanged,
     ChatInputCompleted,
+    ChatInputRequested,
     ChatPendingMessageSet,
     ChatToolCallComplete,
     ChatToolCallConfirmed,
@@ -25,11 +26,15 @@ from protocol.actions import (
     StateAction,
 )
 from protocol.chat import (
+    AnnotationsAttachment,
     ChatState,
     InputAnswer,
+    InputOption,
+    InputRequest,
     Message,
     MessageOrigin,
     PendingMessage,
+    SingleSelectQuestion,
     TextContent,
     TextValue,
     ToolCallResult,
@@ -49,6 +54,9 @@ LIMITS = SizeLimits(
     queued_messages=2,
     active_clients=2,
     working_directories=2,
+    id=12,
+    turn_id=6,
+    uri=20,
 )
 CHAT = ChatState(
     resource="ahp-chat:/c", title="c", status=SessionStatus.IDLE, modified_at="t", turns=[]
@@ -145,6 +153,27 @@ FITS = [
         FULL_SESSION, SessionWorkingDirectorySet(directory="file:///a"), id="known-directory"
     ),
     pytest.param(ROOT, RootConfigChanged(config={"a": 1}), id="root-config"),
+    pytest.param(
+        CHAT,
+        ChatInputCompleted(request_id="r" * 12, response="accept", answers={"q" * 12: answer("y")}),
+        id="ids-at-the-limit",
+    ),
+    pytest.param(
+        CHAT,
+        ChatTurnStarted(turn_id="t" * 6, started_at="t" * 12, message=message("hi")),
+        id="turn-id-at-its-limit",
+    ),
+    pytest.param(
+        CHAT, ChatWorkingDirectorySet(directory="file:///" + "d" * 12), id="directory-at-the-limit"
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallComplete(turn_id="t", tool_call_id="c", result=RESULT, meta={"id": "x" * 20}),
+        id="json-is-not-searched-for-ids",
+    ),
+    pytest.param(
+        ROOT, RootConfigChanged(config={"requestId": "x" * 20}), id="config-is-not-searched"
+    ),
 ]
 
 TOO_LARGE = [
@@ -250,6 +279,170 @@ TOO_LARGE = [
         "the root/configChanged action is 347 bytes; the limit is 300",
         id="any-action",
     ),
+    pytest.param(
+        CHAT,
+        ChatInputCompleted(request_id="r" * 13, response="cancel"),
+        "the requestId is 13 bytes; the limit is 12",
+        id="request-id",
+    ),
+    pytest.param(
+        CHAT,
+        ChatInputCompleted(request_id="é" * 7, response="cancel"),
+        "the requestId is 14 bytes; the limit is 12",
+        id="id-in-utf8-bytes",
+    ),
+    pytest.param(
+        CHAT,
+        ChatInputAnswerChanged(request_id="r", question_id="q" * 13),
+        "the questionId is 13 bytes; the limit is 12",
+        id="question-id",
+    ),
+    pytest.param(
+        CHAT,
+        ChatInputCompleted(request_id="r", response="accept", answers={"q" * 13: answer("y")}),
+        "a key of answers is 13 bytes; the limit is 12",
+        id="question-id-as-a-key",
+    ),
+    pytest.param(
+        CHAT,
+        ChatTurnStarted(turn_id="t" * 7, started_at="t", message=message("hi")),
+        "the turnId is 7 bytes; the limit is 6",
+        id="turn-id",
+    ),
+    pytest.param(
+        CHAT,
+        ChatTurnStarted(turn_id="t", started_at="2026-11-30T10:00:00Z", message=message("hi")),
+        "the startedAt is 20 bytes; the limit is 12",
+        id="timestamp",
+    ),
+    pytest.param(
+        CHAT,
+        ChatTurnStarted(
+            turn_id="t", started_at="t", message=message("hi"), queued_message_id="m" * 13
+        ),
+        "the queuedMessageId is 13 bytes; the limit is 12",
+        id="queued-message-id",
+    ),
+    pytest.param(
+        CHAT,
+        ChatPendingMessageSet(kind="queued", id="m" * 13, message=message("x")),
+        "the id is 13 bytes; the limit is 12",
+        id="pending-message-id",
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallConfirmed(
+            turn_id="t", tool_call_id="c" * 13, approved=True, confirmed="user-action"
+        ),
+        "the toolCallId is 13 bytes; the limit is 12",
+        id="tool-call-id",
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallConfirmed(
+            turn_id="t",
+            tool_call_id="c",
+            approved=True,
+            confirmed="user-action",
+            selected_option_id="o" * 13,
+        ),
+        "the selectedOptionId is 13 bytes; the limit is 12",
+        id="selected-option-id",
+    ),
+    pytest.param(
+        SESSION,
+        SessionActiveClientSet(active_client=client("a" * 13)),
+        "the activeClient.clientId is 13 bytes; the limit is 12",
+        id="client-id",
+    ),
+    pytest.param(
+        CHAT,
+        ChatInputRequested(
+            request=InputRequest(
+                id="r",
+                questions=[
+                    SingleSelectQuestion(
+                        id="q",
+                        message="?",
+                        options=[
+                            InputOption(id="a", label="A"),
+                            InputOption(id="o" * 13, label="O"),
+                        ],
+                    )
+                ],
+            )
+        ),
+        "the request.questions[0].options[1].id is 13 bytes; the limit is 12",
+        id="id-deep-in-a-list",
+    ),
+    pytest.param(
+        CHAT,
+        ChatInputRequested(
+            request=InputRequest(id="r", answers={"q": answer("y"), "q" * 13: answer("y")})
+        ),
+        "a key of request.answers is 13 bytes; the limit is 12",
+        id="key-deep-in-a-map",
+    ),
+    pytest.param(
+        CHAT,
+        ChatTurnStarted(
+            turn_id="t",
+            started_at="t",
+            message=Message(
+                text="hi",
+                origin=MessageOrigin(kind="user"),
+                attachments=[
+                    AnnotationsAttachment(
+                        label="a", resource="ahp-x:/a", annotation_ids=["a", "b" * 13]
+                    )
+                ],
+            ),
+        ),
+        "the message.attachments[0].annotationIds[1] is 13 bytes; the limit is 12",
+        id="entry-of-an-id-list",
+    ),
+    pytest.param(
+        CHAT,
+        ChatWorkingDirectorySet(directory="file:///" + "d" * 13),
+        "the working directory is 21 bytes; the limit is 20",
+        id="chat-directory",
+    ),
+    pytest.param(
+        SESSION,
+        SessionWorkingDirectorySet(directory="file:///" + "d" * 13),
+        "the working directory is 21 bytes; the limit is 20",
+        id="session-directory",
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallConfirmed(
+            turn_id="t",
+            tool_call_id="c",
+            approved=False,
+            reason="denied",
+            reason_message="x" * 101,
+        ),
+        "the reason is 101 bytes; the limit is 100",
+        id="denial-reason",
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallConfirmed(
+            turn_id="t",
+            tool_call_id="c",
+            approved=False,
+            reason="denied",
+            user_suggestion=message("x" * 100),
+        ),
+        "the suggestion is 136 bytes; the limit is 100",
+        id="denial-suggestion",
+    ),
+    pytest.param(
+        CHAT,
+        ChatToolCallComplete(turn_id="t", tool_call_id="c", result=RESULT, meta={"a": "x" * 80}),
+        "the tool call's _meta is 88 bytes; the limit is 80",
+        id="tool-call-meta",
+    ),
 ]
 
 TOO_MANY = [
@@ -293,6 +486,17 @@ def test_too_large(state: ChannelState, action: StateAction, sentence: str) -> N
 @pytest.mark.parametrize(("state", "action", "sentence"), TOO_MANY)
 def test_too_many(state: ChannelState, action: StateAction, sentence: str) -> None:
     assert limit_problem(state, action, LIMITS) == Rejection(RejectionCode.TOO_MANY, sentence)
+
+
+def test_ids_are_checked_before_what_a_sentence_names_them_by() -> None:
+    # The answer's sentence names its question: that id must be short first.
+    action = ChatInputAnswerChanged(request_id="r", question_id="q" * 13, answer=answer("x" * 50))
+
+    rejection = limit_problem(CHAT, action, LIMITS)
+
+    assert rejection == Rejection(
+        RejectionCode.TOO_LARGE, "the questionId is 13 bytes; the limit is 12"
+    )
 
 
 def test_no_sentence_quotes_what_was_sent() -> None:

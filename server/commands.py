@@ -280,7 +280,16 @@ class Commands:
         """Bind ``client_id`` to this token for as long as the token lives
         (a day at a time for the agent token), across every process: a
         client id is a connection's label, and two tokens never share one.
-        Raises CommandError when another token holds it."""
+        Raises MalformedFrame for an id over the id limit (it is kept nowhere,
+        and would ride in every envelope's ``origin``), CommandError when
+        another token holds it."""
+        size, limit = len(client_id.encode()), self.host.sizes.id
+        if size > limit:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                f"the clientId is {size:,} bytes; the limit is {limit:,}",
+                "$.clientId",
+            )
         now = self.clock()
         ttl = AGENT_CLAIM_TTL if grant.expires_at is None else max(1.0, grant.expires_at - now)
         holder = await self.host.store.claim(f"client:{client_id}", grant.token_id, ttl)

@@ -42,6 +42,7 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.session import AgentInfo, RootState
 from protocol.uris import ROOT_URI, channel_kind
 from reducers import notes, reduce
+from reducers.chat import select_input_settlement
 from reducers.limits import SizeLimits, limit_problem
 from reducers.validation import reject_reason
 from server.aggregate import SessionAggregate
@@ -208,18 +209,39 @@ class Host:
         changed, no seq used), ChannelGone, or StoreUnavailable.
         """
         validator = await self._validator(uri, action) if validate else None
-        event = await self.core.write(uri, action, origin=origin, sender=sender, validate=validator)
+        try:
+            event = await self.core.write(
+                uri, action, origin=origin, sender=sender, validate=validator
+            )
+        except _FormUnread:
+            # The request opened after we looked (an append of another
+            # process this one caught up on): read its form, check again.
+            validator = await self._validator(uri, action, read_form=True)
+            event = await self.core.write(
+                uri, action, origin=origin, sender=sender, validate=validator
+            )
         return event.envelope
 
     async def _dispatch_derived(self, uri: str, action: StateAction) -> object:
         return await self.core.write(uri, action)
 
-    async def _validator(self, uri: str, action: StateAction) -> Validator:
+    async def _validator(
+        self, uri: str, action: StateAction, *, read_form: bool = False
+    ) -> Validator:
         """The limits and the validation rules for ``action``, with what
-        their schema checks read loaded first (outside the channel's lock)."""
+        their schema checks read loaded first (outside the channel's lock).
+
+        A completion's form is read only when its request is open (or
+        ``read_form`` says to): one for a request that is not must cost no
+        cache entry. Should the request have opened by the time the lock is
+        held, the validator raises _FormUnread rather than check without it."""
         form: Form | None = None
+        unread: str | None = None  # the request whose form was not read
         if isinstance(action, ChatInputCompleted):
-            form = await self.forms.load(uri, action.request_id)
+            if read_form or _is_open((await self.core.view(uri)).state, action.request_id):
+                form = await self.forms.load(uri, action.request_id)
+            else:
+                unread = action.request_id
         answering = isinstance(action, ANSWERS)
         if needs_session(action) or answering:
             session = await self.session_of(uri)
@@ -232,6 +254,8 @@ class Host:
 
         def validate(view: ChannelView, action: StateAction) -> Rejection | None:
             state: Any = view.state
+            if unread is not None and _is_open(state, unread):
+                raise _FormUnread
             if bad_expiry is not None:
                 return bad_expiry
             if root and reduce(state, action, 0) == state:
@@ -357,3 +381,16 @@ class Host:
         """The data ``answers`` give for the request's frozen form (with the
         schema's types), or None when the request had no form."""
         return await self.forms.data(chat, request_id, answers)
+
+
+class _FormUnread(Exception):
+    """A completion's request opened after the host looked for it, so its
+    form was not read: :meth:`Host.dispatch` reads it and checks again
+    (this never leaves the host)."""
+
+
+def _is_open(state: object, request_id: str) -> bool:
+    """Whether ``state`` is a chat with the input request open."""
+    return (
+        isinstance(state, ChatState) and select_input_settlement(state, request_id).status == "open"
+    )

@@ -129,8 +129,9 @@ class Waiters:
         view = await self.core.view(chat)
         state = view.state
         assert isinstance(state, ChatState)
-        await self.forms.load(chat, request_id)
         settled = select_input_settlement(state, request_id)
+        if settled.status != "gone":  # a request never asked costs no cache entry
+            await self.forms.load(chat, request_id)
         if settled.status == "open":
             assert state.active_turn is not None
             waiter = await self.expect_input(chat, request_id, state.active_turn.id)

@@ -167,6 +167,20 @@ def clock() -> WallClock:
     return WallClock()
 
 
+class RecordReads(MemoryStore):
+    """A memory store that tells when records are read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[tuple[str, str]] = []
+        self.read = asyncio.Event()
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        self.reads.append((kind, key))
+        self.read.set()
+        return await super().get_record(kind, key)
+
+
 @pytest.fixture
 async def redis_server() -> AsyncIterator[RedisServer]:
     """A redis-server of the test's own (real, started from the binary)."""

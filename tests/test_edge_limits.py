@@ -1,5 +1,6 @@
-"""The edge under abuse: malformed frames, oversized and binary frames,
-floods, too many subscriptions, and a client that stops reading.
+"""The edge under abuse: malformed frames, oversized ids, oversized and
+binary frames, floods, too many subscriptions, and a client that stops
+reading.
 
 Each abuse gets the answer DESIGN.md gives it (a JSON-RPC error, a
 ``rate-limited`` rejection, or a close code) and costs nobody else anything:
@@ -18,9 +19,11 @@ import pytest
 from protocol.actions import ChatDraftChanged
 from protocol.session import SessionState
 from protocol.uris import ROOT_URI
+from reducers.limits import SizeLimits
+from server.auth import Role
 from server.config import Limits, Settings
 from server.rpc import Rpc
-from tests.conftest import UNIT, RunningServer, start_server, user_message
+from tests.conftest import UNIT, RecordReads, RunningServer, start_server, user_message
 from tests.edge import (
     Frame,
     Peer,
@@ -212,6 +215,79 @@ async def test_initialize_leaves_out_an_initial_subscription_that_is_gone(
     assert [s["resource"] for s in reply["result"]["snapshots"]] == [ROOT_URI]
     (connection,) = huddle.server.connections
     assert connection.subscriptions == {ROOT_URI}
+
+
+# ─── Ids ─────────────────────────────────────────────────────────────────────
+
+ID_LIMIT = SizeLimits().id
+
+
+def client_id_params(method: str, client_id: str) -> Frame:
+    """``initialize`` or (as a new socket's first request) ``reconnect``."""
+    if method == "initialize":
+        return initialize_params(client_id)
+    return {"channel": ROOT_URI, "clientId": client_id, "lastSeenServerSeq": 0, "subscriptions": []}
+
+
+@pytest.mark.parametrize("role", ["participant", "observer"])
+@pytest.mark.parametrize("method", ["initialize", "reconnect"])
+async def test_a_client_id_over_the_id_limit_is_refused_and_kept_nowhere(
+    huddle: RunningServer, method: str, role: Role
+) -> None:
+    too_long = "c" * (ID_LIMIT + 1)
+    peer = await Peer.open(huddle.ws, huddle.token(role, name="mallory"))
+
+    reply = await peer.request(method, client_id_params(method, too_long))
+
+    assert reply["error"]["code"] == -32602
+    assert reply["error"]["data"] == {"path": "$.params.clientId"}
+    assert "the clientId is 257 bytes; the limit is 256" in reply["error"]["message"]
+    assert await huddle.server.host.store.claim(f"client:{too_long}", "another", 60) is None
+    assert "result" in await peer.request("initialize", initialize_params("mallory-1"))
+
+
+async def test_a_client_id_is_measured_in_utf8_bytes(huddle: RunningServer) -> None:
+    peer = await Peer.open(huddle.ws, huddle.token(name="mallory"))
+
+    reply = await peer.request("initialize", initialize_params("é" * (ID_LIMIT // 2 + 1)))
+
+    assert "the clientId is 258 bytes; the limit is 256" in reply["error"]["message"]
+
+
+async def test_a_client_id_at_the_id_limit_is_served(huddle: RunningServer) -> None:
+    chat = await session_chat(huddle)
+    peer = await Peer.ready(huddle.ws, huddle.token(name="verbose"), "c" * ID_LIMIT)
+    await peer.subscribe(chat)
+
+    await peer.dispatch(chat, draft("hi"))
+
+    envelope = await peer.envelope()
+    assert envelope.get("rejectionReason") is None
+    assert envelope["origin"]["clientId"] == "c" * ID_LIMIT
+
+
+async def test_completions_of_requests_never_asked_read_no_form() -> None:
+    """A rejected ``chat/inputCompleted`` costs no form read and no cache
+    entry, and a request id over the id limit is refused as too large."""
+    store = RecordReads()
+    running = await start_server(Settings(port=0), store)
+    try:
+        chat = await session_chat(running)
+        peer = await Peer.ready(running.ws, running.token(name="mallory"), "mallory")
+        await peer.subscribe(chat)
+        ids = [f"{n}-" + "r" * 200 for n in range(3)] + ["r" * 900_000]
+
+        for request_id in ids:
+            await peer.dispatch(
+                chat, {"type": "chat/inputCompleted", "requestId": request_id, "response": "cancel"}
+            )
+        reasons = [(await peer.envelope())["rejectionReason"] for _ in ids]
+
+        assert [r.partition(":")[0] for r in reasons[:3]] == ["no-open-input-request"] * 3
+        assert reasons[3] == "too-large: the requestId is 900,000 bytes; the limit is 256"
+        assert [key for kind, key in store.reads if kind == "form"] == []
+    finally:
+        await running.stop()
 
 
 # ─── Frames the socket does not take ─────────────────────────────────────────

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from protocol.actions import (
+    ChatDraftChanged,
     ChatInputAnswerChanged,
     ChatInputCompleted,
     ChatToolCallConfirmed,
@@ -41,7 +42,7 @@ from server.errors import ActionRejected, CommandError, InputAbandoned
 from server.frames import OutFrame
 from server.host import Host
 from server.store.memory import MemoryStore
-from tests.conftest import UNIT, user_message
+from tests.conftest import UNIT, RecordReads, user_message
 
 SESSION = "ahp-session:/s1"
 TICKET_FORM: dict[str, Any] = {
@@ -390,20 +391,6 @@ async def test_two_hosts_on_one_store_deliver_the_same_envelopes_in_order() -> N
     await second.stop()
 
 
-class RecordReads(MemoryStore):
-    """A memory store that tells when records are read."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads: list[tuple[str, str]] = []
-        self.read = asyncio.Event()
-
-    async def get_record(self, kind: str, key: str) -> bytes | None:
-        self.reads.append((kind, key))
-        self.read.set()
-        return await super().get_record(kind, key)
-
-
 async def test_the_form_of_a_request_another_host_opened_is_read_before_the_accept() -> None:
     store = RecordReads()
     asker, answerer = Host(store, agents=default_agents()), Host(store, agents=default_agents())
@@ -425,6 +412,86 @@ async def test_the_form_of_a_request_another_host_opened_is_read_before_the_acce
     assert rejected.value.code == "form-invalid"
     await answer_ticket_form(answerer, chat, "details", "SSO")
     assert [kind for kind, _ in store.reads[reads:] if kind == "form"] == []
+    async with asyncio.timeout(2 * UNIT):
+        assert (await asking).data == {"system": "SSO", "impact": "everyone", "users": 250}
+    await asker.stop()
+    await answerer.stop()
+
+
+async def test_a_completion_of_a_request_that_is_not_open_reads_no_form() -> None:
+    store = RecordReads()
+    host = Host(store, agents=default_agents())
+    await host.start()
+    chat = await host.create_session(SESSION)
+    await start_turn(host, chat)
+
+    for n in range(3):
+        with pytest.raises(ActionRejected) as rejected:
+            await host.dispatch(
+                chat, ChatInputCompleted(request_id=f"never-asked-{n}", response="cancel")
+            )
+        assert rejected.value.code == "no-open-input-request"
+
+    assert [key for kind, key in store.reads if kind == "form"] == []
+    await host.stop()
+
+
+class GatedAppends(MemoryStore):
+    """A memory store whose appends wait while ``gate`` is closed, as a
+    network store's wait for their answer; ``waiting`` is set when one does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = asyncio.Event()
+
+    async def append(
+        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+    ) -> None:
+        self.waiting.set()
+        await self.gate.wait()
+        await super().append(channel, expected_seq, envelope, origin)
+
+
+async def test_an_accept_is_checked_against_the_form_of_a_request_that_opened_while_it_waited() -> (
+    None
+):
+    """The host reads a completion's form only when the request is open;
+    one that opens between that look and the chat's lock (here: another
+    process's, caught up on by the write ahead of it) is still checked."""
+    store = GatedAppends()
+    asker = Host(store, agents=default_agents(), idle_check_interval=0)
+    answerer = Host(store, agents=default_agents(), idle_check_interval=0)
+    await asker.start()
+    await answerer.start()
+    chat = await asker.create_session(SESSION)
+    await answerer.core.subscribe(chat, Recorder())
+    assert answerer.core._remove_listener is not None
+    answerer.core._remove_listener()  # it hears no hints: its chat stays behind
+    await start_turn(asker, chat)
+    asking = asyncio.create_task(
+        asker.request_input(chat, InputRequest(id="details"), schema=TICKET_FORM)
+    )
+    await wait_until_open(asker, chat, "details")
+    store.gate.clear()
+    store.waiting.clear()
+    ahead = asyncio.create_task(answerer.dispatch(chat, ChatDraftChanged(draft=user_message("hi"))))
+    await store.waiting.wait()  # `ahead` holds the chat's lock, its append waits
+    behind = answerer.core.cached(chat)
+    assert behind is not None
+    assert isinstance(behind.state, ChatState)
+    assert behind.state.active_turn is None  # the answerer has not seen the request
+    accept = asyncio.create_task(
+        answer_ticket_form(answerer, chat, "details", "lowercase-is-not-allowed")
+    )
+    store.gate.set()
+
+    await ahead
+    with pytest.raises(ActionRejected) as rejected:
+        await accept
+    assert rejected.value.code == "form-invalid"
+    await answer_ticket_form(answerer, chat, "details", "SSO")
     async with asyncio.timeout(2 * UNIT):
         assert (await asking).data == {"system": "SSO", "impact": "everyone", "users": 250}
     await asker.stop()

@@ -25,7 +25,8 @@ from protocol.actions import (
 )
 from protocol.chat import InputAnswer, InputRequest, TextQuestion, TextValue
 from protocol.codec import encode, to_builtins
-from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, user_message
+from server.config import Settings
+from tests.conftest import AGENT_TOKEN, UNIT, RecordReads, RunningServer, start_server, user_message
 from tests.edge import HttpReply, Peer, eventually, http
 
 SESSION = "ahp-session:/http-1"
@@ -321,6 +322,24 @@ async def test_long_poll_of_an_unknown_request_is_410(huddle: RunningServer) -> 
     reply = await get(huddle, "/api/input/wait", query)
 
     assert reply.status == 410
+
+
+async def test_long_polls_of_requests_never_asked_read_no_form() -> None:
+    store = RecordReads()
+    running = await start_server(Settings(port=0), store)
+    try:
+        chat = await chat_asking(running)
+        poller = running.token(name="poller")
+        for n in range(3):
+            query: dict[str, str | float] = {"chat": chat, "request": f"never-{n}", "timeout": 1}
+
+            reply = await get(running, "/api/input/wait", query, poller)
+
+            assert reply.status == 410
+        # (The agent's own request, "approval", has its form read ahead.)
+        assert [key for kind, key in store.reads if kind == "form" and "never-" in key] == []
+    finally:
+        await running.stop()
 
 
 # ─── Tokens ──────────────────────────────────────────────────────────────────

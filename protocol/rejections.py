@@ -28,6 +28,7 @@ class RejectionCode(StrEnum):
     FORM_INVALID = "form-invalid"
     TOOL_CALL_NOT_PENDING = "tool-call-not-pending"
     UNKNOWN_OPTION = "unknown-option"
+    INVALID_OPTIONS = "invalid-options"
     NOT_EDITABLE = "not-editable"
     INVALID_TOOL_INPUT = "invalid-tool-input"
     NO_ACTIVE_TURN = "no-active-turn"

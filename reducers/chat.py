@@ -311,6 +311,8 @@ def _update_tool_call(
 def _select_option(
     options: list[ConfirmationOption] | None, option_id: str | None
 ) -> ConfirmationOption | None:
+    # An empty id selects nothing, as in AHP 0.7's TypeScript reducer (its Go,
+    # Kotlin and Swift ones resolve it); validation refuses to offer one.
     if not option_id or not options:
         return None
     return next((option for option in options if option.id == option_id), None)

@@ -30,6 +30,10 @@ Rules, per action, checked top to bottom; the first broken rule wins::
                                                          levels, is not a JSON object, or the
                                                          ToolInputCheck refuses it
     chat/toolCallResultConfirmed  tool-call-not-pending  ... in pending-result-confirmation
+    chat/toolCallReady            invalid-options        an offered option's `id` is empty, or
+                                                         two options share one
+    chat/responsePart             invalid-options        as above, for the `options` of a tool
+                                                         call part in pending-confirmation
     chat/inputAnswerChanged       no-open-input-request  the active turn has no unresolved
                                                          input request `requestId`
                                   unknown-question       `questionId` is not a question of it
@@ -77,7 +81,12 @@ answers need no value. Decisions where AHP is silent: only submitted answers
 count on accept; answers carried by a decline or cancel are checked too,
 because the reducer records them; an empty ``freeformValues`` list carries
 nothing and is not "given"; ``editedToolInput`` is checked on a denial as on
-an approval (a client that sends it is confused either way).
+an approval (a client that sends it is confused either way). AHP calls an
+option's id its unique identifier and says no more; the reducers (as AHP's
+TypeScript reducer) read an empty ``selectedOptionId`` as no selection, so an
+option offered with an empty id could be chosen and silently lost: offering
+one is refused, as is offering one id twice, even on an auto-confirmed
+``toolCallReady`` (whose options the reducer drops).
 """
 
 from __future__ import annotations
@@ -127,6 +136,7 @@ from protocol.chat import (
     BooleanQuestion,
     BooleanValue,
     ChatState,
+    ConfirmationOption,
     InputAnswer,
     InputAnswerValue,
     InputQuestion,
@@ -141,6 +151,7 @@ from protocol.chat import (
     SingleSelectQuestion,
     TextQuestion,
     TextValue,
+    ToolCallPart,
     ToolCallPendingConfirmation,
     ToolCallPendingResultConfirmation,
     ToolCallState,
@@ -162,6 +173,7 @@ VALIDATION_CODES = frozenset(
         RejectionCode.FORM_INVALID,
         RejectionCode.TOOL_CALL_NOT_PENDING,
         RejectionCode.UNKNOWN_OPTION,
+        RejectionCode.INVALID_OPTIONS,
         RejectionCode.NOT_EDITABLE,
         RejectionCode.INVALID_TOOL_INPUT,
         RejectionCode.NO_ACTIVE_TURN,
@@ -215,6 +227,10 @@ def reject_reason(
             return _tool_call_confirmed_reason(state, action, tool_input_check)
         case ChatToolCallResultConfirmed():
             return _tool_call_result_confirmed_reason(state, action)
+        case ChatToolCallReady():
+            return _options_reason(action.tool_call_id, action.options)
+        case ChatResponsePart():
+            return _response_part_reason(action)
         case ChatInputAnswerChanged():
             return _input_answer_changed_reason(state, action)
         case ChatInputCompleted():
@@ -225,7 +241,6 @@ def reject_reason(
             return _input_requested_reason(state, action)
         case (
             ChatDelta()
-            | ChatResponsePart()
             | ChatReasoning()
             | ChatUsage()
             | ChatTurnComplete()
@@ -237,7 +252,6 @@ def reject_reason(
             | ChatTurnsLoaded()
             | ChatToolCallStart()
             | ChatToolCallDelta()
-            | ChatToolCallReady()
             | ChatToolCallComplete()
             | ChatToolCallContentChanged()
             | ChatToolCallAuthRequired()
@@ -416,6 +430,33 @@ def _tool_call_confirmed_reason(
             f"'{call.tool_name}': {problem}",
         )
     return None
+
+
+def _options_reason(
+    tool_call_id: str, options: list[ConfirmationOption] | None
+) -> Rejection | None:
+    """Why confirmation ``options`` cannot be offered: an empty or repeated id."""
+    name = f"tool call '{tool_call_id}'"
+    seen: set[str] = set()
+    for option in options or []:
+        if not option.id:
+            return _reason(
+                RejectionCode.INVALID_OPTIONS,
+                f"{name} offers an option with an empty id, which no confirmation can select",
+            )
+        if option.id in seen:
+            return _reason(
+                RejectionCode.INVALID_OPTIONS, f"{name} offers option '{option.id}' more than once"
+            )
+        seen.add(option.id)
+    return None
+
+
+def _response_part_reason(action: ChatResponsePart) -> Rejection | None:
+    part = action.part
+    if type(part) is not ToolCallPart or type(part.tool_call) is not ToolCallPendingConfirmation:
+        return None
+    return _options_reason(part.tool_call.tool_call_id, part.tool_call.options)
 
 
 def _tool_call_result_confirmed_reason(

@@ -140,6 +140,18 @@ def approve(tool_call_id: str, **fields: Any) -> StateAction:
     )
 
 
+def ready_fixed(*option_ids: str) -> StateAction:
+    """The prompt of tool call ``fixed`` again, offering options of these ids."""
+    offered = [ConfirmationOption(id=i, label=f"Option {i}", kind="approve") for i in option_ids]
+    return ChatToolCallReady(
+        turn_id="t1",
+        tool_call_id="fixed",
+        invocation_message="Delete b.txt",
+        tool_input='{"path": "b.txt"}',
+        options=offered,
+    )
+
+
 def turn_started(turn_id: str) -> StateAction:
     return ChatTurnStarted(
         turn_id=turn_id, started_at=STARTED_AT, message=user_message("The login page is down")
@@ -347,6 +359,18 @@ BROKEN_RULES = [
     ),
     case(
         "busy",
+        ready_fixed("allow", "allow"),
+        "invalid-options",
+        "tool-call-ready-offering-an-option-id-twice",
+    ),
+    case(
+        "busy",
+        ready_fixed("allow", ""),
+        "invalid-options",
+        "tool-call-ready-offering-an-option-with-an-empty-id",
+    ),
+    case(
+        "busy",
         approve("fixed", edited_tool_input='{"path": "c.txt"}'),
         "not-editable",
         "tool-input-edited-on-a-call-that-is-not-editable",
@@ -530,6 +554,12 @@ KEPT_RULES = [
         approve("edit", selected_option_id="allow"),
         "unknown-option",
         "tool-call-confirmed-with-an-offered-option",
+    ),
+    case(
+        "busy",
+        ready_fixed("allow", "deny"),
+        "invalid-options",
+        "tool-call-ready-offering-distinct-option-ids",
     ),
     case(
         "busy",

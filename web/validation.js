@@ -282,6 +282,39 @@ function toolCallConfirmedReason(/** @type {Json} */ chat, /** @type {Json} */ a
   return null;
 }
 
+/**
+ * Why confirmation `options` cannot be offered: an empty or repeated id (the
+ * reducers read an empty `selectedOptionId` as no selection).
+ * @param {string} toolCallId @param {Json[] | undefined} options
+ */
+function optionsReason(toolCallId, options) {
+  const name = `tool call '${toolCallId}'`;
+  const seen = new Set();
+  for (const option of options ?? []) {
+    if (!option.id) {
+      return reason(
+        'invalid-options',
+        `${name} offers an option with an empty id, which no confirmation can select`,
+      );
+    }
+    if (seen.has(option.id)) {
+      return reason('invalid-options', `${name} offers option '${option.id}' more than once`);
+    }
+    seen.add(option.id);
+  }
+  return null;
+}
+
+function toolCallReadyReason(/** @type {Json} */ _chat, /** @type {Json} */ action) {
+  return optionsReason(action.toolCallId, action.options);
+}
+
+function responsePartReason(/** @type {Json} */ _chat, /** @type {Json} */ action) {
+  const part = action.part;
+  if (part.kind !== 'toolCall' || part.toolCall.status !== 'pending-confirmation') return null;
+  return optionsReason(part.toolCall.toolCallId, part.toolCall.options);
+}
+
 function toolCallResultConfirmedReason(/** @type {Json} */ chat, /** @type {Json} */ action) {
   const call = selectTurnToolCall(chat, action.turnId, action.toolCallId);
   if (call !== null && call.status === 'pending-result-confirmation') return null;
@@ -378,6 +411,8 @@ const CHAT_RULES = {
   'chat/turnCancelled': turnCancelledReason,
   'chat/toolCallConfirmed': toolCallConfirmedReason,
   'chat/toolCallResultConfirmed': toolCallResultConfirmedReason,
+  'chat/toolCallReady': toolCallReadyReason,
+  'chat/responsePart': responsePartReason,
   'chat/inputAnswerChanged': inputAnswerChangedReason,
   'chat/inputCompleted': inputCompletedReason,
   'chat/pendingMessageRemoved': pendingRemovedReason,

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import msgspec
 import pytest
 import redis.asyncio as aioredis
 
 from server.errors import StoreError, StoreUnavailable
+from server.runner.events import EventType
 from server.runner.redis_store import RedisTurnStore
+from server.runner.runner import Runner
 from server.runner.store import (
     Claim,
     Fenced,
@@ -27,8 +31,10 @@ from server.runner.store import (
     Waiter,
 )
 from server.runner.turn import ModelMessage, Turn, TurnStatus
+from server.runner.worker import Worker
 from tests.conftest import UNIT
 from tests.redis_server import RedisServer, running_redis, shared_cluster
+from tests.runner_kit import Clock, agent, say, scripted
 
 LEASE = 10.0
 
@@ -642,3 +648,210 @@ async def test_redis_reloads_its_scripts_after_a_restart(
         await redis_server.start()
     saved = await redis_turns.save(said(turn, "after the restart"))
     assert saved.version == 3
+
+
+# ─── Redis only: records this version cannot decode ──────────────────────────
+# A record corrupted in Redis, or written by a newer version, is parked on its
+# first claim: claimed no more, logged once, kept for an operator.
+
+TAG = "{huddle:turn}"
+UNDECODABLE_PAYLOADS = [
+    pytest.param(b'{"id": "bad", "agent": ', id="corrupt-json"),
+    pytest.param(b'{"id": "bad", "agent": "echo", "status": "PAUSED"}', id="newer-status"),
+    pytest.param(None, id="no-payload"),
+]
+
+
+@pytest.fixture(params=["redis", "cluster"])
+async def poisoned(request: pytest.FixtureRequest) -> AsyncIterator[RedisTurnStore]:
+    """A Redis turn store, on one Redis or on the cluster (every script
+    keeps to the one slot of the prefix's hash tag there)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if request.param == "redis":
+            server = await stack.enter_async_context(running_redis(10 * UNIT))
+            made = RedisTurnStore(server.url)
+        else:
+            cluster = shared_cluster(10 * UNIT)
+            cluster.flush()
+            made = RedisTurnStore(cluster.url())
+        try:
+            yield made
+        finally:
+            await made.close()
+
+
+async def write_record(
+    store: RedisTurnStore, payload: bytes | None, *, status: str = "READY", token: int = 0
+) -> None:
+    """Turn ``bad`` as another writer left it, straight into Redis: its hash
+    (``payload`` left out when None), its status set, due at once."""
+    fields: dict[str, bytes | str | int] = {
+        "version": 3,
+        "status": status,
+        "phase": "MODEL",
+        "lease_owner": "",
+        "lease_token": token,
+        "lease_until": 0,
+        "cancel": 0,
+    }
+    if payload is not None:
+        fields["payload"] = payload
+    await store.client.hset(f"{TAG}:turn:bad", mapping=fields)  # type: ignore[arg-type]
+    await store.client.sadd(f"{TAG}:status:{status}", "bad")
+    await store.client.zadd(f"{TAG}:runnable", {"bad": 0.0})
+
+
+async def record_of_bad(store: RedisTurnStore) -> dict[Any, Any]:
+    held: dict[Any, Any] = await store.client.hgetall(f"{TAG}:turn:bad")
+    return held
+
+
+def parked_logs(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith("parked turn bad:")]
+
+
+async def assert_parked_and_kept(store: RedisTurnStore, before: dict[Any, Any]) -> None:
+    """``bad`` is parked: in no queue, lease or status set; its data as it was."""
+    assert set(await store.parked()) == {"bad"}
+    assert await store.client.zscore(f"{TAG}:runnable", "bad") is None
+    assert await store.client.zscore(f"{TAG}:leases", "bad") is None
+    assert "bad" not in await store.by_status(TurnStatus.READY)
+    after = await record_of_bad(store)
+    kept = {b"version", b"status", b"phase", b"cancel", b"payload"}
+    assert {k: v for k, v in after.items() if k in kept} == {
+        k: v for k, v in before.items() if k in kept
+    }
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("payload", UNDECODABLE_PAYLOADS)
+async def test_redis_parks_a_record_it_cannot_decode_and_claims_the_next_turn(
+    poisoned: RedisTurnStore, payload: bytes | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="huddle.runner.redis_store")
+    await write_record(poisoned, payload)
+    before = await record_of_bad(poisoned)
+    await create(poisoned)
+    await poisoned.make_runnable("t1", 1.0)  # due after the bad one
+
+    claim = await poisoned.claim_turn("worker-a", 2.0, LEASE)
+
+    assert claim is not None
+    assert claim.lease.turn_id == "t1"
+    await assert_parked_and_kept(poisoned, before)
+    [logged] = parked_logs(caplog)
+    assert logged.levelno == logging.ERROR
+    why = (await poisoned.parked())["bad"]
+    assert why
+    assert why in logged.getMessage()
+    # Long after any lease would have expired: nothing to claim, bad included.
+    await poisoned.release(claim.lease)
+    token = (await record_of_bad(poisoned))[b"lease_token"]
+    assert await poisoned.claim_turn("worker-a", 2.0 + 10 * LEASE, LEASE) is None
+    assert (await record_of_bad(poisoned))[b"lease_token"] == token  # not claimed again
+    assert len(parked_logs(caplog)) == 1
+
+
+@pytest.mark.redis
+async def test_redis_parks_a_given_turn_it_cannot_decode_and_claims_nothing_else(
+    poisoned: RedisTurnStore,
+) -> None:
+    await write_record(poisoned, b"not json")
+    await create(poisoned)
+    await poisoned.make_runnable("t1", 0.0)
+    assert await poisoned.claim_turn("worker-a", 2.0, LEASE, turn_id="bad") is None
+    assert set(await poisoned.parked()) == {"bad"}
+    claim = await poisoned.claim_turn("worker-a", 2.0, LEASE)
+    assert claim is not None
+    assert claim.lease.turn_id == "t1"
+
+
+def inbox_item(header: bytes, payload: bytes) -> bytes:
+    return header + b"\n" + payload
+
+
+HANDED_BAD = b'["bad", 7, 3, 0, "1000.0", 1]'
+"""The header of turn ``bad`` handed over under lease token 7."""
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("taken_by", ["claim_turn", "wait_for_work"])
+async def test_redis_parks_a_handed_turn_it_cannot_decode(
+    poisoned: RedisTurnStore, taken_by: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="huddle.runner.redis_store")
+    await write_record(poisoned, b"not json", token=7)
+    await poisoned.client.zrem(f"{TAG}:runnable", "bad")  # handed: leased, not queued
+    await poisoned.client.zadd(f"{TAG}:leases", {"bad": 1000.0})
+    before = await record_of_bad(poisoned)
+    registered = await waiting(poisoned)
+    await create(poisoned)
+    await poisoned.make_runnable("t1", 0.0)
+    item = inbox_item(HANDED_BAD, b"not json")
+    await poisoned.client.rpush(f"{TAG}:inbox:{registered.id}", item)
+
+    if taken_by == "wait_for_work":
+        async with asyncio.timeout(3 * UNIT):
+            assert await poisoned.wait_for_work(60 * UNIT, registered) is None
+    claim = await poisoned.claim_turn("worker-a", 2.0, LEASE, waiter=registered)
+
+    assert claim is not None
+    assert claim.lease.turn_id == "t1"
+    await assert_parked_and_kept(poisoned, before)
+    assert len(parked_logs(caplog)) == 1
+
+
+@pytest.mark.redis
+async def test_redis_drops_a_hand_over_whose_header_it_cannot_read(
+    poisoned: RedisTurnStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="huddle.runner.redis_store")
+    registered = await waiting(poisoned)
+    await create(poisoned)
+    await poisoned.make_runnable("t1", 0.0)
+    item = inbox_item(b'["bad", 7, "from a newer version"]', b"{}")
+    await poisoned.client.rpush(f"{TAG}:inbox:{registered.id}", item)
+    async with asyncio.timeout(3 * UNIT):
+        assert await poisoned.wait_for_work(60 * UNIT, registered) is None
+    claim = await poisoned.claim_turn("worker-a", 2.0, LEASE, waiter=registered)
+    assert claim is not None
+    assert claim.lease.turn_id == "t1"
+    [logged] = [r for r in caplog.records if r.getMessage().startswith("dropped a turn handed")]
+    assert logged.levelno == logging.ERROR
+    assert await poisoned.parked() == {}
+
+
+@pytest.mark.redis
+async def test_a_worker_parks_a_record_it_cannot_decode_once_and_runs_the_other_turns(
+    poisoned: RedisTurnStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR)
+    await write_record(poisoned, b'{"id": "bad", "agent": "helper", "status": "PAUSED"}')
+    before = await record_of_bad(poisoned)
+    clock = Clock()
+    helper = agent(scripted(say("Hello.")))
+    runner = Runner(poisoned, [helper], clock=clock, owner="worker", lease_seconds=LEASE)
+    done = asyncio.Event()
+    runner.listeners.append(lambda e: done.set() if e.type == EventType.TURN_COMPLETED else None)
+    await runner.start(helper, "Hi", turn_id="t1")
+    # Sweeps at every pass: they must not queue the parked turn again.
+    worker = Worker(runner, idle_wait=0.05 * UNIT, recover_every=0.0)
+    working = asyncio.create_task(worker.run())
+    try:
+        async with asyncio.timeout(10 * UNIT):
+            await done.wait()
+    finally:
+        working.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await working
+
+    assert (await poisoned.load("t1")).status == TurnStatus.COMPLETED
+    await assert_parked_and_kept(poisoned, before)
+    token = (await record_of_bad(poisoned))[b"lease_token"]
+    clock.advance(10 * LEASE)  # every lease long expired
+    await runner.recover()
+    while await worker.step():  # t1 again, if the stop left its lease to expire
+        pass
+    assert (await record_of_bad(poisoned))[b"lease_token"] == token  # not claimed again
+    assert len(parked_logs(caplog)) == 1
+    assert not [r for r in caplog.records if r.getMessage() == "claiming failed"]

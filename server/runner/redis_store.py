@@ -18,6 +18,8 @@ Keys, all under one hash tag (the prefix, ``{huddle:turn}`` by default)::
                                            header [id, token, version, cancel,
                                            lease until, running], a newline,
                                            the payload
+    {huddle:turn}:parked           hash    turn id -> why its record does not
+                                           decode (see Parked turns below)
 
 Every write is one Lua script, so it is atomic:
 
@@ -84,6 +86,26 @@ A hand-over to a worker that died while registered (at most one wait,
 ``at_most``, after its death) waits for that lease to expire, as a turn
 whose worker died running it does; a worker that stops cleanly
 (``stop_waiting``) gives back what it was handed.
+
+Parked turns: a claimed record this version cannot decode (corrupt, or
+written by a newer version whose Turn this one cannot read) would fail
+every claim of it, its lease would expire and it would be claimed again
+each lease period, for ever. ``claim_turn`` (and a hand-over that
+``wait_for_work`` or ``claim_turn`` takes up) instead parks it, in one
+script under the lease the claim just took: out of ``runnable``,
+``leases`` and its status set (so no recovery sweep queues it again), its
+lease given up, its id in ``parked`` with the decoder's error; it logs
+that once, at error level, and claims the next turn. Nothing is deleted:
+the hash keeps the record as it was. An operator reads ``parked`` (or
+:meth:`RedisTurnStore.parked`), repairs or removes the record, and puts a
+repaired one back with ``HDEL parked <id>``, ``SADD status:<STATUS> <id>``
+and ``ZADD runnable <due> <id>``. A record made runnable again while
+still undecodable is parked again (and logged again). A claim of one given
+turn that parks it returns None. A hand-over whose header cannot be read
+names no turn to park: it is logged and dropped, and its turn is claimed
+again when its lease expires (and parked then if its record is what is
+wrong). The memory store holds only what it encoded itself and has nothing
+to park.
 
 Redis down: every call fails fast with StoreUnavailable (no retries inside,
 short timeouts), except ``wait_for_work``, which cannot tell whether work
@@ -342,23 +364,32 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
 """
 
+# KEYS: turn, runnable, leases, parked.  ARGV: status key prefix, id, lease
+# token, why.  Returns 1, or 0 when the token is not the current one.
+PARK = """
+local held = redis.call('HMGET', KEYS[1], 'lease_token', 'status')
+if tonumber(held[1]) ~= tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], 'lease_owner', '', 'lease_until', 0)
+redis.call('ZREM', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[2])
+if held[2] then redis.call('SREM', ARGV[1] .. held[2], ARGV[2]) end
+redis.call('HSET', KEYS[4], ARGV[2], ARGV[4])
+return 1
+"""
+
 _CREATE, _SAVE, _REQUEST_CANCEL = Script(CREATE), Script(SAVE), Script(REQUEST_CANCEL)
 _MAKE_RUNNABLE, _CLAIM = Script(MAKE_RUNNABLE), Script(CLAIM)
 _RENEW, _RELEASE = Script(RENEW), Script(RELEASE)
 _SAVE_RUNNABLE, _STOP_WAITING = Script(SAVE_RUNNABLE), Script(STOP_WAITING)
+_PARK = Script(PARK)
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Turn)
 _header = msgspec.json.Decoder(tuple[str, int, int, int, str, int])
 
-
-def _handed(item: bytes, owner: str) -> Claim:
-    """An inbox item (see the module docstring) as the claim it hands over."""
-    header, _, payload = item.partition(b"\n")
-    turn_id, token, version, cancel, until, running = _header.decode(header)
-    turn = _decoder.decode(payload)
-    turn.version, turn.cancel_requested = version, bool(cancel)
-    return Claim(Lease(turn_id, owner, token, float(until)), turn, running=bool(running))
+UNDECODABLE = (msgspec.DecodeError, TypeError, ValueError)
+"""What reading a stored record raises when this version cannot decode it
+(msgspec's errors; int() and float() of a field that is not a number)."""
 
 
 class RedisTurnStore(TurnStore):
@@ -379,6 +410,7 @@ class RedisTurnStore(TurnStore):
         self._waiting = f"{tag}:waiting"
         self._waiters = f"{tag}:waiters"
         self._inbox_prefix = f"{tag}:inbox:"
+        self._parked = f"{tag}:parked"
         self.link = RedisLink(url, timeout)
         self.client = self.link.client
 
@@ -515,16 +547,70 @@ class RedisTurnStore(TurnStore):
         *,
         waiter: Waiter | None = None,
     ) -> Claim | None:
-        out = await self._claim(owner, now, lease_seconds, turn_id, waiter, load=True)
-        if out is None:
+        while True:
+            out = await self._claim(owner, now, lease_seconds, turn_id, waiter, load=True)
+            if out is None:
+                return None
+            if out[0] == b"h":
+                assert waiter is not None
+                claim = await self._handed(out[1], waiter.owner)
+            else:
+                claimed, token, payload, version, cancel = out
+                lease = Lease(claimed.decode(), owner, int(token), now + lease_seconds)
+                claim = await self._taken(lease, payload, version, cancel == b"1")
+            # None: that record was parked (or its hand-over dropped); each
+            # pass takes one out of the queue, so this ends.
+            if claim is not None or turn_id is not None:
+                return claim
+
+    async def _handed(self, item: bytes, owner: str) -> Claim | None:
+        """An inbox item (see the module docstring) as the claim it hands
+        over; None when it cannot be read (then parked, or dropped)."""
+        header, _, payload = item.partition(b"\n")
+        try:
+            turn_id, token, version, cancel, until, running = _header.decode(header)
+            lease = Lease(turn_id, owner, token, float(until))
+        except UNDECODABLE as error:
+            log.error(
+                "dropped a turn handed to %s: its header does not decode (%s); the turn is "
+                "claimed again when its lease expires",
+                owner,
+                error,
+            )
             return None
-        if out[0] == b"h":
-            assert waiter is not None
-            return _handed(out[1], waiter.owner)
-        claimed, token, payload, version, cancel = out
-        turn = _decoder.decode(payload)
-        turn.version, turn.cancel_requested = int(version), cancel == b"1"
-        return Claim(Lease(claimed.decode(), owner, int(token), now + lease_seconds), turn)
+        return await self._taken(lease, payload, version, bool(cancel), running=bool(running))
+
+    async def _taken(
+        self, lease: Lease, payload: Any, version: Any, cancel: bool, *, running: bool = False
+    ) -> Claim | None:
+        """The claim of the record ``lease`` was just taken on, or None when
+        this version cannot decode it: then it is parked."""
+        try:
+            if not isinstance(payload, bytes):
+                raise TypeError("the record has no payload")
+            turn = _decoder.decode(payload)
+            turn.version, turn.cancel_requested = int(version), cancel
+        except UNDECODABLE as error:
+            await self._park(lease, str(error))
+            return None
+        return Claim(lease, turn, running=running)
+
+    async def _park(self, lease: Lease, why: str) -> None:
+        keys = [self._turn_key(lease.turn_id), self._runnable, self._leases, self._parked]
+        args = [self._status_prefix, lease.turn_id, lease.token, why]
+        if await self.link.run(_PARK, keys, args):
+            log.error(
+                "parked turn %s: its record does not decode (%s); it is claimed no more "
+                "and waits in %s for an operator",
+                lease.turn_id,
+                why,
+                self._parked,
+            )
+
+    async def parked(self) -> dict[str, str]:
+        """The parked turns (see the module docstring): id -> why."""
+        held: dict[Any, Any] = await self.link.call(self.client.hgetall(self._parked))
+        return {key.decode(): value.decode() for key, value in held.items()}
 
     async def _claim(
         self,
@@ -582,7 +668,7 @@ class RedisTurnStore(TurnStore):
         where, item = popped
         if where in (self._wake, self._wake.encode()):
             return None
-        return _handed(item if isinstance(item, bytes) else item.encode(), waiter.owner)
+        return await self._handed(item if isinstance(item, bytes) else item.encode(), waiter.owner)
 
     async def stop_waiting(self, waiter: Waiter, now: float) -> None:
         keys = [self._waiting, self._waiters, self._runnable, self._leases, self._wake]

@@ -39,6 +39,14 @@ The fast path of a resume, one step each:
 
 A handed turn is fenced like a claimed one: its lease is the only one, and
 a save under an older lease fails.
+
+A record the store cannot decode (corrupt, or written by a newer version)
+is never returned by ``claim_turn`` or ``wait_for_work``, nor claimed again
+each lease period: the store parks it (out of the queue, the leases and
+the recovery sweeps, its data kept for an operator), logs it once at error
+level, and claims the next turn. The Redis store does (see
+:mod:`server.runner.redis_store`); the memory store holds only snapshots it
+encoded itself, in this process, so it never holds such a record.
 """
 
 from __future__ import annotations
@@ -141,7 +149,8 @@ class TurnStore(ABC):
     ) -> Claim | None:
         """``claim`` and ``load`` in one step. With ``waiter``: first a turn
         handed to it, and when there is nothing to claim ``waiter`` is
-        registered as waiting (see the module docstring)."""
+        registered as waiting (see the module docstring). A record that does
+        not decode is parked, not returned (None when it was ``turn_id``)."""
 
     @abstractmethod
     async def renew(self, lease: Lease, now: float, lease_seconds: float) -> Lease | None:

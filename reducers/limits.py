@@ -4,9 +4,11 @@
 action fits, else the rejection (``state_bytes``: about how many bytes of
 JSON the channel's state takes now). Like the validation rules it is
 pure; the host checks it before them, for every sender (an agent's bug must
-not make a chat unloadable either). Sizes are the UTF-8 bytes of the value as JSON (of a
-string, its UTF-8 bytes); counts are of the entries a list in state would
-hold after the action::
+not make a chat unloadable either). Sizes are the UTF-8 bytes of the value
+as JSON, a string's without its quotes (an escaped character counts as its
+escape, as every snapshot carries it: a title of 1,024 control characters
+is 6,144 bytes); counts are of the entries a list in state would hold after
+the action::
 
     what                                   limit (SizeLimits)  code
     -------------------------------------  ------------------  ---------
@@ -30,6 +32,9 @@ hold after the action::
     active clients of a session            active_clients      too-many
     working directories of a chat or       working_directories too-many
       session
+    chats of a session (its catalog,       chats               too-many
+      which every snapshot of the session
+      carries whole)
     a chat's whole state, for a new turn   chat_bytes          chat-full
       or pending message (once it holds
       this much, the rest still goes on)
@@ -74,6 +79,7 @@ from protocol.actions import (
     ChatTurnStarted,
     ChatWorkingDirectorySet,
     SessionActiveClientSet,
+    SessionChatAdded,
     SessionTitleChanged,
     SessionWorkingDirectorySet,
     StateAction,
@@ -117,6 +123,7 @@ class SizeLimits(msgspec.Struct, frozen=True, kw_only=True):
     turn_id: int = 128
     uri: int = 1024
     chat_bytes: int = 16 << 20
+    chats: int = 1000
 
 
 def limit_problem(
@@ -140,10 +147,17 @@ def limit_problem(
 
 
 def _too_large(what: str, value: Any, limit: int) -> Rejection | None:
-    size = len(value.encode()) if isinstance(value, str) else len(_encode(value))
+    size = json_bytes(value)
     if size <= limit:
         return None
     return Rejection(RejectionCode.TOO_LARGE, f"{what} is {size:,} bytes; the limit is {limit:,}")
+
+
+def json_bytes(value: Any) -> int:
+    """The size of ``value`` as the limits measure it: its JSON's UTF-8
+    bytes, a string's without the two quotes."""
+    size = len(_encode(value))
+    return size - 2 if isinstance(value, str) else size
 
 
 def _full_problem(
@@ -271,6 +285,11 @@ def _count_problem(
                 return _too_many(
                     f"there are {len(held)} working directories", limits.working_directories
                 )
+        case SessionChatAdded() if isinstance(state, SessionState):
+            chats = state.chats
+            new = all(c.resource != action.summary.resource for c in chats)
+            if new and len(chats) >= limits.chats:
+                return _too_many(f"the session has {len(chats)} chats", limits.chats)
     return None
 
 

@@ -304,6 +304,7 @@ def _json_object(raw: bytes) -> dict[str, Any]:
 
 async def create_session(request: Request, server: Server, grant: Grant) -> Response:
     server.commands.allow(grant, Command.CREATE_SESSION)
+    server.commands.admit(grant)  # the token's budget, before the body is read (429)
     body = await _body(request, server)
     uri = session_uri(str(body.get("id") or secrets.token_hex(8)))
     title, provider = body.get("title"), body.get("provider")
@@ -313,6 +314,7 @@ async def create_session(request: Request, server: Server, grant: Grant) -> Resp
         provider=provider if isinstance(provider, str) else None,
         title=title if isinstance(title, str) else None,
         path="$.id",
+        admitted=True,
     )
     return _json({"session": uri, "chat": chat}, 201)
 
@@ -602,6 +604,7 @@ def create_app(
         clock=parts.clock,
         default_ttl=parts.settings.participant_ttl,
         max_ttl=parts.settings.max_token_ttl,
+        max_sessions=limits.max_sessions,
     )
     server = Server(
         parts=parts,

@@ -119,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-subscriptions", type=int, help="subscriptions per connection (100)")
     serve.add_argument(
+        "--max-chats", type=int, help="chats a session holds at most, its default chat too (1000)"
+    )
+    serve.add_argument(
+        "--max-sessions",
+        type=int,
+        help="sessions the server holds at most; participant tokens create them only below "
+        "nine tenths of it (10000)",
+    )
+    serve.add_argument(
         "--send-buffer",
         type=int,
         help="bytes a client may leave unread before it is cut off (4 MiB)",

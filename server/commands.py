@@ -14,33 +14,52 @@ asks the policy (:mod:`server.policy`), then the host. A command raises
   policy or the validation rules (:meth:`Commands.dispatch`);
 
 and each edge answers them in its own transport's shape.
+
+Creating a session or a chat spends one action of the token's rate budget
+(:meth:`Commands.admit`, the budget dispatches spend), on every edge; a
+refusal on the way (the budget, the caps, the initial message's rules) is
+a command's error (:func:`refused`). A chat's initial message is the
+``chat/turnStarted`` it becomes: checked by the policy and the rules as
+that dispatch is, before the chat is created, then dispatched as the
+caller's own.
 """
 
 from __future__ import annotations
 
 import base64
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from msgspec.structs import replace
 
-from protocol.actions import SessionActiveClientSet, StateAction, action_type
+from protocol.actions import ChatTurnStarted, SessionActiveClientSet, StateAction, action_type
 from protocol.chat import Message, Turn
 from protocol.codec import MalformedFrame
 from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode, ExpireParams
 from protocol.rejections import RejectionCode
-from protocol.session import SessionSummary
-from protocol.uris import BadChannelUri, channel_kind
+from protocol.session import RootState, SessionSummary
+from protocol.uris import ROOT_URI, BadChannelUri, channel_kind
 from protocol.wire import quoted
+from reducers.clock import iso_time
+from reducers.limits import json_bytes
 from server.auth import ROLES, Grant, Identity, Role, TokenAuthority
 from server.channels import ChannelView
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
 from server.expiry import Expiry, Family
 from server.host import Host
 from server.metrics import Metrics
-from server.policy import Command, admission_refusal, command_refusal, dispatch_refusal, reaches
+from server.policy import (
+    Command,
+    admission_refusal,
+    command_refusal,
+    dispatch_refusal,
+    reaches,
+    session_cap_refusal,
+)
 from server.ratelimit import Budgets
+from server.sessions import new_chat
 from server.waiters import InputOutcome
 
 PAGE_SIZE = 100
@@ -72,6 +91,7 @@ class Commands:
         clock: Callable[[], float],
         default_ttl: float,
         max_ttl: float,
+        max_sessions: int = 10_000,
     ) -> None:
         self.host = host
         self.authority = authority
@@ -80,6 +100,7 @@ class Commands:
         self.clock = clock
         self.default_ttl = default_ttl
         self.max_ttl = max_ttl
+        self.max_sessions = max_sessions
 
     # ─── Reaching channels ───────────────────────────────────────────────
 
@@ -134,7 +155,7 @@ class Commands:
 
     def _check_title(self, title: str | None) -> None:
         limit = self.host.sizes.title
-        if title is not None and (size := len(title.encode())) > limit:
+        if title is not None and (size := json_bytes(title)) > limit:
             raise MalformedFrame(
                 ErrorCode.INVALID_PARAMS,
                 f"the title is {size:,} bytes; the limit is {limit:,}",
@@ -158,11 +179,21 @@ class Commands:
         provider: str | None = None,
         title: str | None = None,
         path: str = "$.channel",
+        admitted: bool = False,
     ) -> str:
-        """Create session ``uri``; returns its default chat."""
+        """Create session ``uri``; returns its default chat. Spends one
+        action of the token's budget (:meth:`admit` first, unless the caller
+        did); CommandError (-32011) when the server holds as many sessions
+        as this token may create (server.policy.session_cap_refusal)."""
         self.allow(grant, Command.CREATE_SESSION)
         expect_kind(uri, "session", path)
         self._check_title(title)
+        if not admitted:
+            self._spend(grant)
+        root = (await self.host.view(ROOT_URI)).state
+        held = (root.active_sessions if isinstance(root, RootState) else None) or 0
+        if (refusal := session_cap_refusal(grant, held, self.max_sessions)) is not None:
+            raise CommandError(ErrorCode.CONFLICT, refusal)
         return await self.host.create_session(uri, provider=provider, title=title)
 
     async def dispose_session(self, grant: Grant, uri: str) -> None:
@@ -182,15 +213,49 @@ class Commands:
         *,
         title: str | None = None,
         initial_message: Message | None = None,
+        client_id: str | None = None,
+        sender: Identity | None = None,
     ) -> None:
+        """Create chat ``chat`` in ``session``, its first turn started by
+        ``initial_message`` as ``sender`` (the token's identity when None)
+        dispatches it from ``client_id``. Spends one action of the token's
+        budget. Raises CommandError or MalformedFrame (:func:`refused`) for
+        a budget spent, a session full of chats, an initial message the
+        policy or the rules refuse: then no chat is created."""
         self.allow(grant, Command.CREATE_CHAT)
         expect_kind(session, "session")
         expect_kind(chat, "chat", "$.chat")
         self._check_title(title)
+        self._spend(grant)
         await self.reach(grant, session)
-        await self.host.sessions.create_chat(
-            session, chat, title=title, initial_message=initial_message
-        )
+        started = None
+        if initial_message is not None:
+            now = iso_time(self.host.now_ms())
+            started = ChatTurnStarted(
+                turn_id=secrets.token_hex(8), started_at=now, message=initial_message
+            )
+            blank = new_chat(session, chat, title or "", now)
+            refusal = dispatch_refusal(grant, chat, started, blank, client_id)
+            refusal = refusal or await self.host.check(chat, started, blank)
+            if refusal is not None:
+                raise refused(ActionRejected.of(refusal), "$.initialMessage")
+        try:
+            await self.host.sessions.create_chat(session, chat, title=title)
+            if started is not None:
+                await self.dispatch(
+                    grant, chat, started, client_id=client_id, sender=sender, admitted=True
+                )
+        except ActionRejected as rejected:
+            raise refused(rejected, "$.initialMessage") from None
+        except ChannelGone as gone:
+            raise not_found(gone.channel) from None
+
+    def _spend(self, grant: Grant) -> None:
+        """:meth:`admit`, refused as a command is (:func:`refused`)."""
+        try:
+            self.admit(grant)
+        except ActionRejected as rejected:
+            raise refused(rejected, "$") from None
 
     async def dispose_chat(self, grant: Grant, chat: str) -> None:
         """Dispose chat ``chat`` (not its session's default chat)."""
@@ -343,6 +408,19 @@ class Commands:
             name=name if isinstance(name, str) else None,
             expires_at=self.clock() + float(ttl),
         )
+
+
+def refused(rejected: ActionRejected, path: str) -> CommandError | MalformedFrame:
+    """A command refused as an action would be, as a command's error that
+    keeps the rejection's code in its message: ``forbidden`` is permission
+    denied (-32009); a budget spent or a cap reached (``rate-limited``,
+    ``too-many``) a conflict (-32011: the same request may do later); what
+    else the rules refuse is a bad argument at ``path`` (-32602)."""
+    if rejected.code == RejectionCode.FORBIDDEN:
+        return CommandError(ErrorCode.PERMISSION_DENIED, rejected.reason)
+    if rejected.code in (RejectionCode.RATE_LIMITED, RejectionCode.TOO_MANY):
+        return CommandError(ErrorCode.CONFLICT, rejected.reason)
+    return MalformedFrame(ErrorCode.INVALID_PARAMS, rejected.reason, path)
 
 
 def _as_sent_by(grant: Grant, who: Identity, action: StateAction) -> StateAction:

@@ -29,6 +29,9 @@ class Limits:
     """Bytes a client may leave unread before it is cut off."""
     flood_close_after: int = 1000
     """Consecutive rate-limited actions after which the client is closed."""
+    max_sessions: int = 10_000
+    """Sessions the server holds at most (server.policy.session_cap_refusal:
+    a participant token creates them only below nine tenths of it)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
             tool_data=src.integer("max_tool_data_bytes", sizes.tool_data),
             action=src.integer("max_action_bytes", sizes.action),
             chat_bytes=src.integer("max_chat_bytes", sizes.chat_bytes),
+            chats=src.integer("max_chats", sizes.chats),
         ),
         metrics_token=None if src.raw("metrics_token") is None else str(src.raw("metrics_token")),
         allowed_hosts=src.items("allowed_hosts"),
@@ -168,6 +172,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
                 "agent_actions_per_second", limits.agent_actions_per_second
             ),
             agent_action_burst=src.integer("agent_action_burst", limits.agent_action_burst),
+            max_sessions=src.integer("max_sessions", limits.max_sessions),
         ),
         replay_window=src.integer("replay_window", base.replay_window),
         replay_window_bytes=src.integer("replay_window_bytes", base.replay_window_bytes),

@@ -37,7 +37,7 @@ from protocol.actions import (
     StateAction,
 )
 from protocol.chat import ChatState, InputAnswer, InputRequest
-from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode
+from protocol.messages import ActionEnvelope, ActionOrigin, ChannelState, ErrorCode
 from protocol.rejections import Rejection, RejectionCode
 from protocol.session import AgentInfo, RootState
 from protocol.uris import ROOT_URI, channel_kind
@@ -104,7 +104,7 @@ class Host:
             modified_at_interval=modified_at_interval,
         )
         self.sessions = Sessions(
-            self.core, self.aggregate, self.waiters, self._dispatch_derived, agents
+            self.core, self.aggregate, self.waiters, self._dispatch_derived, agents, self.sizes
         )
         self.notes = SessionNotes(self.core)
         self.audit = AuditTrail(
@@ -221,6 +221,12 @@ class Host:
                 uri, action, origin=origin, sender=sender, validate=validator
             )
         return event.envelope
+
+    async def check(self, uri: str, action: StateAction, state: ChannelState) -> Rejection | None:
+        """The limits and the validation rules for ``action`` on ``uri`` in
+        ``state``, without dispatching: for an action on a channel about to
+        be created (a chat's initial message), asked before it is."""
+        return (await self._validator(uri, action))(state, action)
 
     async def _dispatch_derived(self, uri: str, action: StateAction) -> object:
         return await self.core.write(uri, action)

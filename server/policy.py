@@ -21,11 +21,18 @@ Commands::
     command          allowed for
     ---------------  ------------------------------------------------
     read             any token that reaches the channel's session
-    create-session   agent; participant with an unscoped token
+    create-session   agent; participant with an unscoped token, while
+                     the server holds fewer than nine tenths of its
+                     sessions at most (the agent's while fewer than all
+                     of them: :func:`session_cap_refusal`)
     dispose-session  agent
     create-chat      agent, participant (reaching the session)
     dispose-chat     agent
     mint-token       agent
+
+Creating a session or a chat spends one action of the token's rate budget
+(server.ratelimit), as a dispatch does; a chat's initial message is
+dispatched as the ``chat/turnStarted`` it becomes, under the rules below.
 
 Actions, checked top to bottom (the first refusal wins; a channel the token
 does not reach never gets this far)::
@@ -37,9 +44,14 @@ does not reach never gets this far)::
     forbidden      an observer dispatches; a token scoped to sessions
                    changes the root channel; a participant dispatches an
                    action only the server dispatches; a participant
-                   speaks for another client: completes or updates a tool
-                   call another client executes, sets or removes another
-                   client's entry in the session's active clients
+                   sends a message (a turn's, a pending one, a draft, a
+                   tool call's user suggestion) whose origin is not
+                   ``user`` (``agent``, ``tool`` and
+                   ``systemNotification`` are the agent's word); a
+                   participant speaks for another client: completes or
+                   updates a tool call another client executes, sets or
+                   removes another client's entry in the session's
+                   active clients
 """
 
 from __future__ import annotations
@@ -47,15 +59,19 @@ from __future__ import annotations
 from enum import StrEnum
 
 from protocol.actions import (
+    ChatDraftChanged,
+    ChatPendingMessageSet,
     ChatToolCallComplete,
+    ChatToolCallConfirmed,
     ChatToolCallContentChanged,
+    ChatTurnStarted,
     SessionActiveClientRemoved,
     SessionActiveClientSet,
     StateAction,
     action_type,
     is_client_dispatchable,
 )
-from protocol.chat import ChatState, ClientContributor
+from protocol.chat import ChatState, ClientContributor, Message
 from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import channel_kind
@@ -141,7 +157,42 @@ def dispatch_refusal(
         return _refusal(
             RejectionCode.FORBIDDEN, f"{action_type(action)} is dispatched only by the server"
         )
+    for message in _messages(action):
+        if message.origin.kind != "user":
+            return _refusal(
+                RejectionCode.FORBIDDEN,
+                f"a {grant.role} token's message comes from the user: origin "
+                f"'{message.origin.kind}' is only the agent's to send",
+            )
     return _speaks_for_another(state, action, client_id)
+
+
+def _messages(action: StateAction) -> list[Message]:
+    """The messages ``action`` puts into the chat. AHP's ``MessageOrigin``
+    says who produced each (``user``, ``agent``, ``tool``,
+    ``systemNotification``): a person may not pass theirs off as the
+    agent's or the system's."""
+    match action:
+        case ChatTurnStarted() | ChatPendingMessageSet():
+            return [action.message]
+        case ChatDraftChanged() if action.draft is not None:
+            return [action.draft]
+        case ChatToolCallConfirmed() if action.user_suggestion is not None:
+            return [action.user_suggestion]
+    return []
+
+
+def session_cap_refusal(grant: Grant, held: int, max_sessions: int) -> str | None:
+    """Why ``grant`` may not create a session while the server holds
+    ``held`` of at most ``max_sessions``, or None. The last tenth is the
+    agent's: a person's token filling the server cannot lock the agent out."""
+    cap = max_sessions if grant.role == "agent" else max_sessions - max_sessions // 10
+    if held < cap:
+        return None
+    return (
+        f"the server holds {held:,} sessions; a {grant.role} token may create one "
+        f"while it holds fewer than {cap:,}"
+    )
 
 
 def _speaks_for_another(

@@ -478,6 +478,8 @@ class Rpc:
             params.chat,
             title=self._title(params.title),
             initial_message=params.initial_message,
+            client_id=self.client_id,
+            sender=self.identity,
         )
 
     async def _dispose_chat(self, params: ChannelParams) -> None:

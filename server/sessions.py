@@ -2,9 +2,12 @@
 
 A session is created with its default chat (``Main``); its entry joins the
 sessions list once both exist and the session is ready, and the root
-channel hears ``root/sessionAdded``. Disposing a session removes its chats,
-abandons whoever waits on them, and the root channel hears
-``root/sessionRemoved``.
+channel hears ``root/sessionAdded``. A session holds at most
+``SizeLimits.chats`` chats (its catalog goes whole into every snapshot of
+it): one more is refused with ``too-many`` before anything is created, and
+checked again as the catalog takes it, under the session's lock.
+Disposing a session removes its chats, abandons whoever waits on them, and
+the root channel hears ``root/sessionRemoved``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from collections.abc import Awaitable, Callable
 from msgspec.structs import replace
 
 from protocol.actions import (
-    ChatTurnStarted,
     RootActiveSessionsChanged,
     SessionChatAdded,
     SessionChatRemoved,
@@ -25,17 +27,19 @@ from protocol.actions import (
     SessionReady,
     StateAction,
 )
-from protocol.chat import ChatState, Message, Turn, UserOrigin
+from protocol.chat import ChatState, Turn, UserOrigin
 from protocol.codec import encode
-from protocol.messages import ErrorCode, SessionAddedParams, SessionRemovedParams
+from protocol.messages import ChannelState, ErrorCode, SessionAddedParams, SessionRemovedParams
+from protocol.rejections import Rejection
 from protocol.session import AgentInfo, RootState, SessionState
 from protocol.status import SessionStatus
 from protocol.uris import ROOT_URI, chat_uri
 from reducers.aggregate import chat_summary, session_summary
 from reducers.clock import iso_time
+from reducers.limits import SizeLimits, limit_problem
 from server.aggregate import SessionAggregate
 from server.channels import ChannelCore
-from server.errors import ChannelGone, CommandError
+from server.errors import ActionRejected, ChannelGone, CommandError
 from server.forms import HUDDLE_META
 from server.waiters import Waiters
 
@@ -53,12 +57,14 @@ class Sessions:
         waiters: Waiters,
         dispatch: Dispatch,
         agents: list[AgentInfo],
+        sizes: SizeLimits | None = None,
     ) -> None:
         self.core = core
         self.aggregate = aggregate
         self.waiters = waiters
         self.dispatch = dispatch
         self.agents = agents
+        self.sizes = sizes or SizeLimits()
 
     async def create_session(
         self, uri: str, *, provider: str | None = None, title: str | None = None
@@ -99,38 +105,32 @@ class Sessions:
                 return agent
         raise CommandError(ErrorCode.PROVIDER_NOT_FOUND, f"no agent provider {provider!r}")
 
-    async def create_chat(
-        self,
-        session: str,
-        chat: str,
-        *,
-        title: str | None = None,
-        initial_message: Message | None = None,
-    ) -> None:
-        """Create chat ``chat`` in ``session`` and add it to the catalog."""
+    async def create_chat(self, session: str, chat: str, *, title: str | None = None) -> None:
+        """Create chat ``chat`` in ``session`` and add it to the catalog.
+
+        Raises CommandError (-32010) when the chat exists, ActionRejected
+        (``too-many``) when the session holds as many chats as it may (no
+        chat is left behind)."""
         view = await self.core.view(session)
         assert isinstance(view.state, SessionState)
-        state = ChatState(
-            resource=chat,
-            title=title or f"Chat {len(view.state.chats) + 1}",
-            status=SessionStatus.IDLE,
-            modified_at=iso_time(self.core.now_ms()),
-            origin=UserOrigin(),
-            turns=[],
-            meta={HUDDLE_META: {"session": session}},
-        )
+        number = len(view.state.chats) + 1
+        state = new_chat(session, chat, title or f"Chat {number}", iso_time(self.core.now_ms()))
+        added = SessionChatAdded(summary=chat_summary(state))
+        if (refusal := self._catalog_refusal(view.state, added)) is not None:
+            raise ActionRejected.of(refusal)
         if not await self.core.create(chat, state):
             raise CommandError(ErrorCode.ALREADY_EXISTS, f"chat {chat} already exists")
-        await self.dispatch(session, SessionChatAdded(summary=chat_summary(state)))
-        if initial_message is not None:
-            await self.dispatch(
-                chat,
-                ChatTurnStarted(
-                    turn_id=secrets.token_hex(8),
-                    started_at=iso_time(self.core.now_ms()),
-                    message=initial_message,
-                ),
-            )
+        try:
+            await self.core.write(session, added, validate=self._catalog_refusal)
+        except ActionRejected:
+            await self._drop(chat, "the session holds as many chats as it may")
+            raise
+
+    def _catalog_refusal(self, state: ChannelState, action: StateAction) -> Rejection | None:
+        """Whether the session's catalog may take one more chat (asked
+        before the chat is created, and again under the session's lock)."""
+        assert isinstance(state, SessionState)
+        return limit_problem(state, action, self.sizes)
 
     async def dispose_session(self, session: str) -> None:
         """Remove the session and its chats; subscribers hear no more."""
@@ -191,6 +191,19 @@ class Sessions:
         start = max(0, end - limit)
         next_cursor = _encode_cursor(turns[start].id) if start > 0 else None
         return turns[start:end], next_cursor
+
+
+def new_chat(session: str, chat: str, title: str, modified_at: str) -> ChatState:
+    """The state a chat of ``session`` starts with."""
+    return ChatState(
+        resource=chat,
+        title=title,
+        status=SessionStatus.IDLE,
+        modified_at=modified_at,
+        origin=UserOrigin(),
+        turns=[],
+        meta={HUDDLE_META: {"session": session}},
+    )
 
 
 def windowed(state: ChatState, turns: int | None, max_bytes: int) -> ChatState:

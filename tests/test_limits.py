@@ -21,6 +21,7 @@ from protocol.actions import (
     ChatWorkingDirectorySet,
     RootConfigChanged,
     SessionActiveClientSet,
+    SessionChatAdded,
     SessionTitleChanged,
     SessionWorkingDirectorySet,
     StateAction,
@@ -28,6 +29,7 @@ from protocol.actions import (
 from protocol.chat import (
     AnnotationsAttachment,
     ChatState,
+    ChatSummary,
     InputAnswer,
     InputOption,
     InputRequest,
@@ -57,6 +59,7 @@ LIMITS = SizeLimits(
     id=12,
     turn_id=6,
     uri=20,
+    chats=2,
 )
 CHAT = ChatState(
     resource="ahp-chat:/c", title="c", status=SessionStatus.IDLE, modified_at="t", turns=[]
@@ -105,6 +108,20 @@ FULL_SESSION = SessionState(
     active_clients=[client("a"), client("b")],
     chats=[],
     working_directories=["file:///a", "file:///b"],
+)
+
+
+def summary(chat: str) -> ChatSummary:
+    return ChatSummary(resource=chat, title="c", status=SessionStatus.IDLE, modified_at="t")
+
+
+TWO_CHATS = SessionState(
+    provider="huddle",
+    title="s",
+    status=SessionStatus.IDLE,
+    lifecycle="ready",
+    active_clients=[],
+    chats=[summary("ahp-chat:/a"), summary("ahp-chat:/b")],
 )
 RESULT = ToolCallResult(success=True, past_tense_message="Done")
 
@@ -174,6 +191,10 @@ FITS = [
     pytest.param(
         ROOT, RootConfigChanged(config={"requestId": "x" * 20}), id="config-is-not-searched"
     ),
+    pytest.param(SESSION, SessionTitleChanged(title="x" * 10), id="title-at-the-limit"),
+    pytest.param(
+        TWO_CHATS, SessionChatAdded(summary=summary("ahp-chat:/a")), id="updates-a-catalog-entry"
+    ),
 ]
 
 TOO_LARGE = [
@@ -188,6 +209,18 @@ TOO_LARGE = [
         SessionTitleChanged(title="é" * 6),
         "the title is 12 bytes; the limit is 10",
         id="title-in-utf8-bytes",
+    ),
+    pytest.param(
+        SESSION,
+        SessionTitleChanged(title='"' * 6),
+        "the title is 12 bytes; the limit is 10",
+        id="title-in-json-escapes",
+    ),
+    pytest.param(
+        SESSION,
+        SessionTitleChanged(title="\x01\x02"),
+        "the title is 12 bytes; the limit is 10",
+        id="title-of-control-characters",
     ),
     pytest.param(
         CHAT,
@@ -469,6 +502,12 @@ TOO_MANY = [
         ChatWorkingDirectorySet(directory="file:///c"),
         "there are 2 working directories; the limit is 2",
         id="chat-directories",
+    ),
+    pytest.param(
+        TWO_CHATS,
+        SessionChatAdded(summary=summary("ahp-chat:/c")),
+        "the session has 2 chats; the limit is 2",
+        id="session-chats",
     ),
 ]
 

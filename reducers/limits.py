@@ -289,7 +289,7 @@ def _count_problem(
             chats = state.chats
             new = all(c.resource != action.summary.resource for c in chats)
             if new and len(chats) >= limits.chats:
-                return _too_many(f"the session has {len(chats)} chats", limits.chats)
+                return _too_many(f"the session has {len(chats):,} chats", limits.chats)
     return None
 
 

@@ -37,6 +37,7 @@ from protocol.actions import (
     StateAction,
 )
 from protocol.chat import ChatState, InputAnswer, InputRequest
+from protocol.codec import encode
 from protocol.messages import ActionEnvelope, ActionOrigin, ChannelState, ErrorCode
 from protocol.rejections import Rejection, RejectionCode
 from protocol.session import AgentInfo, RootState
@@ -226,7 +227,8 @@ class Host:
         """The limits and the validation rules for ``action`` on ``uri`` in
         ``state``, without dispatching: for an action on a channel about to
         be created (a chat's initial message), asked before it is."""
-        return (await self._validator(uri, action))(state, action)
+        view = ChannelView(uri, state, 0, len(encode(state)))
+        return (await self._validator(uri, action))(view, action)
 
     async def _dispatch_derived(self, uri: str, action: StateAction) -> object:
         return await self.core.write(uri, action)

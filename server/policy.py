@@ -190,7 +190,7 @@ def session_cap_refusal(grant: Grant, held: int, max_sessions: int) -> str | Non
     if held < cap:
         return None
     return (
-        f"the server holds {held:,} sessions; a {grant.role} token may create one "
+        f"the server holds {held:,} sessions; {grant.role} tokens may create one "
         f"while it holds fewer than {cap:,}"
     )
 

@@ -29,7 +29,7 @@ from protocol.actions import (
 )
 from protocol.chat import ChatState, Turn, UserOrigin
 from protocol.codec import encode
-from protocol.messages import ChannelState, ErrorCode, SessionAddedParams, SessionRemovedParams
+from protocol.messages import ErrorCode, SessionAddedParams, SessionRemovedParams
 from protocol.rejections import Rejection
 from protocol.session import AgentInfo, RootState, SessionState
 from protocol.status import SessionStatus
@@ -38,7 +38,7 @@ from reducers.aggregate import chat_summary, session_summary
 from reducers.clock import iso_time
 from reducers.limits import SizeLimits, limit_problem
 from server.aggregate import SessionAggregate
-from server.channels import ChannelCore
+from server.channels import ChannelCore, ChannelView
 from server.errors import ActionRejected, ChannelGone, CommandError
 from server.forms import HUDDLE_META
 from server.waiters import Waiters
@@ -116,7 +116,7 @@ class Sessions:
         number = len(view.state.chats) + 1
         state = new_chat(session, chat, title or f"Chat {number}", iso_time(self.core.now_ms()))
         added = SessionChatAdded(summary=chat_summary(state))
-        if (refusal := self._catalog_refusal(view.state, added)) is not None:
+        if (refusal := self._catalog_refusal(view, added)) is not None:
             raise ActionRejected.of(refusal)
         if not await self.core.create(chat, state):
             raise CommandError(ErrorCode.ALREADY_EXISTS, f"chat {chat} already exists")
@@ -126,11 +126,11 @@ class Sessions:
             await self._drop(chat, "the session holds as many chats as it may")
             raise
 
-    def _catalog_refusal(self, state: ChannelState, action: StateAction) -> Rejection | None:
+    def _catalog_refusal(self, view: ChannelView, action: StateAction) -> Rejection | None:
         """Whether the session's catalog may take one more chat (asked
         before the chat is created, and again under the session's lock)."""
-        assert isinstance(state, SessionState)
-        return limit_problem(state, action, self.sizes)
+        assert isinstance(view.state, SessionState)
+        return limit_problem(view.state, action, self.sizes)
 
     async def dispose_session(self, session: str) -> None:
         """Remove the session and its chats; subscribers hear no more."""

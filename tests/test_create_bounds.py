@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from protocol.chat import ChatState
+from protocol.chat import ChatState, MarkdownPart
 from protocol.codec import encode
 from protocol.session import SessionState
 from reducers.limits import SizeLimits, json_bytes
@@ -32,6 +32,7 @@ from server.store.redis import RedisStore
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
 from tests.edge import Frame, Peer, http
 from tests.redis_server import RedisServer
+from tests.runner_kit import agent, say, scripted
 
 SESSION = "ahp-session:/bounded"
 CONFLICT, PERMISSION_DENIED, INVALID_PARAMS, NOT_FOUND = -32011, -32009, -32602, -32008
@@ -63,9 +64,7 @@ async def small() -> AsyncIterator[RunningServer]:
     """A server whose sessions hold 3 chats, whose messages are 1 KiB at
     most, and which holds 10 sessions."""
     async for running in serving(
-        Settings(
-            port=0, limits=Limits(max_sessions=10), sizes=SizeLimits(chats=3, message=1024)
-        )
+        Settings(port=0, limits=Limits(max_sessions=10), sizes=SizeLimits(chats=3, message=1024))
     ):
         yield running
 
@@ -179,7 +178,8 @@ async def test_two_processes_racing_never_pass_the_chat_cap(redis_server: RedisS
         fresh = await start_server(settings, RedisStore(redis_server.url))  # reads the store
         try:
             held = await catalog(fresh)
-            assert len(held) == 3 and set(held[1:]) == set(made)
+            assert len(held) == 3
+            assert set(held[1:]) == set(made)
             for chat in set(chats) - set(made):
                 assert not await exists(fresh, chat)
         finally:
@@ -194,34 +194,42 @@ LARGEST_TITLE = '"' * 512
 escaped, so it goes out as 1,024 bytes, which every snapshot carries)."""
 
 
-async def test_a_session_at_its_chat_cap_with_the_largest_titles_still_loads() -> None:
-    async for running in serving(Settings(port=0)):  # the default limits
-        sizes, budget = running.server.host.sizes, running.server.settings.limits.send_buffer // 2
-        assert json_bytes(LARGEST_TITLE) == sizes.title
-        await a_session(running)
-        makers = [await Peer.ready(running.ws, AGENT_TOKEN, f"agent-{n}") for n in range(8)]
+@pytest.fixture
+async def defaults() -> AsyncIterator[RunningServer]:
+    """A server with the default limits."""
+    async for running in serving(Settings(port=0)):
+        yield running
 
-        async def fill(peer: Peer, start: int) -> None:
-            for n in range(start, sizes.chats - 1, len(makers)):
-                chat = f"ahp-chat:/{n:03d}" + "x" * 124  # the longest chat URI
-                reply = await create_chat(peer, chat, title=LARGEST_TITLE)
-                assert "result" in reply, reply
 
-        await asyncio.gather(*(fill(peer, n) for n, peer in enumerate(makers)))
-        refused(
-            await create_chat(makers[0], "ahp-chat:/over", title=LARGEST_TITLE),
-            CONFLICT,
-            f"too-many: the session has {sizes.chats:,} chats",
-        )
+async def test_a_session_at_its_chat_cap_with_the_largest_titles_still_loads(
+    defaults: RunningServer,
+) -> None:
+    sizes, budget = defaults.server.host.sizes, defaults.server.settings.limits.send_buffer // 2
+    assert json_bytes(LARGEST_TITLE) == sizes.title
+    await a_session(defaults)
+    makers = [await Peer.ready(defaults.ws, AGENT_TOKEN, f"agent-{n}") for n in range(8)]
 
-        late = await running.client("participant", name="late")  # reads frames of any size
-        mirror = await late.subscribe(SESSION)
+    async def fill(peer: Peer, start: int) -> None:
+        for n in range(start, sizes.chats - 1, len(makers)):
+            chat = f"ahp-chat:/{n:03d}" + "x" * 124  # the longest chat URI there is
+            reply = await create_chat(peer, chat, title=LARGEST_TITLE)
+            assert "result" in reply, reply
 
-        assert isinstance(mirror.state, SessionState)
-        assert len(mirror.state.chats) == sizes.chats
-        assert len(encode(mirror.state)) <= budget  # the snapshot: a session's is never windowed
-        for peer in makers:
-            await peer.close()
+    await asyncio.gather(*(fill(peer, n) for n, peer in enumerate(makers)))
+    refused(
+        await create_chat(makers[0], "ahp-chat:/over", title=LARGEST_TITLE),
+        CONFLICT,
+        f"too-many: the session has {sizes.chats:,} chats",
+    )
+    for peer in makers:
+        await peer.close()
+
+    late = await defaults.client("participant", name="late")  # reads frames of any size
+    mirror = await late.subscribe(SESSION)
+
+    assert isinstance(mirror.state, SessionState)
+    assert len(mirror.state.chats) == sizes.chats
+    assert len(encode(mirror.state)) <= budget  # the snapshot: a session's is never windowed
 
 
 async def test_a_title_is_measured_as_the_json_a_snapshot_carries(small: RunningServer) -> None:
@@ -253,10 +261,10 @@ async def test_participants_create_sessions_only_below_nine_tenths_of_the_cap(
     agents_own = await agent.request("createSession", {"channel": "ahp-session:/agents"})
     agent_over = await agent.request("createSession", {"channel": "ahp-session:/a-late"})
 
-    refused(over_socket, CONFLICT, "the server holds 9 sessions; a participant token may create")
+    refused(over_socket, CONFLICT, "the server holds 9 sessions; participant tokens may create")
     assert over_http.status == 409, over_http.body
     assert "result" in agents_own
-    refused(agent_over, CONFLICT, "the server holds 10 sessions; a agent token may create")
+    refused(agent_over, CONFLICT, "the server holds 10 sessions; agent tokens may create")
     for late in ("ahp-session:/p-late", "ahp-session:/late", "ahp-session:/a-late"):
         assert not await exists(small, late)
 
@@ -319,7 +327,8 @@ async def test_an_initial_message_is_the_callers_turn(small: RunningServer) -> N
 
     assert "result" in reply, reply
     state = (await small.server.host.view("ahp-chat:/asked")).state
-    assert isinstance(state, ChatState) and state.active_turn is not None
+    assert isinstance(state, ChatState)
+    assert state.active_turn is not None
     assert state.active_turn.message.text == "Is it down?"
     await small.server.host.audit.settled()
     audit = await http(
@@ -332,6 +341,32 @@ async def test_an_initial_message_is_the_callers_turn(small: RunningServer) -> N
     ]
     assert [r["who"]["role"] for r in started] == ["participant"]
     assert started[0]["who"]["name"] == "Lee"
+
+
+async def test_the_agent_answers_a_chats_initial_message() -> None:
+    model = scripted(say("It is up again."))
+    running = await start_server(agent=agent(model, name="helper"))
+    try:
+        lee = await running.client(name="Lee")
+        await lee.create_session(SESSION)
+        await lee.call(
+            "createChat",
+            {"channel": SESSION, "chat": "ahp-chat:/asked", "initialMessage": message("Down?")},
+        )
+        mirror = await lee.subscribe("ahp-chat:/asked")
+
+        async with asyncio.timeout(10 * UNIT):
+            done = await mirror.wait_for(
+                lambda state: isinstance(state, ChatState) and bool(state.turns)
+            )
+    finally:
+        await running.stop()
+    assert isinstance(done, ChatState)
+    assert done.turns[0].message.text == "Down?"
+    assert [p.content for p in done.turns[0].response_parts if isinstance(p, MarkdownPart)] == [
+        "It is up again."
+    ]
+    assert model.conversations[0][-1].content == "Down?"
 
 
 # ─── Whose message it is ─────────────────────────────────────────────────────
@@ -359,4 +394,5 @@ async def test_a_participant_may_not_pass_a_message_off_as_not_the_users(
         "is only the agent's to send"
     )
     state = (await small.server.host.view(chat)).state
-    assert isinstance(state, ChatState) and state.active_turn is None
+    assert isinstance(state, ChatState)
+    assert state.active_turn is None

@@ -6,7 +6,17 @@ refusal). A token is read from ``Authorization: Bearer``, from a WebSocket
 subprotocol ``huddle.token.<token>`` (browsers cannot set headers; offer
 ``ahp`` too and the server selects it), or from the ``huddle_token`` cookie
 that ``GET /?token=...`` sets. A request that carries an ``Origin`` header
-must come from the server's own origin or one on the allow-list.
+must come from the server's own origin (its ``Host``, and a name on the
+host allow-list when there is one: :func:`server.headers.is_own_origin`) or
+one on the origin allow-list.
+
+Budgets (:mod:`server.ratelimit`): every authenticated HTTP request spends
+from its token's budget, as actions on the socket do, what its route costs
+(:data:`ROUTE_COSTS`), and is answered 429 with ``Retry-After`` before any
+work when that does not fit; a snapshot's or an audit's size is charged on
+top, as a debt. A client address that keeps failing to authenticate is
+refused (429) before its token is looked at, and a token holds at most
+``LONG_POLLS`` long polls at once.
 """
 
 from __future__ import annotations
@@ -16,11 +26,12 @@ import contextlib
 import hmac
 import html
 import logging
+import math
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
@@ -46,7 +57,7 @@ from protocol.uris import SESSION_SCHEME, channel_id, session_uri
 from server.audit import export as audit_export
 from server.auth import Grant, TokenAuthority
 from server.build import Parts
-from server.commands import Commands
+from server.commands import ACTION_COST, Commands
 from server.config import Settings
 from server.connection import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_UNSUPPORTED, Connection
 from server.errors import (
@@ -60,12 +71,19 @@ from server.errors import (
     StoreUnavailable,
 )
 from server.frames import WRITE_EXTENSION
-from server.headers import Guard, allowed_hosts
+from server.headers import Guard, allowed_hosts, is_own_origin, rebinding_warning
 from server.host import Host
 from server.idempotency import Idempotency
 from server.metrics import ServerMetrics
 from server.policy import Command
-from server.ratelimit import Budget, Budgets
+from server.ratelimit import (
+    AuthThrottled,
+    Budget,
+    Budgets,
+    FailedAuthentications,
+    LongPolls,
+    RateLimited,
+)
 from server.rpc import LiveClients, Rpc
 from server.sessions import windowed
 
@@ -87,6 +105,12 @@ class Server:
     metrics: ServerMetrics
     commands: Commands
     idempotency: Idempotency
+    hosts: tuple[str, ...] | None
+    """The ``Host`` names answered (None: any; server.headers)."""
+    failures: FailedAuthentications = field(default_factory=FailedAuthentications)
+    """Failed authentications per client address."""
+    polls: LongPolls = field(default_factory=LongPolls)
+    """Long polls held open per token."""
     connections: set[Rpc] = field(default_factory=set)
     """The open WebSocket connections (their JSON-RPC side)."""
     clients: LiveClients = field(default_factory=LiveClients)
@@ -114,6 +138,12 @@ def _problem(status: int, message: str, **extra: Any) -> Response:
     return _json({"error": message, **extra}, status)
 
 
+def _retry_after(response: Response, seconds: float) -> Response:
+    """``response`` saying when to try again (whole seconds, at least 1)."""
+    response.headers["Retry-After"] = str(max(1, math.ceil(min(seconds, 86_400.0))))
+    return response
+
+
 # ─── Authentication ──────────────────────────────────────────────────────────
 
 
@@ -132,21 +162,48 @@ def token_of(conn: HTTPConnection) -> str | None:
     return conn.cookies.get(TOKEN_COOKIE)
 
 
-def check_origin(conn: HTTPConnection, allowed: tuple[str, ...]) -> None:
-    """Raise AuthError(403) for a foreign ``Origin`` (browsers send one)."""
+def check_origin(
+    conn: HTTPConnection, allowed: tuple[str, ...], hosts: tuple[str, ...] | None
+) -> None:
+    """Raise AuthError(403) for a foreign ``Origin`` (browsers send one): one
+    neither on the ``allowed`` origins nor this server's own (the request's
+    ``Host``, whose name must be on ``hosts`` when that is not None: a
+    rebound page's ``Host`` is its own name)."""
     origin = conn.headers.get("origin")
-    if origin is None:
+    if origin is None or origin in allowed or "*" in allowed:
         return
-    host = conn.headers.get("host", "")
-    own = {f"http://{host}", f"https://{host}"}
-    if origin in own or origin in allowed or "*" in allowed:
+    if is_own_origin(origin, conn.headers.get("host", ""), hosts):
         return
     raise AuthError(403, f"origin {urlsplit(origin).netloc or origin} is not allowed")
 
 
 def authenticate(server: Server, conn: HTTPConnection) -> Grant:
-    check_origin(conn, server.settings.origins)
-    return server.authority.verify(token_of(conn), server.clock())
+    """The grant of the request's token. AuthError: 403 for a foreign
+    origin, 401 for a token that does not verify (counted against the
+    client's address), AuthThrottled (429) while that address has no
+    failure left to make (its token, valid or not, is not looked at)."""
+    check_origin(conn, server.settings.origins, server.hosts)
+    return verify_token(server, conn, token_of(conn))
+
+
+def verify_token(server: Server, conn: HTTPConnection, token: str | None) -> Grant:
+    """``token``'s grant, its failures counted per address of ``conn``'s
+    client (see :func:`authenticate`)."""
+    address = conn.client.host if conn.client is not None else None
+    server.failures.check(address)
+    try:
+        return server.authority.verify(token, server.clock())
+    except AuthError:
+        server.failures.failed(address)
+        raise
+
+
+def _auth_refusal(error: AuthError, response: Response) -> Response:
+    """``response`` to a refused authentication, saying when to try again
+    if the client's address was throttled."""
+    if isinstance(error, AuthThrottled):
+        return _retry_after(response, error.retry_after)
+    return response
 
 
 # ─── WebSocket ───────────────────────────────────────────────────────────────
@@ -157,9 +214,8 @@ async def ahp_socket(websocket: WebSocket) -> None:
     try:
         grant = authenticate(server, websocket)
     except AuthError as error:
-        await websocket.send_denial_response(
-            Response(error.reason, status_code=error.status, media_type="text/plain")
-        )
+        denial = Response(error.reason, status_code=error.status, media_type="text/plain")
+        await websocket.send_denial_response(_auth_refusal(error, denial))
         return
     # Select only what we speak: echoing an offered ``huddle.token.*`` would
     # put the credential into the response headers.
@@ -226,19 +282,56 @@ class DirectWriter:
 
 Handler = Callable[[Request, Server, Grant], Awaitable[Response]]
 
+READ_COST: Final = 0.5
+"""A read (a snapshot, a long poll, ``/metrics`` with the agent token):
+half an action."""
+CREATE_COST: Final = 5.0
+"""Creating a session: two channels and a sessions-list entry that stay."""
+SNAPSHOT_BYTES_PER_COST: Final = 64 << 10
+"""A snapshot's size costs one action per this many bytes (as a debt)."""
+AUDIT_RECORDS_PER_COST: Final = 100
+"""An audit's records cost one action per this many (as a debt): about
+the same bytes as a snapshot's unit."""
+ROUTE_COSTS: Final[dict[str, float | None]] = {
+    "/api/sessions": CREATE_COST,
+    "/api/snapshot": READ_COST,
+    "/api/audit": READ_COST,
+    "/api/expiry": ACTION_COST,
+    "/api/dispatch": None,
+    "/api/input/wait": READ_COST,
+    "/api/tokens": ACTION_COST,
+}
+"""What a request costs of its token's budget, in actions (server.ratelimit),
+paid before any of it is read: reads are cheaper than writes. None: the
+handler pays (a dispatch ACTION_COST, as the socket's actions do:
+Commands.admit, after the observer check)."""
 
-def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """Authenticate, then map the server's errors to HTTP answers."""
+
+def api(method: str, path: str, handler: Handler) -> Route:
+    """The route ``method path``: authenticate, pay its cost (429 with
+    ``Retry-After`` beyond the token's budget: :func:`over_budget`), then
+    map the server's errors to HTTP answers."""
+    cost = ROUTE_COSTS[path]
 
     async def endpoint(request: Request) -> Response:
         server: Server = request.app.state.server
         try:
             grant = authenticate(server, request)
+            if cost is not None:
+                server.commands.spend(grant, cost)
             return await handler(request, server, grant)
+        except RateLimited as error:
+            return over_budget(error)
         except (HuddleError, MalformedFrame) as error:
             return http_answer(error)
 
-    return endpoint
+    return Route(path, endpoint, methods=[method])
+
+
+def over_budget(error: RateLimited) -> Response:
+    """429 for a request over its token's budget (a dispatch answers as a
+    rejected action instead: :func:`http_answer`)."""
+    return _retry_after(_problem(429, error.sentence, code=error.code), error.retry_after)
 
 
 def http_answer(error: HuddleError | MalformedFrame) -> Response:
@@ -246,7 +339,7 @@ def http_answer(error: HuddleError | MalformedFrame) -> Response:
     what the socket answers as a JSON-RPC error or a rejection echo)."""
     match error:
         case AuthError():
-            return _problem(error.status, error.reason)
+            return _auth_refusal(error, _problem(error.status, error.reason))
         case BodyTooLarge():
             return _problem(413, str(error))
         case MalformedFrame():
@@ -258,7 +351,10 @@ def http_answer(error: HuddleError | MalformedFrame) -> Response:
             return _problem(status, error.message, code=error.code)
         case ActionRejected():
             status = REJECTION_STATUS.get(error.code, 409)
-            return _json({"rejectionReason": error.reason, "code": error.code}, status)
+            answer = _json({"rejectionReason": error.reason, "code": error.code}, status)
+            if isinstance(error, RateLimited):
+                return _retry_after(answer, error.retry_after)
+            return answer
         case ChannelGone():
             return _problem(404, str(error))
         case StoreUnavailable():
@@ -326,7 +422,8 @@ async def read_snapshot(request: Request, server: Server, grant: Grant) -> Respo
     them, and ``turnsNextCursor`` when older turns exist. With ``cursor=C``
     (a chat's): the turns before C, oldest first, as ``fetchTurns`` pages
     them (at most N, 50 unless asked), as many as fit in the same budget
-    but at least one, ``{"resource", "turns", "turnsNextCursor"?}``."""
+    but at least one, ``{"resource", "turns", "turnsNextCursor"?}``. The
+    answer's size is charged to the token (a debt)."""
     query = request.query_params
     uri = query.get("channel", "")
     turns = _positive(query.get("turns"), "$.turns")
@@ -338,7 +435,13 @@ async def read_snapshot(request: Request, server: Server, grant: Grant) -> Respo
     state = view.state
     if isinstance(state, ChatState):
         state = windowed(state, turns, budget)
-    return _json({"resource": uri, "state": state, "fromSeq": view.seq})
+    return _charged(server, grant, _json({"resource": uri, "state": state, "fromSeq": view.seq}))
+
+
+def _charged(server: Server, grant: Grant, answer: Response) -> Response:
+    """``answer``, its size charged to ``grant``'s token (a debt)."""
+    server.commands.charge(grant, len(answer.body) / SNAPSHOT_BYTES_PER_COST)
+    return answer
 
 
 async def _older_turns(
@@ -363,7 +466,7 @@ async def _older_turns(
     answer: dict[str, Any] = {"resource": chat, "turns": page}
     if older is not None:
         answer["turnsNextCursor"] = older
-    return _json(answer)
+    return _charged(server, grant, _json(answer))
 
 
 def _positive(value: str | None, path: str) -> int | None:
@@ -376,15 +479,20 @@ def _positive(value: str | None, path: str) -> int | None:
 
 
 async def read_audit(request: Request, server: Server, grant: Grant) -> Response:
-    """The session's audit as JSON Lines (server.audit), streamed."""
+    """The session's audit as JSON Lines (server.audit), streamed; its
+    records are charged to the token (a debt) before the first is read."""
     server.commands.allow(grant, Command.READ_AUDIT)
     uri = request.query_params.get("session", "")
     if not uri.startswith(SESSION_SCHEME):
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "expected ahp-session:/<id>", "$.session")
     await server.commands.reach(grant, uri, "$.session")  # a malformed id: 400
     store = server.parts.store
-    if await store.last_audit(uri) is None:
+    last = await store.last_audit(uri)
+    if last is None:
         await server.commands.snapshot(grant, uri)  # 404 when there is no such session
+    else:
+        records = int(decode_json(last)["n"])  # records are numbered from 1
+        server.commands.charge(grant, records / AUDIT_RECORDS_PER_COST)
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in channel_id(uri))
 
     async def lines() -> AsyncIterator[bytes]:
@@ -407,8 +515,13 @@ async def set_expiry(request: Request, server: Server, grant: Grant) -> Response
 
 async def dispatch_action(request: Request, server: Server, grant: Grant) -> Response:
     """Dispatch; with an ``Idempotency-Key``, a retry gets the first
-    answer (server.idempotency) and nothing is applied twice."""
-    server.commands.admit(grant)
+    answer (server.idempotency) and nothing is applied twice. Admitted as
+    the socket's actions are (observers 403, the token's budget 429),
+    before the body is read."""
+    try:
+        server.commands.admit(grant)
+    except ActionRejected as error:
+        return http_answer(error)
     raw = await _raw_body(request, server)
 
     async def dispatch() -> Response:
@@ -431,7 +544,21 @@ async def dispatch_action(request: Request, server: Server, grant: Grant) -> Res
 
 async def wait_input(request: Request, server: Server, grant: Grant) -> Response:
     """Long poll: the outcome of an input request, or 408 after ``timeout``
-    seconds (default 30, at most 300)."""
+    seconds (default 30, at most 300). A token holds at most LONG_POLLS
+    (agents AGENT_LONG_POLLS) at once: 429 ``too-many`` beyond; a poll's
+    slot is given back however it ends."""
+    if not server.polls.open(grant):
+        limit = server.polls.limit_of(grant)
+        return _problem(
+            429, f"at most {limit} long polls at once per token", code=RejectionCode.TOO_MANY
+        )
+    try:
+        return await _wait_input(request, server, grant)
+    finally:
+        server.polls.close(grant)
+
+
+async def _wait_input(request: Request, server: Server, grant: Grant) -> Response:
     chat = request.query_params.get("chat", "")
     request_id = request.query_params.get("request", "")
     try:
@@ -532,8 +659,11 @@ async def read_metrics(request: Request) -> Response:
     if not (scraper and token and hmac.compare_digest(token.encode(), scraper.encode())):
         try:
             grant = authenticate(server, request)
+            server.commands.spend(grant, READ_COST)
+        except RateLimited as error:
+            return over_budget(error)
         except AuthError as error:
-            return _problem(error.status, error.reason)
+            return _auth_refusal(error, _problem(error.status, error.reason))
         if grant.role != "agent":
             return _problem(403, "metrics need the agent token or the metrics token")
     return Response(server.metrics.render(), media_type="text/plain; version=0.0.4")
@@ -548,7 +678,14 @@ async def index(request: Request) -> Response:
     if token:
         server: Server = request.app.state.server
         try:
-            grant = server.authority.verify(token, server.clock())
+            grant = verify_token(server, request, token)
+        except AuthThrottled as error:
+            refusal = HTMLResponse(
+                "<!doctype html><title>Huddle</title><p>Too many links that were not valid "
+                "came from this address: try again in a moment.</p>",
+                status_code=error.status,
+            )
+            return _auth_refusal(error, refusal)
         except AuthError as error:
             return HTMLResponse(
                 "<!doctype html><title>Huddle</title><p>This link's token is not valid: "
@@ -606,12 +743,16 @@ def create_app(
         max_ttl=parts.settings.max_token_ttl,
         max_sessions=limits.max_sessions,
     )
+    hosts = allowed_hosts(parts.settings.host, parts.settings.allowed_hosts)
+    if (warning := rebinding_warning(parts.settings.host, hosts)) is not None:
+        log.warning(warning)
     server = Server(
         parts=parts,
         authority=authority,
         metrics=metrics,
         commands=commands,
         idempotency=Idempotency(parts.store, parts.settings.idempotency_ttl),
+        hosts=hosts,
     )
 
     @contextlib.asynccontextmanager
@@ -629,20 +770,19 @@ def create_app(
     routes = [
         Route("/", index),
         WebSocketRoute("/ahp", ahp_socket),
-        Route("/api/sessions", api(create_session), methods=["POST"]),
-        Route("/api/snapshot", api(read_snapshot), methods=["GET"]),
-        Route("/api/audit", api(read_audit), methods=["GET"]),
-        Route("/api/expiry", api(set_expiry), methods=["POST"]),
-        Route("/api/dispatch", api(dispatch_action), methods=["POST"]),
-        Route("/api/input/wait", api(wait_input), methods=["GET"]),
-        Route("/api/tokens", api(mint_token), methods=["POST"]),
+        api("POST", "/api/sessions", create_session),
+        api("GET", "/api/snapshot", read_snapshot),
+        api("GET", "/api/audit", read_audit),
+        api("POST", "/api/expiry", set_expiry),
+        api("POST", "/api/dispatch", dispatch_action),
+        api("GET", "/api/input/wait", wait_input),
+        api("POST", "/api/tokens", mint_token),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", read_metrics),
     ]
     if WEB_ROOT.is_dir():
         routes.append(Mount("/web", StaticFiles(directory=WEB_ROOT), name="web"))
-    hosts = allowed_hosts(parts.settings.host, parts.settings.allowed_hosts)
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, hosts=hosts)])
     app.state.server = server
     app.state.agents = parts.service

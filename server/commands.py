@@ -68,6 +68,8 @@ MAX_PAGE = 500
 """The largest page of ``listSessions`` (a page always fits in a frame)."""
 AGENT_CLAIM_TTL = 24 * 3600.0
 """How long the agent token holds a client id it used (renewed on use)."""
+ACTION_COST = 1.0
+"""What one action costs of its token's budget (the unit of every cost)."""
 
 
 @dataclass(frozen=True)
@@ -133,16 +135,24 @@ class Commands:
 
     def admit(self, grant: Grant) -> None:
         """ActionRejected unless ``grant`` may send an action now (not an
-        observer, within its token's rate limit): asked before the action is
-        read."""
+        observer; RateLimited beyond its token's rate limit): asked before
+        the action is read."""
         refusal = admission_refusal(grant)
         if refusal is not None:
             raise ActionRejected.of(refusal)
-        if not self.budgets.take(grant):
-            rate = self.budgets.budget_of(grant).rate
-            raise ActionRejected(
-                RejectionCode.RATE_LIMITED, f"at most {rate:g} actions a second per token"
-            )
+        self.spend(grant, ACTION_COST)
+
+    def spend(self, grant: Grant, cost: float) -> None:
+        """Take ``cost`` (in actions) from the budget of ``grant``'s token
+        (a shared link's browsers: the link's); RateLimited, nothing taken,
+        when it does not fit now. Asked before the work it pays for."""
+        self.budgets.spend(grant, cost)
+
+    def charge(self, grant: Grant, cost: float) -> None:
+        """Take ``cost`` from the token's budget even into debt: for what
+        is known only once done (an answer's size); the token's next
+        requests wait it out."""
+        self.budgets.charge(grant, cost)
 
     async def visible_seq(self, grant: Grant, uri: str) -> int | None:
         """The seq of ``uri`` if this token reaches it, else None (a rejection

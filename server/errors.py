@@ -6,9 +6,12 @@ down: this module imports nothing from ``server.runner`` or ``server.mcp``::
 
     HuddleError                     server.errors
     ├── ActionRejected              a well-formed action that is invalid now:
-    │                               echoed to its sender with
-    │                               ``rejectionReason``; state untouched,
-    │                               connection kept
+    │   │                           echoed to its sender with
+    │   │                           ``rejectionReason``; state untouched,
+    │   │                           connection kept
+    │   └── RateLimited             server.ratelimit: over the token's
+    │                               budget (``rate-limited``; over HTTP 429
+    │                               with ``Retry-After``)
     ├── CommandError                a command that cannot be done (unknown
     │                               session, session exists, permission):
     │                               JSON-RPC error with an AHP code;
@@ -18,8 +21,12 @@ down: this module imports nothing from ``server.runner`` or ``server.mcp``::
     │                               ended, cancelled, truncated, or the chat
     │                               is gone)
     ├── AuthError                   a token that is missing, forged, expired
-    │                               or not allowed here: HTTP 401/403 before
-    │                               accept
+    │   │                           or not allowed here: HTTP 401/403 before
+    │   │                           accept
+    │   └── AuthThrottled           server.ratelimit: too many failed
+    │                               authentications from the client's
+    │                               address: 429 with ``Retry-After``, the
+    │                               token not looked at
     ├── BodyTooLarge                an HTTP API body over ``max_body_bytes``:
     │                               413, refused before it is read
     ├── ProtocolError               (client) the server answered a request

@@ -7,7 +7,12 @@
   this server's address (DNS rebinding) reaches nothing. By default a server
   listening on a loopback address accepts only loopback names
   (``localhost``, ``127.0.0.1``, ``::1``); one listening elsewhere accepts any
-  name unless ``--allowed-host`` says which;
+  name unless ``--allowed-host`` says which, and :func:`rebinding_warning`
+  says so at start-up: nothing then guards against DNS rebinding;
+- a browser's ``Origin`` is the server's own (:func:`is_own_origin`) only
+  when it names the request's ``Host`` and, when there is an allow-list,
+  a host on it: the ``Host`` a rebound page sends is its own name, so it
+  cannot vouch for itself;
 - every HTTP response gets security headers: a Content-Security-Policy that
   allows only the server's own scripts, styles and connections and no
   framing (``frame-ancestors 'none'``), ``X-Content-Type-Options: nosniff``,
@@ -50,6 +55,29 @@ def host_name(header: str) -> str:
     if header.startswith("["):
         return header[1:].split("]", 1)[0].lower()
     return header.rsplit(":", 1)[0].lower() if header.count(":") == 1 else header.lower()
+
+
+def is_own_origin(origin: str, host: str, hosts: tuple[str, ...] | None) -> bool:
+    """Whether a browser's ``Origin`` is this server's own: ``http(s)://``
+    and the request's ``Host`` (the same name and port: another port is
+    another origin, though its cookies are this one's), and, with an
+    allow-list (``hosts`` not None), a name on it."""
+    if origin not in (f"http://{host}", f"https://{host}"):
+        return False
+    return hosts is None or host_name(host) in hosts
+
+
+def rebinding_warning(listen: str, hosts: tuple[str, ...] | None) -> str | None:
+    """What to warn of when a server listening on ``listen`` answers to
+    any ``Host`` (``hosts`` None), else None."""
+    if hosts is not None:
+        return None
+    return (
+        f"serving on {listen} answers to any Host name: DNS rebinding is not guarded "
+        "(a page on another site whose name is pointed at this address reaches the server "
+        "as its own origin); name this server's host names with --allowed-host "
+        "(HUDDLE_ALLOWED_HOSTS)"
+    )
 
 
 class Guard:

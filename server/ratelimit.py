@@ -1,22 +1,39 @@
-"""Action budgets per token: how many actions a token may send a second.
+"""Budgets: what a token may spend a second, what one client address may
+fail to authenticate, and how many long polls a token may hold at once.
 
 One budget per token, shared by every connection and the HTTP API (a
-participant opening ten sockets does not get ten times the budget). Agent
-tokens have a budget of their own, larger by default: an agent streaming
-``chat/delta`` into twenty chats over one socket is normal. Budgets of
-tokens that go quiet are forgotten once they are full again; at most
-``max_tokens`` are kept (the least recently used goes first), so the map
-stays bounded however many tokens come.
+participant opening ten sockets does not get ten times the budget; a shared
+link's browsers spend the link's). Its unit is one action: an HTTP request
+costs what its route says (:mod:`server.app`). Agent tokens have a budget of
+their own, larger by default: an agent streaming ``chat/delta`` into twenty
+chats over one socket is normal. A cost is paid up front, or, for what is
+known only once done (the size of an answer), charged afterwards as a debt
+that the next requests wait out; no single cost is more than the burst, so
+everything fits a full budget.
+
+Failed authentications are counted per client address
+(:class:`FailedAuthentications`): an address that spent its allowance is
+refused before its token is looked at, until it has room again; other
+addresses are untouched.
+
+Every map here stays bounded however many tokens or addresses come: at most
+``max_tokens`` buckets (the least recently used goes first), and long poll
+counts only for tokens that hold one.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
+from protocol.rejections import RejectionCode
 from server.auth import Grant
 from server.cache import Lru
+from server.errors import ActionRejected, AuthError
 
 
 @dataclass(frozen=True)
@@ -27,22 +44,71 @@ class Budget:
     burst: int
 
 
+FAILED_AUTHENTICATIONS: Final = Budget(rate=1.0, burst=20)
+"""Failed authentications one client address may make: 20 in a row, then
+one a second (a browser retrying with an expired token stays well within)."""
+LONG_POLLS: Final = 8
+"""``/api/input/wait`` polls one participant or observer token (a shared
+link: all its browsers) may hold open at once."""
+AGENT_LONG_POLLS: Final = 1000
+"""The same for an agent token (trusted, but bounded all the same)."""
+
+
+class RateLimited(ActionRejected):
+    """A token over its budget: ``rate-limited``; ``retry_after`` seconds
+    until what it asked for fits."""
+
+    def __init__(self, rate: float, retry_after: float) -> None:
+        super().__init__(RejectionCode.RATE_LIMITED, f"at most {rate:g} actions a second per token")
+        self.rate = rate
+        self.retry_after = retry_after
+
+
+class AuthThrottled(AuthError):
+    """Too many failed authentications from one client address lately: 429,
+    answered before the token is looked at; ``retry_after`` seconds until the
+    address may try again."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(429, "too many failed authentications from this address: retry later")
+        self.retry_after = retry_after
+
+
 class TokenBucket:
-    """A token bucket for one :class:`Budget`."""
+    """A token bucket for one :class:`Budget`; ``now`` comes from its owner's
+    clock (so that a test may move it)."""
 
-    def __init__(self, budget: Budget, clock: Callable[[], float]) -> None:
-        self.budget, self.clock = budget, clock
+    def __init__(self, budget: Budget, now: float) -> None:
+        self.budget = budget
         self.tokens = float(budget.burst)
-        self.stamp = clock()
-
-    def take(self) -> bool:
-        now = self.clock()
-        self.tokens = min(self.budget.burst, self.tokens + (now - self.stamp) * self.budget.rate)
         self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
+
+    def _refill(self, now: float) -> None:
+        elapsed = max(0.0, now - self.stamp)
+        self.tokens = min(self.budget.burst, self.tokens + elapsed * self.budget.rate)
+        self.stamp = now
+
+    def wait(self, cost: float, now: float) -> float:
+        """Seconds until ``cost`` fits (0: now); takes nothing."""
+        self._refill(now)
+        missing = min(cost, self.budget.burst) - self.tokens
+        if missing <= 0:
+            return 0.0
+        return missing / self.budget.rate if self.budget.rate > 0 else math.inf
+
+    def spend(self, cost: float, now: float) -> float:
+        """Take ``cost`` (at most the burst) if it fits and return 0; else
+        take nothing and return the seconds until it fits."""
+        wait = self.wait(cost, now)
+        if wait == 0:
+            self.tokens -= min(cost, self.budget.burst)
+        return wait
+
+    def charge(self, cost: float, now: float) -> None:
+        """Take ``cost`` (at most the burst) whether or not it fits: a debt
+        the next requests wait out."""
+        self._refill(now)
+        self.tokens -= min(cost, self.budget.burst)
 
 
 class Budgets:
@@ -64,10 +130,103 @@ class Budgets:
     def budget_of(self, grant: Grant) -> Budget:
         return self.agent if grant.role == "agent" else self.participant
 
-    def take(self, grant: Grant) -> bool:
-        """Whether ``grant``'s token may send one more action now."""
+    def _bucket(self, grant: Grant) -> TokenBucket:
         bucket = self._buckets.get(grant.budget_key)
         if bucket is None:
-            bucket = TokenBucket(self.budget_of(grant), self.clock)
+            bucket = TokenBucket(self.budget_of(grant), self.clock())
             self._buckets.put(grant.budget_key, bucket)
-        return bucket.take()
+        return bucket
+
+    def spend(self, grant: Grant, cost: float = 1.0) -> None:
+        """Take ``cost`` from ``grant``'s budget; RateLimited (nothing taken)
+        when it does not fit now."""
+        wait = self._bucket(grant).spend(cost, self.clock())
+        if wait > 0:
+            raise RateLimited(self.budget_of(grant).rate, wait)
+
+    def charge(self, grant: Grant, cost: float) -> None:
+        """Take ``cost`` from ``grant``'s budget even into debt (for what was
+        known only once done)."""
+        self._bucket(grant).charge(cost, self.clock())
+
+
+def address_key(host: str | None) -> str:
+    """Whose failures a client address counts as: an IPv4 address itself,
+    an IPv6 address its /64 (one host's usual share: cycling through it buys
+    nothing)."""
+    if host is None:
+        return ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+class FailedAuthentications:
+    """Failed authentications per client address (see the module docstring):
+    ask :meth:`check` before verifying a token, tell :meth:`failed` after a
+    token failed to verify."""
+
+    def __init__(
+        self,
+        budget: Budget = FAILED_AUTHENTICATIONS,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_addresses: int = 10_000,
+    ) -> None:
+        self.budget = budget
+        self.clock = clock
+        self._buckets: Lru[str, TokenBucket] = Lru(max_addresses)
+
+    def check(self, host: str | None) -> None:
+        """AuthThrottled when the address of ``host`` has no failure left to
+        make now."""
+        bucket = self._buckets.get(address_key(host))
+        if bucket is not None and (wait := bucket.wait(1, self.clock())) > 0:
+            raise AuthThrottled(wait)
+
+    def failed(self, host: str | None) -> None:
+        key = address_key(host)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = TokenBucket(self.budget, self.clock())
+            self._buckets.put(key, bucket)
+        bucket.charge(1, self.clock())
+
+
+class LongPolls:
+    """Long polls held open per token (its budget key): at most
+    LONG_POLLS (AGENT_LONG_POLLS for an agent). Only tokens holding one
+    are in the map."""
+
+    def __init__(self, limit: int = LONG_POLLS, agent_limit: int = AGENT_LONG_POLLS) -> None:
+        self.limit = limit
+        self.agent_limit = agent_limit
+        self._held: dict[str, int] = {}
+
+    def limit_of(self, grant: Grant) -> int:
+        return self.agent_limit if grant.role == "agent" else self.limit
+
+    def held(self, grant: Grant) -> int:
+        return self._held.get(grant.budget_key, 0)
+
+    def open(self, grant: Grant) -> bool:
+        """Take a slot for one more poll of ``grant``'s; False when it holds
+        its limit already. Every True must be followed by :meth:`close`."""
+        held = self.held(grant)
+        if held >= self.limit_of(grant):
+            return False
+        self._held[grant.budget_key] = held + 1
+        return True
+
+    def close(self, grant: Grant) -> None:
+        held = self.held(grant) - 1
+        if held > 0:
+            self._held[grant.budget_key] = held
+        else:
+            self._held.pop(grant.budget_key, None)

@@ -288,10 +288,10 @@ half an action."""
 CREATE_COST: Final = 5.0
 """Creating a session: two channels and a sessions-list entry that stay."""
 SNAPSHOT_BYTES_PER_COST: Final = 64 << 10
-"""A snapshot's size costs one action per this many bytes (as a debt)."""
+"""A snapshot costs one action more per whole 64 KiB of it (as a debt)."""
 AUDIT_RECORDS_PER_COST: Final = 100
-"""An audit's records cost one action per this many (as a debt): about
-the same bytes as a snapshot's unit."""
+"""An audit export costs one action more per whole 100 records (as a
+debt): about the bytes of a snapshot's 64 KiB."""
 ROUTE_COSTS: Final[dict[str, float | None]] = {
     "/api/sessions": CREATE_COST,
     "/api/snapshot": READ_COST,
@@ -440,7 +440,7 @@ async def read_snapshot(request: Request, server: Server, grant: Grant) -> Respo
 
 def _charged(server: Server, grant: Grant, answer: Response) -> Response:
     """``answer``, its size charged to ``grant``'s token (a debt)."""
-    server.commands.charge(grant, len(answer.body) / SNAPSHOT_BYTES_PER_COST)
+    server.commands.charge(grant, len(answer.body) // SNAPSHOT_BYTES_PER_COST)
     return answer
 
 
@@ -492,7 +492,7 @@ async def read_audit(request: Request, server: Server, grant: Grant) -> Response
         await server.commands.snapshot(grant, uri)  # 404 when there is no such session
     else:
         records = int(decode_json(last)["n"])  # records are numbered from 1
-        server.commands.charge(grant, records / AUDIT_RECORDS_PER_COST)
+        server.commands.charge(grant, records // AUDIT_RECORDS_PER_COST)
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in channel_id(uri))
 
     async def lines() -> AsyncIterator[bytes]:

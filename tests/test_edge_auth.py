@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
+from starlette.requests import HTTPConnection
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin, Subprotocol
@@ -35,10 +38,13 @@ from protocol.chat import (
 )
 from protocol.session import SessionState
 from protocol.uris import ROOT_URI
+from server.app import check_origin
 from server.auth import Grant, TokenAuthority
 from server.client import HuddleClient
-from server.errors import ActionRejected
-from tests.conftest import AGENT_TOKEN, RunningServer, user_message
+from server.config import Settings
+from server.errors import ActionRejected, AuthError
+from server.headers import LOOPBACK_NAMES
+from tests.conftest import AGENT_TOKEN, RunningServer, start_server, user_message
 from tests.edge import Frame, Peer, http, initialize_params
 
 SESSION_A = "ahp-session:/team-a"
@@ -244,6 +250,74 @@ async def test_foreign_origin_is_refused_with_403(huddle: RunningServer) -> None
 
     assert refused.value.response.status_code == 403
     assert not huddle.server.connections
+
+
+ORIGINS: list[Any] = [
+    pytest.param("localhost:8765", "http://localhost:8765", LOOPBACK_NAMES, True, id="own"),
+    pytest.param("[::1]:8765", "https://[::1]:8765", LOOPBACK_NAMES, True, id="own-ipv6"),
+    pytest.param(
+        "rebound.example:8765",
+        "http://rebound.example:8765",
+        LOOPBACK_NAMES,
+        False,
+        id="rebound-name-vouching-for-itself",
+    ),
+    pytest.param(
+        "localhost:8765", "http://localhost:3000", LOOPBACK_NAMES, False, id="another-port"
+    ),
+    pytest.param(
+        "rebound.example:8765",
+        "https://app.example",
+        LOOPBACK_NAMES,
+        True,
+        id="on-the-origin-allow-list",
+    ),
+    pytest.param(
+        "rebound.example:8765",
+        "http://rebound.example:8765",
+        None,
+        True,
+        id="no-host-allow-list-nothing-to-check-against",
+    ),
+]
+
+
+@pytest.mark.parametrize(("host", "origin", "hosts", "accepted"), ORIGINS)
+def test_an_origin_is_the_servers_own_only_with_a_host_on_the_allow_list(
+    host: str, origin: str, hosts: tuple[str, ...] | None, accepted: bool
+) -> None:
+    """The Origin check on its own (the Host guard in front refuses such a
+    Host too): a rebound page's Host is its own name and vouches for
+    nothing."""
+    headers = [(b"host", host.encode()), (b"origin", origin.encode())]
+    request = HTTPConnection({"type": "http", "headers": headers})
+
+    if accepted:
+        check_origin(request, ("https://app.example",), hosts)
+    else:
+        with pytest.raises(AuthError) as refused:
+            check_origin(request, ("https://app.example",), hosts)
+        assert refused.value.status == 403
+
+
+@pytest.mark.parametrize("origin", ["http://huddle.test", "http://rebound.example"])
+async def test_a_rebound_page_reaches_nothing_with_an_allow_list(origin: str) -> None:
+    running = await start_server(Settings(port=0, allowed_hosts=("huddle.test",)))
+    try:
+        async with httpx.AsyncClient(trust_env=False) as http:
+            reply = await http.get(
+                f"{running.http}/api/snapshot",
+                params={"channel": ROOT_URI},
+                headers={
+                    "Host": f"{urlsplit(origin).hostname}:{running.port}",
+                    "Origin": f"{origin}:{running.port}",
+                    "Authorization": f"Bearer {AGENT_TOKEN}",
+                },
+            )
+    finally:
+        await running.stop()
+
+    assert reply.status_code == (200 if origin == "http://huddle.test" else 400)
 
 
 async def test_own_origin_is_accepted(huddle: RunningServer) -> None:

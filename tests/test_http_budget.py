@@ -37,6 +37,7 @@ from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, WallClock, start_se
 from tests.edge import eventually
 
 SESSION = "ahp-session:/budget"
+Query = dict[str, str | float]
 
 
 def turn(turn_id: str, text: str = "Deploy?") -> ChatTurnStarted:
@@ -315,7 +316,7 @@ async def test_links_with_bad_tokens_count_as_failed_authentications(
 async def test_a_token_holds_at_most_eight_long_polls_at_once(huddle: RunningServer) -> None:
     chat = await chat_asking(huddle)
     token, other = huddle.token("participant"), huddle.token("participant")
-    query = {"chat": chat, "request": "r", "timeout": 5 * UNIT}
+    query: Query = {"chat": chat, "request": "r", "timeout": 5 * UNIT}
     async with client(huddle, token) as http, client(huddle, other) as another:
         polls = [asyncio.create_task(http.get("/api/input/wait", params=query)) for _ in range(8)]
         await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) == LONG_POLLS)
@@ -346,8 +347,8 @@ async def test_a_long_poll_gives_its_slot_back_however_it_ends(
     other_chat = await chat_asking(huddle, "ahp-session:/budget-2", "last")
     token = huddle.token("participant")
     grant = grant_of(huddle, token)
-    query = {"chat": chat, "request": "r", "timeout": 5 * UNIT}
-    last = {
+    query: Query = {"chat": chat, "request": "r", "timeout": 5 * UNIT}
+    last: Query = {
         "chat": other_chat,
         "request": "last",
         "timeout": 1 * UNIT if ending == "timed-out" else 5 * UNIT,
@@ -389,7 +390,7 @@ async def test_a_long_poll_gives_its_slot_back_however_it_ends(
 
 async def test_a_long_poll_refused_as_a_bad_request_takes_no_slot(huddle: RunningServer) -> None:
     token = huddle.token("participant")
-    bad = {"chat": "ahp-session:/not-a-chat", "request": "r"}
+    bad: Query = {"chat": "ahp-session:/not-a-chat", "request": "r"}
     async with client(huddle, token) as http:
         replies = [await http.get("/api/input/wait", params=bad) for _ in range(LONG_POLLS + 1)]
 

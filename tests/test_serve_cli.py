@@ -113,3 +113,32 @@ async def test_serve_shuts_down_gracefully_on_sigterm(served: Served) -> None:
     assert "Application shutdown complete" in rest
     assert "Finished server process" in rest
     await client.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "warned"),
+    [
+        pytest.param((), False, id="loopback"),
+        # 127.0.0.2 is loopback to the kernel but not a loopback bind to the
+        # Host guard (only 127.0.0.1, localhost, ::1 are): it answers to any
+        # Host, as 0.0.0.0 does, and nothing here listens beyond loopback.
+        pytest.param(("--host", "127.0.0.2"), True, id="elsewhere"),
+        pytest.param(
+            ("--host", "127.0.0.2", "--allowed-host", "127.0.0.2"), False, id="elsewhere-named"
+        ),
+    ],
+)
+async def test_serve_warns_when_no_host_name_guards_against_dns_rebinding(
+    args: tuple[str, ...], warned: bool
+) -> None:
+    running = await start(*args, env={"HUDDLE_TOKEN": TOKEN})
+    try:
+        warnings = [line for line in running.output if "DNS rebinding is not guarded" in line]
+    finally:
+        running.process.kill()
+        await running.process.wait()
+
+    assert len(warnings) == warned
+    if warned:
+        assert warnings[0].startswith("WARNING ")
+        assert "--allowed-host" in warnings[0]

@@ -179,23 +179,37 @@ def check_origin(
 
 def authenticate(server: Server, conn: HTTPConnection) -> Grant:
     """The grant of the request's token. AuthError: 403 for a foreign
-    origin, 401 for a token that does not verify (counted against the
-    client's address), AuthThrottled (429) while that address has no
-    failure left to make (its token, valid or not, is not looked at)."""
+    origin, 401 for a token that does not verify (a guess counted against
+    the client's address: :func:`verify_token`), AuthThrottled (429) while
+    that address has no failure left to make (its token, valid or not, is
+    not looked at)."""
     check_origin(conn, server.settings.origins, server.hosts)
     return verify_token(server, conn, token_of(conn))
 
 
 def verify_token(server: Server, conn: HTTPConnection, token: str | None) -> Grant:
     """``token``'s grant, its failures counted per address of ``conn``'s
-    client (see :func:`authenticate`)."""
+    client (see :func:`authenticate`). What counts is a token that is not
+    one of ours (unknown, forged, malformed): a guess. No token at all, or
+    one of ours that has expired (a browser's stale cookie), guesses
+    nothing and is not counted."""
     address = conn.client.host if conn.client is not None else None
     server.failures.check(address)
     try:
         return server.authority.verify(token, server.clock())
     except AuthError:
-        server.failures.failed(address)
+        if token and not _ours(server, token):
+            server.failures.failed(address)
         raise
+
+
+def _ours(server: Server, token: str) -> bool:
+    """Whether ``token`` is one this server signed, expired or not."""
+    try:
+        server.authority.verify(token, 0.0)
+    except AuthError:
+        return False
+    return True
 
 
 def _auth_refusal(error: AuthError, response: Response) -> Response:

@@ -296,6 +296,26 @@ async def test_a_failed_authentication_flood_is_throttled_for_its_address_alone(
     assert [guessed.status_code, again.status_code] == [401, 429]
 
 
+async def test_no_token_or_an_expired_one_of_ours_is_no_guess_and_not_counted(
+    huddle: RunningServer,
+) -> None:
+    expired = huddle.authority.mint("participant", expires_at=time.time() - 1)
+    valid = huddle.token("participant")
+    root = {"channel": "ahp-root://"}
+    async with client(huddle, expired) as stale, client(huddle) as bare:
+        refused = [
+            await anyone.get("/api/snapshot", params=root)
+            for _ in range(FAILED_AUTHENTICATIONS.burst + 5)
+            for anyone in (stale, bare)
+        ]
+        served = await stale.get(
+            "/api/snapshot", params=root, headers={"Authorization": f"Bearer {valid}"}
+        )
+
+    assert {r.status_code for r in refused} == {401}
+    assert served.status_code == 200
+
+
 async def test_links_with_bad_tokens_count_as_failed_authentications(
     huddle: RunningServer,
 ) -> None:
@@ -351,10 +371,11 @@ async def test_a_long_poll_gives_its_slot_back_however_it_ends(
     last: Query = {
         "chat": other_chat,
         "request": "last",
-        "timeout": 1 * UNIT if ending == "timed-out" else 5 * UNIT,
+        "timeout": 2 * UNIT if ending == "timed-out" else 5 * UNIT,
     }
     async with client(huddle, token) as http:
         polls = [asyncio.create_task(http.get("/api/input/wait", params=query)) for _ in range(7)]
+        await eventually(lambda: huddle.server.polls.held(grant) == LONG_POLLS - 1)
         ending_poll = asyncio.create_task(http.get("/api/input/wait", params=last))
         await eventually(lambda: huddle.server.polls.held(grant) == LONG_POLLS)
         assert (await http.get("/api/input/wait", params=query)).status_code == 429

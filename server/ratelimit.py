@@ -12,9 +12,10 @@ that the next requests wait out; no single cost is more than the burst, so
 everything fits a full budget.
 
 Failed authentications are counted per client address
-(:class:`FailedAuthentications`): an address that spent its allowance is
-refused before its token is looked at, until it has room again; other
-addresses are untouched.
+(:class:`FailedAuthentications`; which failures count, the edge decides:
+guesses, :func:`server.app.verify_token`): an address that spent its
+allowance is refused before its token is looked at, until it has room
+again; other addresses are untouched.
 
 Every map here stays bounded however many tokens or addresses come: at most
 ``max_tokens`` buckets (the least recently used goes first), and long poll

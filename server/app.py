@@ -299,15 +299,13 @@ Handler = Callable[[Request, Server, Grant], Awaitable[Response]]
 READ_COST: Final = 0.5
 """A read (a snapshot, a long poll, ``/metrics`` with the agent token):
 half an action."""
-CREATE_COST: Final = 5.0
-"""Creating a session: two channels and a sessions-list entry that stay."""
 SNAPSHOT_BYTES_PER_COST: Final = 64 << 10
 """A snapshot costs one action more per whole 64 KiB of it (as a debt)."""
 AUDIT_RECORDS_PER_COST: Final = 100
 """An audit export costs one action more per whole 100 records (as a
 debt): about the bytes of a snapshot's 64 KiB."""
 ROUTE_COSTS: Final[dict[str, float | None]] = {
-    "/api/sessions": CREATE_COST,
+    "/api/sessions": None,
     "/api/snapshot": READ_COST,
     "/api/audit": READ_COST,
     "/api/expiry": ACTION_COST,
@@ -317,8 +315,8 @@ ROUTE_COSTS: Final[dict[str, float | None]] = {
 }
 """What a request costs of its token's budget, in actions (server.ratelimit),
 paid before any of it is read: reads are cheaper than writes. None: the
-handler pays (a dispatch ACTION_COST, as the socket's actions do:
-Commands.admit, after the observer check)."""
+handler pays ACTION_COST as the socket does for the same thing (a dispatch,
+a session created: Commands.admit, after the permission check)."""
 
 
 def api(method: str, path: str, handler: Handler) -> Route:

@@ -67,6 +67,24 @@ async def test_create_chat_adds_it_to_the_session_catalog(huddle: RunningServer)
     assert isinstance(chat.state, ChatState)
 
 
+async def test_create_chat_in_a_session_that_is_gone_is_not_found(
+    huddle: RunningServer,
+) -> None:
+    # A page still showing a disposed session may ask: it gets an answer, and
+    # its connection stays (the error was once a bug that closed it, 1011).
+    agent = await huddle.client("agent")
+    await agent.create_session("ahp-session:/gone")
+    await agent.call("disposeSession", {"channel": "ahp-session:/gone"})
+    participant = await huddle.client()
+    with pytest.raises(ProtocolError) as error:
+        await participant.call(
+            "createChat", {"channel": "ahp-session:/gone", "chat": "ahp-chat:/orphan"}
+        )
+    assert error.value.code == -32001
+    assert error.value.message == "no session ahp-session:/gone"
+    assert await participant.call("ping", {"channel": ROOT_URI}) is None
+
+
 async def test_list_sessions_pages_most_recent_first(huddle: RunningServer) -> None:
     agent = await huddle.client("agent")
     for n in range(5):

@@ -5,7 +5,7 @@ through ``web/reducers.js`` and ``web/validation.js`` (the same files the
 Python reducers pass), plus purity, totality and the validation tables. Here
 pytest runs them with node's built-in test runner and shows node's output on
 failure, and checks that the JavaScript knows the same action types as
-:mod:`protocol.actions`.
+:mod:`protocol.actions` and the codes it acts on (``web/chats.js``).
 
 To check parity against another folder of fixtures (AHP's own, for example)::
 
@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from protocol.actions import ACTION_TYPES, CLIENT_DISPATCHABLE
+from protocol.messages import ErrorCode
+from protocol.rejections import RejectionCode
 from tests.conftest import UNIT
 
 ROOT = Path(__file__).parent.parent
@@ -97,3 +99,14 @@ def test_web_reducers_know_every_action_type_python_knows() -> None:
 def test_web_client_dispatchable_set_is_ahps() -> None:
     python = sorted(str(cls.__struct_config__.tag) for cls in CLIENT_DISPATCHABLE)
     assert sorted(js_action_types()["dispatchable"]) == python
+
+
+def test_web_chats_use_the_servers_codes() -> None:
+    module = (WEB / "chats.js").as_uri()
+    script = (
+        f"import {{ ALREADY_EXISTS, CHAT_FULL }} from {json.dumps(module)};\n"
+        "console.log(JSON.stringify([CHAT_FULL, ALREADY_EXISTS]));\n"
+    )
+    result = run_node("--input-type=module", "--eval", script)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [RejectionCode.CHAT_FULL, ErrorCode.ALREADY_EXISTS]

@@ -3,9 +3,11 @@
 // connection state, and reports what the server refused. It also keeps the
 // people's side: who this page is (asking a shared link's holder for the
 // name they go by), its entry in the open session's active clients, and
-// the session's audit download.
+// the session's audit download; and new chats (chats.js), the way on from
+// a chat that is full.
 
 import { AhpClient, randomId, RpcError } from './ahp-client.js';
+import { createChatParams, isChatFull, listsChat, madeBefore, mayCreateChats, newChatUri } from './chats.js';
 import { ChatView } from './chat-view.js';
 import { h } from './dom.js';
 import { isRead, reasonSentence } from './format.js';
@@ -42,6 +44,10 @@ const app = {
   naming: 'unasked',
   /** Active-client entries set per session on this connection (a bound on retries). */
   presenceTries: new Map(),
+  /** Chats the server refused a turn in as full, with its reason. */
+  fullChats: new Map(),
+  /** A chat this page just started, {chat, draft}, until it opens. */
+  started: null,
 };
 
 function loadSeen() {
@@ -108,7 +114,14 @@ function navigate({ focus = false } = {}) {
   openChat(route.chat);
   document.body.classList.toggle('in-session', Boolean(app.sessionUri));
   render();
-  if (focus && app.sessionUri) chatView.transcript.focus({ preventScroll: true });
+  if (app.started && app.started.chat === app.chatUri) {
+    // A chat started here is open: what was typed is in its composer, unsent.
+    chatView.restore(app.started.draft);
+    chatView.focusComposer();
+    app.started = null;
+  } else if (focus && app.sessionUri) {
+    chatView.transcript.focus({ preventScroll: true });
+  }
 }
 
 /** Open `wanted`, or the session's default chat once the session's state is known. */
@@ -182,6 +195,8 @@ function renderMain() {
     chatHref: (uri) => chatHref(app.sessionUri, uri),
     me: client.identity,
     clientId: client.clientId,
+    mayCreateChats: mayCreateChats(client.identity),
+    full: app.fullChats.get(app.chatUri) ?? null,
   });
 }
 
@@ -438,7 +453,53 @@ const chatCtx = {
   },
   announce,
   downloadAudit,
+  newChat,
 };
+
+// ─── New chats ──────────────────────────────────────────────────────────
+
+/**
+ * Start a new chat in the open session (AHP `createChat`), wait for the
+ * session's `session/chatAdded`, and open the chat with `draft` in its
+ * composer. True once it is open; false when it is not (the server's
+ * refusal is said in a toast, or the page left the session meanwhile).
+ */
+async function newChat(draft = '') {
+  const session = app.sessionUri;
+  if (!session) return false;
+  const chat = newChatUri(randomId());
+  try {
+    await client.request('createChat', createChatParams(session, chat));
+  } catch (error) {
+    if (!madeBefore(error)) {
+      toast(`Could not start a new chat: ${error.message}`, 'error');
+      return false;
+    }
+  }
+  await listed(session, chat);
+  if (app.sessionUri !== session || !listsChat(client.state(session), chat)) return false;
+  app.started = { chat, draft };
+  location.hash = chatHref(session, chat);
+  return true;
+}
+
+/** Resolves once `session` lists `chat`, or the page is no longer in that session. */
+function listed(session, chat) {
+  const done = () => listsChat(client.state(session), chat) || app.sessionUri !== session || app.missing.has(session);
+  return new Promise((resolve) => {
+    const check = () => {
+      if (!done()) return;
+      client.removeEventListener('change', check);
+      client.removeEventListener('missing', check);
+      removeEventListener('hashchange', check);
+      resolve();
+    };
+    client.addEventListener('change', check);
+    client.addEventListener('missing', check);
+    addEventListener('hashchange', check);
+    check();
+  });
+}
 
 // ─── The session's audit ────────────────────────────────────────────────
 
@@ -600,7 +661,9 @@ client.addEventListener('rejected', ({ detail: { uri, action, reason } }) => {
       break;
     case 'chat/turnStarted':
       chatView.restore(action.message?.text ?? '');
-      toast(`The message was not sent: ${sentence}`, 'error');
+      // A full chat takes no new turn: the way on is a new chat (by the composer).
+      if (isChatFull(reason)) app.fullChats.set(uri, reason);
+      else toast(`The message was not sent: ${sentence}`, 'error');
       break;
     case 'chat/inputAnswerChanged':
       toast(`Your answer was not saved: ${sentence}`, 'error');

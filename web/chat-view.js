@@ -2,12 +2,17 @@
 // input requests in the place of the response where they were asked) and
 // the composer that starts a turn or stops the active one.
 //
+// "New chat" starts another chat in the session (not for observers, who may
+// create nothing); a chat the server refused a turn in as full says so by
+// the composer and offers the same, taking what was typed along.
+//
 // The transcript is kept in step with the state by key (turn id, part id),
 // so an update touches only what changed and never rebuilds a form that
 // someone is typing in. The header says who is here now (the session's
 // active clients) and offers the session's audit; the cards credit people
 // from the session's notes (people.js).
 
+import { fullChatText } from './chats.js';
 import { h, syncKeyed, uid } from './dom.js';
 import { ACTIVITY_LABEL, activityOf, clockTime } from './format.js';
 import { InputRequestView } from './input-request.js';
@@ -163,7 +168,9 @@ export class ChatView {
   /**
    * @param {object} ctx dispatch(action), check(action), isSending(id),
    *   takeError(id), startTurn(text), cancelTurn(), loadOlder(), announce(text),
-   *   downloadAudit()
+   *   downloadAudit(), newChat(draft) (resolves true once the new chat is
+   *   open, false when not (a toast said why, or the page left the
+   *   session); `draft`: the text to take along)
    */
   constructor(ctx, { suggestions = [] } = {}) {
     this.ctx = ctx;
@@ -183,6 +190,12 @@ export class ChatView {
       'button',
       { type: 'button', class: 'ghost small audit', onclick: () => this.downloadAudit() },
       'Download audit',
+    );
+    this.newChatButton = h(
+      'button',
+      { type: 'button', class: 'ghost small new-chat', hidden: true, onclick: () => this.newChat(this.newChatButton) },
+      h('span', { 'aria-hidden': 'true' }, '+ '),
+      'New chat',
     );
     this.tabs = h('nav', { class: 'chat-tabs', 'aria-label': 'Chats in this session', hidden: true });
     this.older = h('button', { type: 'button', class: 'ghost load-older', hidden: true, onclick: () => ctx.loadOlder() }, 'Load earlier turns');
@@ -225,9 +238,23 @@ export class ChatView {
     this.sendButton = h('button', { type: 'submit', class: 'primary' }, 'Send');
     this.stopButton = h('button', { type: 'button', class: 'danger-outline', hidden: true, onclick: () => ctx.cancelTurn() }, 'Stop');
     this.help = h('p', { id: 'composer-help', class: 'composer-help' }, 'Enter sends, Shift+Enter adds a line.');
+    this.fullText = h('p', { class: 'full-text' });
+    this.fullButton = h(
+      'button',
+      { type: 'button', class: 'primary small', onclick: () => this.newChat(this.fullButton, this.input.value) },
+      'Start a new chat',
+    );
+    this.fullNotice = h(
+      'div',
+      { class: 'composer-notice', role: 'alert', hidden: true },
+      h('p', { class: 'full-title' }, 'This chat is full'),
+      this.fullText,
+      this.fullButton,
+    );
     this.composer = h(
       'form',
       { class: 'composer', onsubmit: (event) => { event.preventDefault(); this.send(); } },
+      this.fullNotice,
       h('label', { for: this.input.id, class: 'visually-hidden' }, 'Message to the agent'),
       this.input,
       h('div', { class: 'composer-buttons' }, this.sendButton, this.stopButton),
@@ -242,7 +269,12 @@ export class ChatView {
         { class: 'chat-head' },
         this.back,
         h('div', { class: 'chat-title-row' }, this.title, this.status),
-        h('div', { class: 'chat-head-side' }, this.presence, this.auditButton),
+        h(
+          'div',
+          { class: 'chat-head-side' },
+          this.presence,
+          h('div', { class: 'chat-actions' }, this.newChatButton, this.auditButton),
+        ),
       ),
       this.tabs,
       this.transcript,
@@ -264,6 +296,27 @@ export class ChatView {
     } finally {
       this.auditButton.disabled = false;
     }
+  }
+
+  /** Start a new chat from `button`, taking `draft` along (both buttons wait
+   * meanwhile); the new chat opens, or a toast says why not. */
+  async newChat(button, draft = '') {
+    this.newChatButton.disabled = true;
+    this.fullButton.disabled = true;
+    let opened = false;
+    try {
+      opened = await this.ctx.newChat(draft);
+    } finally {
+      this.newChatButton.disabled = false;
+      this.fullButton.disabled = false;
+    }
+    // Not opened: the keyboard goes on from the button (disabling it took the focus).
+    if (!opened && document.activeElement === document.body && !button.hidden) button.focus();
+  }
+
+  /** Put the keyboard in the composer (a chat just opened to write in). */
+  focusComposer() {
+    this.input.focus();
   }
 
   grow() {
@@ -293,7 +346,8 @@ export class ChatView {
 
   /**
    * Show the chat. `view` = {uri, session, chat, chatHref(uri), missing,
-   * me (who the server takes this page for), clientId}.
+   * me (who the server takes this page for), clientId, mayCreateChats,
+   * full (the reason the server refused a turn here as full, or null)}.
    */
   update(view) {
     const { session, chat } = view;
@@ -317,6 +371,8 @@ export class ChatView {
     this.updateTabs(view);
     this.updatePresence(session, view.clientId);
     this.auditButton.hidden = !session;
+    this.newChatButton.hidden = !session || !view.mayCreateChats;
+    this.updateFull(view);
     const before = this.transcript.scrollHeight - this.transcript.scrollTop - this.transcript.clientHeight;
     const atBottom = this.stickToBottom || before < NEAR_BOTTOM_PX;
     const items = [];
@@ -337,6 +393,14 @@ export class ChatView {
       this.stickToBottom = false;
       this.revealTop(fresh[0]);
     }
+  }
+
+  /** By the composer: this chat is full, and a new one can be started. */
+  updateFull({ full, mayCreateChats }) {
+    this.fullNotice.hidden = !full;
+    this.fullButton.hidden = !mayCreateChats;
+    const text = full ? fullChatText(full) : '';
+    if (this.fullText.textContent !== text) this.fullText.textContent = text;
   }
 
   /** Who is here now: the session's active clients, by the names the server gave them. */

@@ -47,11 +47,19 @@ LEASE = 10.0
     ]
 )
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[TurnStore]:
+    if request.param == "memory":
+        yield MemoryTurnStore()
+        return
+    async with redis_turn_store(request.param) as made:
+        yield made
+
+
+@contextlib.asynccontextmanager
+async def redis_turn_store(kind: str) -> AsyncIterator[RedisTurnStore]:
+    """A Redis turn store on a Redis of its own (``redis``) or on the
+    shared cluster, emptied first (``cluster``)."""
     async with contextlib.AsyncExitStack() as stack:
-        made: TurnStore
-        if request.param == "memory":
-            made = MemoryTurnStore()
-        elif request.param == "redis":
+        if kind == "redis":
             server = await stack.enter_async_context(running_redis(10 * UNIT))
             made = RedisTurnStore(server.url)
         else:
@@ -666,18 +674,8 @@ UNDECODABLE_PAYLOADS = [
 async def poisoned(request: pytest.FixtureRequest) -> AsyncIterator[RedisTurnStore]:
     """A Redis turn store, on one Redis or on the cluster (every script
     keeps to the one slot of the prefix's hash tag there)."""
-    async with contextlib.AsyncExitStack() as stack:
-        if request.param == "redis":
-            server = await stack.enter_async_context(running_redis(10 * UNIT))
-            made = RedisTurnStore(server.url)
-        else:
-            cluster = shared_cluster(10 * UNIT)
-            cluster.flush()
-            made = RedisTurnStore(cluster.url())
-        try:
-            yield made
-        finally:
-            await made.close()
+    async with redis_turn_store(request.param) as made:
+        yield made
 
 
 async def write_record(

@@ -36,6 +36,7 @@ class RejectionCode(StrEnum):
     TURN_ID_REUSED = "turn-id-reused"
     NO_PENDING_MESSAGE = "no-pending-message"
     UNKNOWN_CHAT = "unknown-chat"
+    UNKNOWN_DIRECTORY = "unknown-directory"
     ANSWERED_QUESTION_DROPPED = "answered-question-dropped"
     # The limits on what goes into state (reducers.limits).
     TOO_LARGE = "too-large"

@@ -15,6 +15,20 @@ AHP asks hosts to keep three aggregates current:
 Decision where AHP is silent: the mirrored input request leaves out
 ``answers``. Drafts change on every keystroke batch; the queue only says
 that a request is open, and the chat holds the answers.
+
+Decision: the catalog leaves out a chat's ``workingDirectories`` (optional
+in AHP's ``ChatSummary``), in ``session/chatAdded`` and in every
+``session/chatUpdated``. It never carries them, so AHP's reducer (which
+merges what an update names) keeps every client's copy equal to the
+server's. The session's snapshot carries its whole catalog, unwindowed: at
+1,000 chats (``SizeLimits.chats``) with the largest titles, and the
+session's own 50 working directories of 1 KiB, it takes 1.3 MB of JSON;
+the same 50 directories in each chat's entry would add 51 KB a chat, 53 MB
+at the cap, 25 times what a subscriber may receive (half the 4 MiB send
+buffer), and 16 such chats already pass that. A chat's own state holds its
+subset (absent: the session's whole set, as AHP says): read it there. The
+catalog's entry, which lacks it, reads as "the session's set" to a client
+that takes the summary for the chat.
 """
 
 from __future__ import annotations
@@ -50,7 +64,10 @@ from protocol.session import (
 )
 from protocol.status import ACTIVITY_MASK, SessionStatus
 
-SUMMARY_FIELDS = tuple(f for f in ChatSummary.__struct_fields__ if f != "resource")
+SUMMARY_FIELDS = tuple(
+    f for f in ChatSummary.__struct_fields__ if f not in ("resource", "working_directories")
+)
+"""The chat's fields its catalog entry mirrors (see the module docstring)."""
 
 
 def select_input_needed(chat: ChatState) -> dict[str, SessionInputRequest]:
@@ -81,7 +98,8 @@ def select_input_needed(chat: ChatState) -> dict[str, SessionInputRequest]:
 
 
 def chat_summary(chat: ChatState) -> ChatSummary:
-    """The catalog entry of a chat: its denormalized summary fields."""
+    """The catalog entry of a chat: its denormalized summary fields, without
+    its working directories (see the module docstring)."""
     return ChatSummary(
         resource=chat.resource,
         title=chat.title,
@@ -90,7 +108,6 @@ def chat_summary(chat: ChatState) -> ChatSummary:
         modified_at=chat.modified_at,
         origin=chat.origin,
         interactivity=chat.interactivity,
-        working_directories=chat.working_directories,
     )
 
 

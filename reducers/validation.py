@@ -54,6 +54,10 @@ Rules, per action, checked top to bottom; the first broken rule wins::
                                                          reducer would keep that answer)
     chat/pendingMessageRemoved    no-pending-message     no pending message of that `kind` has
                                                          that `id` (AHP: SHOULD reject)
+    chat/workingDirectorySet      unknown-directory      `directory` is not one of the owning
+                                                         session's `workingDirectories` (AHP:
+                                                         MUST reject); a chat of no known
+                                                         session has none to choose from
     session/defaultChatChanged    unknown-chat           `defaultChat` is not in the session's
                                                          chat catalog (AHP: MUST reject)
     any other action, or an action of another channel's family: no rule, accepted
@@ -87,6 +91,18 @@ TypeScript reducer) read an empty ``selectedOptionId`` as no selection, so an
 option offered with an empty id could be chosen and silently lost: offering
 one is refused, as is offering one id twice, even on an auto-confirmed
 ``toolCallReady`` (whose options the reducer drops).
+
+A chat's working directories are a subset of its session's (AHP), so the
+chat rule reads the owning session's state, which the host passes as
+``session``; ``createChat``'s ``workingDirectories`` meet the same rule
+(:func:`working_directories_problem`) before the chat is created. AHP says
+nothing of a chat's directories when the session loses one
+(``session/workingDirectoryRemoved``): Huddle leaves them as they are (the
+chat's subset is the chat's; removing one from a chat is never refused,
+setting it again is until the session has it again). The session is another
+channel, read as this process holds it when the chat action is checked:
+there is no lock across the two, so a directory removed from the session at
+that moment may still reach a chat, as it would have had it come first.
 """
 
 from __future__ import annotations
@@ -181,6 +197,7 @@ VALIDATION_CODES = frozenset(
         RejectionCode.TURN_ID_REUSED,
         RejectionCode.NO_PENDING_MESSAGE,
         RejectionCode.UNKNOWN_CHAT,
+        RejectionCode.UNKNOWN_DIRECTORY,
         RejectionCode.ANSWERED_QUESTION_DROPPED,
     }
 )
@@ -208,11 +225,14 @@ def reject_reason(
     *,
     form_check: FormCheck | None = None,
     tool_input_check: ToolInputCheck | None = None,
+    session: SessionState | None = None,
 ) -> Rejection | None:
     """Why the host must reject ``action`` on ``state``, or ``None`` to reduce it.
 
-    An action of another channel's family than ``state`` has no rule here
-    (the reducer ignores it). See the module docstring for the rules.
+    ``session`` is the state of the session a chat belongs to (None: no
+    session is known), which the working directory rule reads. An action of
+    another channel's family than ``state`` has no rule here (the reducer
+    ignores it). See the module docstring for the rules.
     """
     if isinstance(state, SessionState) and isinstance(action, SessionDefaultChatChanged):
         return _default_chat_reason(state, action)
@@ -239,6 +259,8 @@ def reject_reason(
             return _pending_removed_reason(state, action)
         case ChatInputRequested():
             return _input_requested_reason(state, action)
+        case ChatWorkingDirectorySet():
+            return working_directories_problem(session, [action.directory])
         case (
             ChatDelta()
             | ChatReasoning()
@@ -246,7 +268,6 @@ def reject_reason(
             | ChatTurnComplete()
             | ChatError()
             | ChatActivityChanged()
-            | ChatWorkingDirectorySet()
             | ChatWorkingDirectoryRemoved()
             | ChatTruncated()
             | ChatTurnsLoaded()
@@ -282,6 +303,22 @@ def answer_problem(
     if request_id is not None:
         where += f" of input request '{request_id}'"
     return _reason(code, f"the {answer.state} answer to {where} {rule}")
+
+
+def working_directories_problem(
+    session: SessionState | None, directories: list[str]
+) -> Rejection | None:
+    """Why a chat of ``session`` (None: no known session) may not work in
+    ``directories``: the first that is not one of the session's working
+    directories (AHP: a chat's are a subset of its session's), or ``None``."""
+    held = set(session.working_directories or []) if session is not None else set()
+    missing = next((d for d in directories if d not in held), None)
+    if missing is None:
+        return None
+    return _reason(
+        RejectionCode.UNKNOWN_DIRECTORY,
+        f"the session has no working directory {missing}; add it to the session first",
+    )
 
 
 def _reason(code: RejectionCode, sentence: str) -> Rejection:

@@ -21,7 +21,8 @@ refusal on the way (the budget, the caps, the initial message's rules) is
 a command's error (:func:`refused`). A chat's initial message is the
 ``chat/turnStarted`` it becomes: checked by the policy and the rules as
 that dispatch is, before the chat is created, then dispatched as the
-caller's own.
+caller's own. Its ``workingDirectories`` must each be one of the session's
+(AHP: the server MUST reject any that is not), checked before that.
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ from protocol.chat import Message, Turn
 from protocol.codec import MalformedFrame
 from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode, ExpireParams
 from protocol.rejections import RejectionCode
-from protocol.session import RootState, SessionSummary
+from protocol.session import RootState, SessionState, SessionSummary
 from protocol.uris import ROOT_URI, BadChannelUri, channel_kind
 from protocol.wire import quoted
 from reducers.clock import iso_time
 from reducers.limits import json_bytes
+from reducers.validation import working_directories_problem
 from server.auth import ROLES, Grant, Identity, Role, TokenAuthority
 from server.channels import ChannelView
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
@@ -223,14 +225,17 @@ class Commands:
         *,
         title: str | None = None,
         initial_message: Message | None = None,
+        working_directories: list[str] | None = None,
         client_id: str | None = None,
         sender: Identity | None = None,
     ) -> None:
-        """Create chat ``chat`` in ``session``, its first turn started by
-        ``initial_message`` as ``sender`` (the token's identity when None)
+        """Create chat ``chat`` in ``session``, working in
+        ``working_directories`` (None: the session's), its first turn started
+        by ``initial_message`` as ``sender`` (the token's identity when None)
         dispatches it from ``client_id``. Spends one action of the token's
         budget. Raises CommandError or MalformedFrame (:func:`refused`) for
-        a budget spent, a session full of chats, an initial message the
+        a budget spent, a session full of chats, a working directory the
+        session does not have (AHP: MUST reject), an initial message the
         policy or the rules refuse: then no chat is created."""
         self.allow(grant, Command.CREATE_CHAT)
         expect_kind(session, "session")
@@ -238,19 +243,27 @@ class Commands:
         self._check_title(title)
         self._spend(grant)
         await self.reach(grant, session)
+        if working_directories is not None:
+            held = (await self.host.view(session)).state
+            assert isinstance(held, SessionState)
+            refusal = working_directories_problem(held, working_directories)
+            if refusal is not None:
+                raise refused(ActionRejected.of(refusal), "$.workingDirectories")
         started = None
         if initial_message is not None:
             now = iso_time(self.host.now_ms())
             started = ChatTurnStarted(
                 turn_id=secrets.token_hex(8), started_at=now, message=initial_message
             )
-            blank = new_chat(session, chat, title or "", now)
+            blank = new_chat(session, chat, title or "", now, working_directories)
             refusal = dispatch_refusal(grant, chat, started, blank, client_id)
             refusal = refusal or await self.host.check(chat, started, blank)
             if refusal is not None:
                 raise refused(ActionRejected.of(refusal), "$.initialMessage")
         try:
-            await self.host.sessions.create_chat(session, chat, title=title)
+            await self.host.sessions.create_chat(
+                session, chat, title=title, working_directories=working_directories
+            )
             if started is not None:
                 await self.dispatch(
                     grant, chat, started, client_id=client_id, sender=sender, admitted=True

@@ -18,7 +18,7 @@ from typing import Any
 
 import jsonschema
 
-from protocol.actions import ChatToolCallConfirmed, StateAction
+from protocol.actions import ChatToolCallConfirmed, ChatWorkingDirectorySet, StateAction
 from protocol.chat import ChatState, InputAnswer, InputRequest, ToolCallPendingConfirmation
 from protocol.codec import encode
 from protocol.forms import FormError, FormSpec, form_data_from_answers, parse_form
@@ -151,7 +151,10 @@ class FormRegistry:
 
 
 def needs_session(action: StateAction) -> bool:
-    """Whether checking ``action`` reads its chat's session (its tools)."""
+    """Whether checking ``action`` reads its chat's session (its tools, its
+    working directories)."""
+    if isinstance(action, ChatWorkingDirectorySet):
+        return True
     return isinstance(action, ChatToolCallConfirmed) and action.edited_tool_input is not None
 
 

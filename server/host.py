@@ -40,12 +40,12 @@ from protocol.chat import ChatState, InputAnswer, InputRequest
 from protocol.codec import encode
 from protocol.messages import ActionEnvelope, ActionOrigin, ChannelState, ErrorCode
 from protocol.rejections import Rejection, RejectionCode
-from protocol.session import AgentInfo, RootState
+from protocol.session import AgentInfo, RootState, SessionState
 from protocol.uris import ROOT_URI, channel_kind
 from reducers import notes, reduce
 from reducers.chat import select_input_settlement
 from reducers.limits import SizeLimits, limit_problem
-from reducers.validation import reject_reason
+from reducers.validation import reject_reason, working_directories_problem
 from server.aggregate import SessionAggregate
 from server.audit import GONE_RECORDS, AuditTrail, AuditValues
 from server.auth import Identity
@@ -251,11 +251,13 @@ class Host:
             else:
                 unread = action.request_id
         answering = isinstance(action, ANSWERS)
+        session_view: ChannelView | None = None
         if needs_session(action) or answering:
             session = await self.session_of(uri)
             if session is not None:
-                # Its tools are what the check reads; its notes, the expiries.
-                await self.core.view(session)
+                # Its tools and working directories are what the checks read;
+                # its notes, the expiries.
+                session_view = await self.core.view(session)
         form_check = self.forms.form_check(form)
         root = uri == ROOT_URI
         bad_expiry = expiry_problem(action)
@@ -276,9 +278,18 @@ class Host:
                 action,
                 form_check=form_check,
                 tool_input_check=self.forms.tool_input_check(state),
+                session=self._latest_session(session_view),
             )
 
         return validate
+
+    def _latest_session(self, read: ChannelView | None) -> SessionState | None:
+        """The session read before the chat's lock was taken, as this
+        process holds it now (it may have changed since)."""
+        if read is None:
+            return None
+        state = (self.core.cached(read.uri) or read).state
+        return state if isinstance(state, SessionState) else None
 
     def _too_late(self, uri: str, state: Any, action: StateAction) -> Rejection | None:
         """An answer to a wait whose expiry passed (server.expiry)."""
@@ -304,8 +315,26 @@ class Host:
             )
         return await self.sessions.create_session(uri, provider=provider, title=title)
 
-    async def create_chat(self, session: str, chat: str, *, title: str | None = None) -> None:
-        await self.sessions.create_chat(session, chat, title=title)
+    async def create_chat(
+        self,
+        session: str,
+        chat: str,
+        *,
+        title: str | None = None,
+        working_directories: list[str] | None = None,
+    ) -> None:
+        """Create ``chat`` in ``session``, working in ``working_directories``
+        (None: the session's). Raises ActionRejected (``unknown-directory``)
+        for one the session does not have, before anything is created."""
+        state = (await self.core.view(session)).state
+        assert isinstance(state, SessionState)
+        if working_directories is not None:
+            refusal = working_directories_problem(state, working_directories)
+            if refusal is not None:
+                raise ActionRejected.of(refusal)
+        await self.sessions.create_chat(
+            session, chat, title=title, working_directories=working_directories
+        )
 
     async def dispose_session(self, session: str) -> None:
         """Remove the session and its chats; its audit stays (until

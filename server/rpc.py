@@ -478,6 +478,7 @@ class Rpc:
             params.chat,
             title=self._title(params.title),
             initial_message=params.initial_message,
+            working_directories=params.working_directories,
             client_id=self.client_id,
             sender=self.identity,
         )

@@ -4,8 +4,10 @@ A session is created with its default chat (``Main``); its entry joins the
 sessions list once both exist and the session is ready, and the root
 channel hears ``root/sessionAdded``. A session holds at most
 ``SizeLimits.chats`` chats (its catalog goes whole into every snapshot of
-it): one more is refused with ``too-many`` before anything is created, and
-checked again as the catalog takes it, under the session's lock.
+it, without the chats' working directories: :mod:`reducers.aggregate`): one
+more is refused with ``too-many`` before anything is created, and checked
+again as the catalog takes it, under the session's lock. A chat works in
+some of its session's working directories, or in all when it names none.
 Disposing a session removes its chats, abandons whoever waits on them, and
 the root channel hears ``root/sessionRemoved``.
 """
@@ -105,8 +107,18 @@ class Sessions:
                 return agent
         raise CommandError(ErrorCode.PROVIDER_NOT_FOUND, f"no agent provider {provider!r}")
 
-    async def create_chat(self, session: str, chat: str, *, title: str | None = None) -> None:
-        """Create chat ``chat`` in ``session`` and add it to the catalog.
+    async def create_chat(
+        self,
+        session: str,
+        chat: str,
+        *,
+        title: str | None = None,
+        working_directories: list[str] | None = None,
+    ) -> None:
+        """Create chat ``chat`` in ``session`` and add it to the catalog; it
+        works in ``working_directories`` (None: the session's, as AHP says),
+        which the caller checked are the session's
+        (:func:`reducers.validation.working_directories_problem`).
 
         Raises CommandError (-32010) when the chat exists, ActionRejected
         (``too-many``) when the session holds as many chats as it may (no
@@ -114,7 +126,13 @@ class Sessions:
         view = await self.core.view(session)
         assert isinstance(view.state, SessionState)
         number = len(view.state.chats) + 1
-        state = new_chat(session, chat, title or f"Chat {number}", iso_time(self.core.now_ms()))
+        state = new_chat(
+            session,
+            chat,
+            title or f"Chat {number}",
+            iso_time(self.core.now_ms()),
+            working_directories,
+        )
         added = SessionChatAdded(summary=chat_summary(state))
         if (refusal := self._catalog_refusal(view, added)) is not None:
             raise ActionRejected.of(refusal)
@@ -193,14 +211,24 @@ class Sessions:
         return turns[start:end], next_cursor
 
 
-def new_chat(session: str, chat: str, title: str, modified_at: str) -> ChatState:
-    """The state a chat of ``session`` starts with."""
+def new_chat(
+    session: str,
+    chat: str,
+    title: str,
+    modified_at: str,
+    working_directories: list[str] | None = None,
+) -> ChatState:
+    """The state a chat of ``session`` starts with; ``working_directories``
+    once each, in their order (None: absent, the session's whole set)."""
     return ChatState(
         resource=chat,
         title=title,
         status=SessionStatus.IDLE,
         modified_at=modified_at,
         origin=UserOrigin(),
+        working_directories=(
+            None if working_directories is None else list(dict.fromkeys(working_directories))
+        ),
         turns=[],
         meta={HUDDLE_META: {"session": session}},
     )

@@ -5,11 +5,12 @@ that starts with the rule's code and the channel's current ``serverSeq``; it
 consumes no seq, reaches no other subscriber and changes no state. For every
 rule a well-formed action that keeps it is accepted.
 
-The scene is one session with its default chat, either idle or busy: in the
-busy chat turn ``t1`` is active with an open input request ``form``, a
-completed one ``done``, one made from a JSON Schema form ``profile``, tool
-calls ``edit`` (editable, with options), ``fixed`` (not editable) and ``ran``
-(waiting for its result to be confirmed), and a queued message ``q1``.
+The scene is one session working in ``file:///srv/outage`` with its default
+chat, either idle or busy: in the busy chat turn ``t1`` is active with an
+open input request ``form``, a completed one ``done``, one made from a JSON
+Schema form ``profile``, tool calls ``edit`` (editable, with options),
+``fixed`` (not editable) and ``ran`` (waiting for its result to be
+confirmed), and a queued message ``q1``.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ from protocol.actions import (
     ChatTurnCancelled,
     ChatTurnComplete,
     ChatTurnStarted,
+    ChatWorkingDirectorySet,
     SessionDefaultChatChanged,
     SessionServerToolsChanged,
     SessionTitleChanged,
+    SessionWorkingDirectorySet,
     StateAction,
     action_type,
     is_client_dispatchable,
@@ -79,6 +82,8 @@ Setup = Literal["idle", "busy"]
 Channel = Literal["chat", "session"]
 
 SESSION = "ahp-session:/edge-validation"
+WORKDIR = "file:///srv/outage"
+"""The session's working directory."""
 STARTED_AT = "2026-11-30T10:00:00.000Z"
 
 
@@ -289,6 +294,7 @@ async def make_scene(
         agent = await running.client("agent", name="agent")
         await agent.create_session(SESSION, title="Outage")
         session = await agent.subscribe(SESSION)
+        await agent.dispatch_and_wait(SESSION, SessionWorkingDirectorySet(directory=WORKDIR))
         assert isinstance(session.state, SessionState)
         chat = session.state.default_chat
         assert chat is not None
@@ -531,6 +537,12 @@ BROKEN_RULES = [
         "unknown-chat",
         "default-chat-not-in-the-catalog",
     ),
+    case(
+        "idle",
+        ChatWorkingDirectorySet(directory="file:///etc"),
+        "unknown-directory",
+        "working-directory-the-session-does-not-have",
+    ),
 ]
 
 KEPT_RULES = [
@@ -615,6 +627,12 @@ KEPT_RULES = [
         ChatPendingMessageRemoved(kind="queued", id="q1"),
         "no-pending-message",
         "queued-message-removed",
+    ),
+    case(
+        "idle",
+        ChatWorkingDirectorySet(directory=WORKDIR),
+        "unknown-directory",
+        "working-directory-of-the-session",
     ),
 ]
 

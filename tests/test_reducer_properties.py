@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from protocol.actions import (
     CHAT_ACTIONS,
@@ -46,6 +47,7 @@ from protocol.actions import (
     ChatTurnCancelled,
     ChatTurnComplete,
     ChatTurnStarted,
+    ChatWorkingDirectorySet,
     SessionChatAdded,
     SessionCustomizationRemoved,
     SessionCustomizationsChanged,
@@ -568,10 +570,14 @@ def validated_steps(
     seed: ChatState, actions: list[ChatAction]
 ) -> Iterator[tuple[ChatState, ChatAction, ChatState]]:
     """Each action the host accepts, with the state before and after it;
-    rejected actions are skipped, as the host skips them."""
+    rejected actions are skipped, as the host skips them. The chat's session
+    works in every directory the actions name, so that the reducers get to
+    see them."""
+    named = [a.directory for a in actions if isinstance(a, ChatWorkingDirectorySet)]
+    session = replace(EMPTY_SESSION, working_directories=named)
     state = seed
     for action in actions:
-        if reject_reason(state, action) is not None:
+        if reject_reason(state, action, session=session) is not None:
             continue
         after = reduce_chat(state, action, NOW)
         yield state, action, after
@@ -708,6 +714,9 @@ def test_session_catalog_entry_mirrors_the_chat_summary(
 ) -> None:
     for chat, session in mirrored_steps(seed, actions):
         assert session.chats == [chat_summary(chat)]
+        # Never the chat's working directories: 1,000 chats' of them would
+        # make the session's snapshot too large to receive.
+        assert session.chats[0].working_directories is None
 
 
 @MIRROR_PROPERTIES

@@ -40,6 +40,7 @@ from protocol.chat import (
 from protocol.codec import convert_state, to_builtins
 from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
+from protocol.session import SessionState
 from reducers.fixtures import AHP_FIXTURE_NOW_MS, run_fixture, strip_nulls
 from reducers.validation import (
     VALIDATION_CODES,
@@ -51,7 +52,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "validation"
 SECRET = "hunter2"
 """No sentence may contain it; fixtures write it into values that must not leak."""
 VALUE_KINDS = frozenset({"text", "number", "boolean", "selected", "selected-many"})
-REJECTION_CASE = frozenset({"id", "note", "state", "action", "expected"})
+REJECTION_CASE = frozenset({"id", "note", "state", "session", "action", "expected"})
 ANSWER_CASE = frozenset({"id", "note", "question", "answer", "requestId", "expected"})
 
 
@@ -66,6 +67,7 @@ class Case:
     raw: dict[str, Any]
     reducer: str | None
     state: Any  # the wire JSON of its named state; None for an answer case
+    session: Any  # the wire JSON of its named session state; None when it names none
 
     @property
     def id(self) -> str:
@@ -82,10 +84,11 @@ def load_files() -> dict[str, Any]:
 def load_cases() -> list[Case]:
     cases: list[Case] = []
     for name, data in load_files().items():
-        states = data.get("states", {})
+        states, sessions = data.get("states", {}), data.get("sessions", {})
         for raw in data["cases"]:
             state = states[raw["state"]] if "state" in raw else None
-            cases.append(Case(name, raw, data.get("reducer"), state))
+            session = sessions[raw["session"]] if "session" in raw else None
+            cases.append(Case(name, raw, data.get("reducer"), state, session))
     return cases
 
 
@@ -99,6 +102,15 @@ def decoded(case: Case) -> tuple[ChannelState, StateAction]:
     state = convert_state(strip_nulls(case.state), case.reducer)
     action: StateAction = msgspec.convert(strip_nulls(case.raw["action"]), StateAction)
     return state, action
+
+
+def decoded_session(case: Case) -> SessionState | None:
+    """The state of the chat's session a case names, as the host holds it."""
+    if case.session is None:
+        return None
+    session = convert_state(strip_nulls(case.session), "session")
+    assert isinstance(session, SessionState)
+    return session
 
 
 def expected(case: Case) -> Rejection | None:
@@ -148,12 +160,16 @@ def test_shared_case(case: Case) -> None:
     raw = case.raw
     if "action" in raw:
         state, action = decoded(case)
-        got = reject_reason(state, action)
-        # Read back after the check: the rule left both as they were (the
-        # host keeps this state when it rejects), and the decode lost nothing.
+        session = decoded_session(case)
+        got = reject_reason(state, action, session=session)
+        # Read back after the check: the rule left all three as they were
+        # (the host keeps this state when it rejects), and the decode lost
+        # nothing.
         assert to_builtins(state) == strip_nulls(case.state)
         assert msgspec.to_builtins(action) == strip_nulls(raw["action"])
-        carriers = [case.state, raw["action"]]
+        if session is not None:
+            assert to_builtins(session) == strip_nulls(case.session)
+        carriers = [case.state, case.session, raw["action"]]
     else:
         question: InputQuestion = msgspec.convert(strip_nulls(raw["question"]), InputQuestion)
         answer = msgspec.convert(strip_nulls(raw["answer"]), InputAnswer)
@@ -181,6 +197,10 @@ def test_every_file_describes_its_rules_and_uses_every_state() -> None:
         used = {case["state"] for case in data["cases"] if "state" in case}
         assert set(data.get("states", {})) == used, name
         assert ("reducer" in data) is bool(used), name
+        sessions = {case["session"] for case in data["cases"] if "session" in case}
+        assert set(data.get("sessions", {})) == sessions, name
+        if sessions:
+            assert data["reducer"] == "chat", name
 
 
 def test_every_validation_code_has_a_case() -> None:

@@ -405,7 +405,8 @@ const chatCtx = {
   },
   check(action) {
     const state = app.chatUri ? client.state(app.chatUri) : null;
-    return state ? rejectReason(state, action) : 'not-ready: the chat is still loading';
+    const session = app.sessionUri ? client.state(app.sessionUri) : null;
+    return state ? rejectReason(state, action, session) : 'not-ready: the chat is still loading';
   },
   isSending: pendingFor,
   takeError(id) {

@@ -44,21 +44,24 @@ function stateKind(state) {
 /**
  * Why the server must reject `action` on `state`, or null when it reduces it.
  *
- * An action of another channel's family than `state`, or one no rule covers,
- * is accepted here. The server also refuses an accepted request whose answers
- * break its JSON Schema form, and an edited tool input that breaks the tool's
- * schema; this client cannot check those (see the top of the module).
+ * `session` is the state of the session a chat belongs to (null: none is
+ * known), which the working directory rule reads. An action of another
+ * channel's family than `state`, or one no rule covers, is accepted here. The
+ * server also refuses an accepted request whose answers break its JSON Schema
+ * form, and an edited tool input that breaks the tool's schema; this client
+ * cannot check those (see the top of the module).
  * @param {Json} state  the state of a root, session or chat channel
  * @param {Json} action
+ * @param {Json | null} [session]  the state of the chat's session
  * @returns {string | null}
  */
-export function rejectReason(state, action) {
+export function rejectReason(state, action, session = null) {
   const kind = stateKind(state);
   if (kind === 'session' && action.type === 'session/defaultChatChanged') {
     return defaultChatReason(state, action);
   }
   if (kind !== 'chat' || !Object.hasOwn(CHAT_RULES, action.type)) return null;
-  return CHAT_RULES[action.type](state, action);
+  return CHAT_RULES[action.type](state, action, session);
 }
 
 /**
@@ -88,6 +91,19 @@ function defaultChatReason(/** @type {Json} */ state, /** @type {Json} */ action
   const chat = action.defaultChat;
   if (chat == null || state.chats.some((/** @type {Json} */ c) => c.resource === chat)) return null;
   return reason('unknown-chat', `the session has no chat ${chat}`);
+}
+
+/**
+ * AHP: a chat's working directories are some of its session's; a host MUST
+ * reject one the session does not have. A chat of no known session has none.
+ * @param {Json} _chat @param {Json} action @param {Json | null} session
+ */
+function workingDirectorySetReason(_chat, action, session) {
+  if ((session?.workingDirectories ?? []).includes(action.directory)) return null;
+  return reason(
+    'unknown-directory',
+    `the session has no working directory ${action.directory}; add it to the session first`,
+  );
 }
 
 /** AHP: servers SHOULD reject removing a pending message that is not there. */
@@ -405,7 +421,7 @@ function inputCompletedReason(/** @type {Json} */ chat, /** @type {Json} */ acti
   );
 }
 
-/** @type {Record<string, (chat: Json, action: Json) => string | null>} */
+/** @type {Record<string, (chat: Json, action: Json, session: Json | null) => string | null>} */
 const CHAT_RULES = {
   'chat/turnStarted': turnStartedReason,
   'chat/turnCancelled': turnCancelledReason,
@@ -417,6 +433,7 @@ const CHAT_RULES = {
   'chat/inputCompleted': inputCompletedReason,
   'chat/pendingMessageRemoved': pendingRemovedReason,
   'chat/inputRequested': inputRequestedReason,
+  'chat/workingDirectorySet': workingDirectorySetReason,
 };
 
 // ─── Answers ────────────────────────────────────────────────────────────────

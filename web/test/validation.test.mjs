@@ -88,13 +88,16 @@ function assertLeaksNothing(sentence, ...carriers) {
  * the host keeps this state when it rejects.
  * @returns {{got: string | null, carriers: object[]}}
  */
-function runCase(raw, state) {
+function runCase(raw, state, session) {
   if ('action' in raw) {
-    const [frozenState, action] = [state, raw.action].map((v) => deepFreeze(stripNulls(v)));
-    const got = rejectReason(frozenState, action);
+    const [frozenState, action, frozenSession] = [state, raw.action, session ?? null].map((v) =>
+      deepFreeze(stripNulls(v)),
+    );
+    const got = rejectReason(frozenState, action, frozenSession);
     assert.deepEqual(frozenState, stripNulls(state));
     assert.deepEqual(action, stripNulls(raw.action));
-    return { got, carriers: [state, raw.action] };
+    assert.deepEqual(frozenSession, stripNulls(session ?? null));
+    return { got, carriers: [state, session ?? null, raw.action] };
   }
   const [question, answer] = [raw.question, raw.answer].map((v) => deepFreeze(stripNulls(v)));
   const got = answerProblem(question, answer, raw.requestId ?? undefined);
@@ -107,7 +110,11 @@ for (const { file, data } of loadFiles()) {
   describe(`${file}: ${data.description}`, () => {
     for (const raw of data.cases) {
       test(raw.id, () => {
-        const { got, carriers } = runCase(raw, data.states?.[raw.state]);
+        const { got, carriers } = runCase(
+          raw,
+          data.states?.[raw.state],
+          raw.session === undefined ? null : data.sessions[raw.session],
+        );
         const want = raw.expected;
         assert.equal(got, want === null ? null : `${want.code}: ${want.sentence}`);
         if (want !== null) assertLeaksNothing(want.sentence, ...carriers);
@@ -124,6 +131,9 @@ describe('the fixtures', () => {
         assert.ok(!ids.has(raw.id), `${raw.id} appears twice`);
         ids.add(raw.id);
         if ('action' in raw) assert.ok(Object.hasOwn(data.states, raw.state), `${file}: ${raw.id}`);
+        if ('session' in raw) {
+          assert.ok(Object.hasOwn(data.sessions ?? {}, raw.session), `${file}: ${raw.id}`);
+        }
       }
     }
   });

@@ -29,7 +29,9 @@ the action::
       entry and tools)
     any action, whole                      action              too-large
     queued messages of a chat              queued_messages     too-many
+      and their bytes together             queued_bytes        too-large
     active clients of a session            active_clients      too-many
+      and their entries' bytes together    active_client_bytes too-large
     working directories of a chat or       working_directories too-many
       session
     chats of a session (its catalog,       chats               too-many
@@ -115,7 +117,9 @@ class SizeLimits(msgspec.Struct, frozen=True, kw_only=True):
     tool_data: int = 256 * 1024
     action: int = 512 * 1024
     queued_messages: int = 50
+    queued_bytes: int = 512 << 10
     active_clients: int = 200
+    active_client_bytes: int = 512 << 10
     working_directories: int = 50
     id: int = 256
     """An id or a timestamp in an action; also a connection's clientId
@@ -147,7 +151,10 @@ def limit_problem(
 
 
 def _too_large(what: str, value: Any, limit: int) -> Rejection | None:
-    size = json_bytes(value)
+    return _over(what, json_bytes(value), limit)
+
+
+def _over(what: str, size: int, limit: int) -> Rejection | None:
     if size <= limit:
         return None
     return Rejection(RejectionCode.TOO_LARGE, f"{what} is {size:,} bytes; the limit is {limit:,}")
@@ -266,17 +273,25 @@ def _count_problem(
     match action:
         case ChatPendingMessageSet(kind="queued") if isinstance(state, ChatState):
             queued = state.queued_messages or []
-            if len(queued) >= limits.queued_messages and all(m.id != action.id for m in queued):
+            others = [m for m in queued if m.id != action.id]
+            if len(others) == len(queued) and len(queued) >= limits.queued_messages:
                 return _too_many(
                     f"the chat has {len(queued)} queued messages", limits.queued_messages
                 )
+            together = json_bytes(others) + json_bytes(action.message)
+            return _over("the chat's queued messages together", together, limits.queued_bytes)
         case SessionActiveClientSet() if isinstance(state, SessionState):
             clients = state.active_clients
-            new = all(c.client_id != action.active_client.client_id for c in clients)
-            if new and len(clients) >= limits.active_clients:
+            entry = action.active_client
+            present = [c for c in clients if c.client_id != entry.client_id]
+            if len(present) == len(clients) and len(clients) >= limits.active_clients:
                 return _too_many(
                     f"the session has {len(clients)} active clients", limits.active_clients
                 )
+            together = json_bytes(present) + json_bytes(entry)
+            return _over(
+                "the session's active clients together", together, limits.active_client_bytes
+            )
         case SessionWorkingDirectorySet() | ChatWorkingDirectorySet() if isinstance(
             state, SessionState | ChatState
         ):

@@ -4,6 +4,7 @@ fit, one that are too large or too many."""
 from __future__ import annotations
 
 import pytest
+from msgspec.structs import replace
 
 from protocol.actions import (
     ChatDelta,
@@ -571,3 +572,37 @@ def test_only_a_chat_is_ever_full() -> None:
     # (server.policy); the fullness rule is the chat's alone.
     started = NEW_CONTENT[0]
     assert limit_problem(SESSION, started, FULL, state_bytes=10**9) is None
+
+
+TOGETHER = SizeLimits(queued_bytes=300, active_client_bytes=300)
+
+
+def test_queued_messages_together_take_at_most_their_bytes() -> None:
+    chat = replace(CHAT, queued_messages=[PendingMessage(id="a", message=message("x" * 100))])
+    fits = ChatPendingMessageSet(kind="queued", id="b", message=message("y" * 100))
+    too_much = ChatPendingMessageSet(kind="queued", id="b", message=message("y" * 200))
+    assert limit_problem(chat, fits, TOGETHER) is None
+    assert limit_problem(chat, too_much, TOGETHER) == Rejection(
+        RejectionCode.TOO_LARGE,
+        "the chat's queued messages together is 395 bytes; the limit is 300",
+    )
+    # Replacing one counts it once.
+    again = ChatPendingMessageSet(kind="queued", id="a", message=message("y" * 200))
+    assert limit_problem(chat, again, TOGETHER) is None
+
+
+def test_active_clients_together_take_at_most_their_bytes() -> None:
+    session = replace(SESSION, active_clients=[client("a", "x" * 100)])
+    assert (
+        limit_problem(session, SessionActiveClientSet(active_client=client("b", "y")), TOGETHER)
+        is None
+    )
+    assert limit_problem(
+        session, SessionActiveClientSet(active_client=client("b", "y" * 200)), TOGETHER
+    ) == Rejection(
+        RejectionCode.TOO_LARGE,
+        "the session's active clients together is 390 bytes; the limit is 300",
+    )
+    # An entry set again replaces its old self.
+    mine = SessionActiveClientSet(active_client=client("a", "y" * 200))
+    assert limit_problem(session, mine, TOGETHER) is None

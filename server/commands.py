@@ -67,7 +67,8 @@ from server.waiters import InputOutcome
 PAGE_SIZE = 100
 """Sessions in a page of ``listSessions`` that does not ask for a size."""
 MAX_PAGE = 500
-"""The largest page of ``listSessions`` (a page always fits in a frame)."""
+"""The largest page of ``listSessions`` (and no more than fit in what one
+answer may take: ``Rpc.frame_budget``)."""
 AGENT_CLAIM_TTL = 24 * 3600.0
 """How long the agent token holds a client id it used (renewed on use)."""
 ACTION_COST = 1.0
@@ -289,15 +290,26 @@ class Commands:
             raise not_found(chat)
         await self.host.sessions.dispose_chat(session, chat)
 
-    async def list_sessions(self, grant: Grant, cursor: str | None, limit: int | None) -> Page:
+    async def list_sessions(
+        self, grant: Grant, cursor: str | None, limit: int | None, budget: int | None = None
+    ) -> Page:
         """The sessions this token reaches, most recent first, a page of at
         most ``limit`` (PAGE_SIZE when None; never more than MAX_PAGE) at a
-        time."""
+        time, and no more than fit in ``budget`` bytes of JSON (at least one:
+        a summary is bounded by the limits)."""
         items = [s for s in await self.host.aggregate.summaries() if reaches(grant, s.resource)]
         start = _offset(cursor)
         size = min(MAX_PAGE, limit) if limit and limit > 0 else PAGE_SIZE
-        more = start + size < len(items)
-        return Page(items[start : start + size], _cursor(start + size) if more else None)
+        page = items[start : start + size]
+        if budget is not None:
+            used = 0
+            for index, summary in enumerate(page):
+                used += json_bytes(summary)
+                if used > budget and index > 0:
+                    page = page[:index]
+                    break
+        end = start + len(page)
+        return Page(page, _cursor(end) if end < len(items) else None)
 
     async def fetch_turns(
         self, grant: Grant, chat: str, cursor: str | None, limit: int | None

@@ -487,7 +487,9 @@ class Rpc:
         await self.commands.dispose_chat(self.grant, params.channel)
 
     async def _list_sessions(self, params: ListSessionsParams) -> ListSessionsResult:
-        page = await self.commands.list_sessions(self.grant, params.cursor, params.limit)
+        page = await self.commands.list_sessions(
+            self.grant, params.cursor, params.limit, budget=self.frame_budget
+        )
         return ListSessionsResult(items=page.items, next_cursor=page.next_cursor)
 
     async def _fetch_turns(self, params: FetchTurnsParams) -> FetchTurnsResult | EmptyResult:

@@ -391,3 +391,28 @@ async def test_a_chat_that_fills_up_takes_no_new_turn_and_stays_loadable() -> No
     finally:
         await again.stop()
     assert still.value.code == "chat-full"
+
+
+async def test_a_page_of_sessions_takes_no_more_than_one_answer_may() -> None:
+    running = await start_server(Settings(port=0, limits=Limits(send_buffer=32 << 10)))
+    try:
+        agent = await running.client("agent", name="agent")
+        for n in range(40):  # about 1.2 KiB of summary each: some 13 fit in 16 KiB
+            await agent.create_session(f"ahp-session:/long-{n}", title=f"{n:04d}" + "x" * 1000)
+        peer = await Peer.ready(running.ws, running.token(name="lee"), "lee")
+        pages: list[list[str]] = []
+        params: dict[str, object] = {"channel": "ahp-root://", "limit": 100}
+        while True:
+            frame = await peer.request("listSessions", params)
+            result = frame["result"]
+            assert len(encode(result)) <= (32 << 10) // 2
+            pages.append([item["resource"] for item in result["items"]])
+            if not result.get("nextCursor"):
+                break
+            params = {"channel": "ahp-root://", "limit": 100, "cursor": result["nextCursor"]}
+    finally:
+        await running.stop()
+
+    listed = [resource for page in pages for resource in page]
+    assert sorted(listed) == sorted(f"ahp-session:/long-{n}" for n in range(40))
+    assert len(pages) > 1

@@ -87,6 +87,7 @@ from protocol.chat import (
     TextQuestion,
     TextValue,
 )
+from protocol.wire import MAX_ID_BYTES
 
 JsonType: TypeAlias = Literal["string", "number", "integer", "boolean", "array"]
 Kind: TypeAlias = Literal["text", "number", "integer", "boolean", "single-select", "multi-select"]
@@ -236,6 +237,11 @@ def parse_form(schema: Mapping[str, Any]) -> FormSpec:
         properties = {}
     if not isinstance(properties, Mapping):
         raise FormSchemaError(None, "properties must be a JSON object")
+    for name in properties:
+        if (size := _id_bytes(name)) > MAX_ID_BYTES:
+            raise FormSchemaError(
+                None, f"a property name is {size:,} bytes; a question id is at most {MAX_ID_BYTES}"
+            )
     required = _required_names(schema.get("required", []), properties)
     return FormSpec(
         fields=tuple(
@@ -617,10 +623,19 @@ def _const_choices(name: str, entries: Any, keyword: str) -> list[_Choice]:
 def _unique(name: str, choices: list[_Choice]) -> list[_Choice]:
     seen: set[str] = set()
     for choice in choices:
+        if (size := _id_bytes(choice.id)) > MAX_ID_BYTES:
+            raise FormSchemaError(
+                name, f"an option is {size:,} bytes; an option id is at most {MAX_ID_BYTES}"
+            )
         if choice.id in seen:
             raise FormSchemaError(name, f"option {choice.id!r} is listed twice")
         seen.add(choice.id)
     return choices
+
+
+def _id_bytes(value: str) -> int:
+    """An id's size as the limits measure it (JSON, without the quotes)."""
+    return len(msgspec.json.encode(value)) - 2
 
 
 def _options(choices: list[_Choice], recommended: set[Any]) -> list[InputOption]:

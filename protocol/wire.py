@@ -27,6 +27,12 @@ QUOTED = 160
 channel URI of the longest id, 141, whole)."""
 
 
+MAX_ID_BYTES = 256
+"""The most an id may take (bytes of JSON, a string's without its quotes):
+an id in an action, a connection's clientId, and so a form's property
+names and option values, which become question and option ids."""
+
+
 def quoted(text: str) -> str:
     """``text`` as an error message shows it (its ``repr``): whole up to
     :data:`QUOTED` characters, cut and sized beyond, so that an error never

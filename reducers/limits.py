@@ -91,6 +91,7 @@ from protocol.chat import ChatState
 from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
 from protocol.session import SessionState
+from protocol.wire import MAX_ID_BYTES
 
 _encode = msgspec.json.Encoder().encode
 
@@ -121,7 +122,7 @@ class SizeLimits(msgspec.Struct, frozen=True, kw_only=True):
     active_clients: int = 200
     active_client_bytes: int = 512 << 10
     working_directories: int = 50
-    id: int = 256
+    id: int = MAX_ID_BYTES
     """An id or a timestamp in an action; also a connection's clientId
     (checked where the client names it, at initialize and reconnect)."""
     turn_id: int = 128

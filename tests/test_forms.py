@@ -506,6 +506,26 @@ def test_schema_outside_the_subset_is_refused_as_a_whole(schema: Any, reason: st
     assert reason in caught.value.reason
 
 
+def test_ids_the_limits_would_refuse_are_refused_with_the_schema() -> None:
+    # A property name becomes a question id, an option an option id: one
+    # over the id limit would make the request itself too large to show.
+    longest = "x" * 256
+    parse_form({"type": "object", "properties": {longest: {"type": "string", "enum": [longest]}}})
+    with pytest.raises(FormSchemaError) as named:
+        parse_form({"type": "object", "properties": {"x" * 257: {"type": "string"}}})
+    assert named.value.property is None
+    assert named.value.reason == "a property name is 257 bytes; a question id is at most 256"
+    for prop in (
+        {"type": "string", "enum": ["a", "é" * 129]},
+        {"type": "string", "oneOf": [{"const": "\n" * 129}]},
+        {"type": "array", "items": {"enum": ["y" * 300]}},
+    ):
+        with pytest.raises(FormSchemaError) as option:
+            parse_form(form(pick=prop))
+        assert option.value.property == "pick"
+        assert "an option id is at most 256" in option.value.reason
+
+
 def test_required_name_without_a_property_is_refused() -> None:
     with pytest.raises(FormSchemaError) as caught:
         parse_form(form(["ghost"], a={"type": "string"}))

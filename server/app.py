@@ -57,7 +57,7 @@ from protocol.uris import SESSION_SCHEME, channel_id, session_uri
 from server.audit import export as audit_export
 from server.auth import Grant, TokenAuthority
 from server.build import Parts
-from server.commands import ACTION_COST, Commands
+from server.commands import ACTION_COST, READ_COST, Commands
 from server.config import Settings
 from server.connection import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_UNSUPPORTED, Connection
 from server.errors import (
@@ -296,9 +296,6 @@ class DirectWriter:
 
 Handler = Callable[[Request, Server, Grant], Awaitable[Response]]
 
-READ_COST: Final = 0.5
-"""A read (a snapshot, a long poll, ``/metrics`` with the agent token):
-half an action."""
 SNAPSHOT_BYTES_PER_COST: Final = 64 << 10
 """A snapshot costs one action more per whole 64 KiB of it (as a debt)."""
 AUDIT_RECORDS_PER_COST: Final = 100
@@ -461,16 +458,7 @@ async def _older_turns(
 ) -> Response:
     """A page of ``chat``'s turns before ``cursor`` (see read_snapshot)."""
     try:
-        page, older = await server.commands.fetch_turns(grant, chat, cursor, limit)
-        room = budget - len(encode({"resource": chat, "turns": [], "turnsNextCursor": "x" * 64}))
-        fit = 0
-        for turn in reversed(page):
-            room -= len(encode(turn)) + 1
-            if room < 0 and fit > 0:
-                break
-            fit += 1
-        if fit < len(page):  # the newest of the page, and the cursor before them
-            page, older = await server.commands.fetch_turns(grant, chat, cursor, fit)
+        page, older = await server.commands.fetch_turns(grant, chat, cursor, limit, budget)
     except CommandError as error:
         if error.code != ErrorCode.INVALID_PARAMS:
             raise

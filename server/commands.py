@@ -73,6 +73,12 @@ AGENT_CLAIM_TTL = 24 * 3600.0
 """How long the agent token holds a client id it used (renewed on use)."""
 ACTION_COST = 1.0
 """What one action costs of its token's budget (the unit of every cost)."""
+READ_COST = 0.5
+"""A read (a snapshot, a page of turns, a long poll): half an action."""
+PAGE_MARGIN = 1024
+"""Bytes kept, in a page of turns, for what wraps them (the JSON-RPC
+answer, a chat/turnsLoaded envelope, the HTTP answer's resource and
+cursor)."""
 
 
 @dataclass(frozen=True)
@@ -312,13 +318,41 @@ class Commands:
         return Page(page, _cursor(end) if end < len(items) else None)
 
     async def fetch_turns(
-        self, grant: Grant, chat: str, cursor: str | None, limit: int | None
+        self,
+        grant: Grant,
+        chat: str,
+        cursor: str | None,
+        limit: int | None,
+        budget: int | None = None,
     ) -> tuple[list[Turn], str | None]:
+        """A page of ``chat``'s completed turns before ``cursor`` (None: the
+        newest), oldest first, and the cursor before them: at most ``limit``
+        (50 when None), and no more of the newest than fit in ``budget``
+        bytes of JSON (at least one; what wraps them is the caller's
+        margin: PAGE_MARGIN)."""
         expect_kind(chat, "chat")
         await self.reach(grant, chat)
-        return await self.host.sessions.older_turns(
-            chat, cursor, limit if limit and limit > 0 else 50
-        )
+        size = limit if limit and limit > 0 else 50
+        page, older = await self.host.sessions.older_turns(chat, cursor, size)
+        if budget is None:
+            return page, older
+        room, fit = budget - PAGE_MARGIN, 0
+        for turn in reversed(page):
+            room -= json_bytes(turn) + 1
+            if room < 0 and fit > 0:
+                break
+            fit += 1
+        if fit < len(page):  # the newest of the page, and the cursor before them
+            page, older = await self.host.sessions.older_turns(chat, cursor, fit)
+        return page, older
+
+    def read_cost(self, grant: Grant) -> None:
+        """Spend READ_COST of the token's budget for a read a socket asks
+        (a page of older turns), refused as a command is (:func:`refused`)."""
+        try:
+            self.spend(grant, READ_COST)
+        except ActionRejected as rejected:
+            raise refused(rejected, "$") from None
 
     async def expire(self, grant: Grant, params: ExpireParams) -> int:
         """Give an open wait an expiry (server.expiry); when it expires (ms).

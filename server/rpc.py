@@ -493,9 +493,10 @@ class Rpc:
         return ListSessionsResult(items=page.items, next_cursor=page.next_cursor)
 
     async def _fetch_turns(self, params: FetchTurnsParams) -> FetchTurnsResult | EmptyResult:
+        self.commands.read_cost(self.grant)
         if CHANNEL_SEQS in self.extensions:
             turns, cursor = await self.commands.fetch_turns(
-                self.grant, params.channel, params.cursor, params.limit
+                self.grant, params.channel, params.cursor, params.limit, self.frame_budget
             )
             return FetchTurnsResult(turns=turns, turns_next_cursor=cursor)
         numbering = self.numbering
@@ -506,7 +507,7 @@ class Rpc:
             turns, cursor = [], None
         else:
             turns, cursor = await self.commands.fetch_turns(
-                self.grant, params.channel, params.cursor, None
+                self.grant, params.channel, params.cursor, None, self.frame_budget
             )
         # AHP: chat/turnsLoaded before the answer. The window is this
         # connection's (Huddle's chat state holds every turn), so the action

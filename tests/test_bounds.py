@@ -416,3 +416,44 @@ async def test_a_page_of_sessions_takes_no_more_than_one_answer_may() -> None:
     listed = [resource for page in pages for resource in page]
     assert sorted(listed) == sorted(f"ahp-session:/long-{n}" for n in range(40))
     assert len(pages) > 1
+
+
+async def test_a_page_of_older_turns_takes_no_more_than_one_answer_may(
+    small: RunningServer,
+) -> None:
+    chat = await a_chat(small)
+    agent = small.clients[0]
+    for n in range(12):  # 12 turns of 60 KiB: a page of 50 would be 720 KiB
+        start = ChatTurnStarted(
+            turn_id=f"t{n}", started_at="2026-11-30T10:00:00Z", message=big("x")
+        )
+        await agent.dispatch_and_wait(chat, start)
+        await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id=f"t{n}", duration=1))
+    peer = await Peer.ready(small.ws, small.token(name="late"), "late")
+    snapshot = await peer.subscribe(chat)
+    seen = [t["id"] for t in snapshot["state"]["turns"]]
+    cursor = snapshot["state"]["turnsNextCursor"]
+    while cursor:
+        frame = await peer.request("fetchTurns", {"channel": chat, "cursor": cursor, "limit": 50})
+        assert len(encode(frame)) <= SEND_BUFFER // 2
+        page = frame["result"]
+        assert page["turns"]
+        seen = [t["id"] for t in page["turns"]] + seen
+        cursor = page.get("turnsNextCursor")
+
+    assert seen == [f"t{n}" for n in range(12)]
+
+
+async def test_pages_of_older_turns_spend_the_tokens_budget() -> None:
+    limits = Limits(actions_per_second=0.001, action_burst=4)
+    running = await start_server(Settings(port=0, limits=limits))
+    try:
+        chat = await a_chat(running)
+        peer = await Peer.ready(running.ws, running.token(name="lee"), "lee")
+        answers = [await peer.request("fetchTurns", {"channel": chat}) for _ in range(9)]
+    finally:
+        await running.stop()
+
+    assert all("result" in answer for answer in answers[:8])  # half an action each
+    assert answers[8]["error"]["code"] == -32011
+    assert "rate-limited" in answers[8]["error"]["message"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import base64
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +76,7 @@ ACTION_COST = 1.0
 READ_COST = 0.5
 """A read (a snapshot, a page of turns, a long poll): half an action."""
 PAGE_MARGIN = 1024
-"""Bytes kept, in a page of turns, for what wraps them (the JSON-RPC
+"""Bytes kept, in a page of turns or sessions, for what wraps them (the JSON-RPC
 answer, a chat/turnsLoaded envelope, the HTTP answer's resource and
 cursor)."""
 
@@ -308,12 +308,7 @@ class Commands:
         size = min(MAX_PAGE, limit) if limit and limit > 0 else PAGE_SIZE
         page = items[start : start + size]
         if budget is not None:
-            used = 0
-            for index, summary in enumerate(page):
-                used += json_bytes(summary)
-                if used > budget and index > 0:
-                    page = page[:index]
-                    break
+            page = page[: _fitting(page, budget)]
         end = start + len(page)
         return Page(page, _cursor(end) if end < len(items) else None)
 
@@ -336,12 +331,7 @@ class Commands:
         page, older = await self.host.sessions.older_turns(chat, cursor, size)
         if budget is None:
             return page, older
-        room, fit = budget - PAGE_MARGIN, 0
-        for turn in reversed(page):
-            room -= json_bytes(turn) + 1
-            if room < 0 and fit > 0:
-                break
-            fit += 1
+        fit = _fitting(page[::-1], budget)
         if fit < len(page):  # the newest of the page, and the cursor before them
             page, older = await self.host.sessions.older_turns(chat, cursor, fit)
         return page, older
@@ -477,6 +467,18 @@ class Commands:
             name=name if isinstance(name, str) else None,
             expires_at=self.clock() + float(ttl),
         )
+
+
+def _fitting(items: Sequence[Any], budget: int) -> int:
+    """How many of ``items``, from the first, fit as a JSON list in
+    ``budget`` bytes less PAGE_MARGIN (at least one: a page always moves on)."""
+    room, fit = budget - PAGE_MARGIN, 0
+    for item in items:
+        room -= json_bytes(item) + 1
+        if room < 0 and fit > 0:
+            break
+        fit += 1
+    return fit
 
 
 def refused(rejected: ActionRejected, path: str) -> CommandError | MalformedFrame:

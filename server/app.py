@@ -26,7 +26,6 @@ import contextlib
 import hmac
 import html
 import logging
-import math
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -71,7 +70,7 @@ from server.errors import (
     StoreUnavailable,
 )
 from server.frames import WRITE_EXTENSION
-from server.headers import Guard, allowed_hosts, is_own_origin, rebinding_warning
+from server.headers import Guard, allowed_hosts, is_own_origin, rebinding_warning, retry_after
 from server.host import Host
 from server.idempotency import Idempotency
 from server.metrics import ServerMetrics
@@ -136,12 +135,6 @@ def _json(value: Any, status: int = 200) -> Response:
 
 def _problem(status: int, message: str, **extra: Any) -> Response:
     return _json({"error": message, **extra}, status)
-
-
-def _retry_after(response: Response, seconds: float) -> Response:
-    """``response`` saying when to try again (whole seconds, at least 1)."""
-    response.headers["Retry-After"] = str(max(1, math.ceil(min(seconds, 86_400.0))))
-    return response
 
 
 # ─── Authentication ──────────────────────────────────────────────────────────
@@ -216,7 +209,7 @@ def _auth_refusal(error: AuthError, response: Response) -> Response:
     """``response`` to a refused authentication, saying when to try again
     if the client's address was throttled."""
     if isinstance(error, AuthThrottled):
-        return _retry_after(response, error.retry_after)
+        return retry_after(response, error.retry_after)
     return response
 
 
@@ -340,7 +333,7 @@ def api(method: str, path: str, handler: Handler) -> Route:
 def over_budget(error: RateLimited) -> Response:
     """429 for a request over its token's budget (a dispatch answers as a
     rejected action instead: :func:`http_answer`)."""
-    return _retry_after(_problem(429, error.sentence, code=error.code), error.retry_after)
+    return retry_after(_problem(429, error.sentence, code=error.code), error.retry_after)
 
 
 def http_answer(error: HuddleError | MalformedFrame) -> Response:
@@ -362,7 +355,7 @@ def http_answer(error: HuddleError | MalformedFrame) -> Response:
             status = REJECTION_STATUS.get(error.code, 409)
             answer = _json({"rejectionReason": error.reason, "code": error.code}, status)
             if isinstance(error, RateLimited):
-                return _retry_after(answer, error.retry_after)
+                return retry_after(answer, error.retry_after)
             return answer
         case ChannelGone():
             return _problem(404, str(error))

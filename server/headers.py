@@ -22,9 +22,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
-from starlette.responses import PlainTextResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
@@ -120,3 +121,10 @@ def _with_headers(response: PlainTextResponse) -> ASGIApp:
         await response(scope, receive, _adding_headers(send))
 
     return app
+
+
+def retry_after(response: Response, seconds: float) -> Response:
+    """``response`` saying when to try again (whole seconds, at least 1,
+    at most a day)."""
+    response.headers["Retry-After"] = str(max(1, math.ceil(min(seconds, 86_400.0))))
+    return response

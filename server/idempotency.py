@@ -31,7 +31,8 @@ What is booked counts for ``ttl``, in this process:
   only the tokens' budgets.
 
 Beyond a bound a request with a key is refused with 429 before it runs
-(retry later, or without a key).
+(retry later, or without a key), its ``Retry-After`` saying when the
+oldest answers kept will have made room.
 
 The WebSocket's counterpart is the store's ``(clientId, clientSeq)`` check
 on every append.
@@ -52,6 +53,7 @@ from starlette.responses import Response
 
 from server.auth import Grant
 from server.cache import Lru
+from server.headers import retry_after
 from server.store.base import ChannelStore
 
 MAX_KEY: Final = 200
@@ -91,6 +93,19 @@ class _Ledger:
             booking.held = False
             self.total -= booking.size
         return self.total
+
+    def room_at(self, now: float, most: int) -> float:
+        """When what is booked will be at most ``most`` bytes (``now``
+        when it is; bookings are given back oldest first, as :meth:`spent`
+        does)."""
+        over = self.spent(now) - most
+        at = now
+        for booking in self.kept:
+            if over <= 0:
+                break
+            at = max(at, booking.until)
+            over -= booking.size
+        return at
 
     def book(self, until: float, size: int) -> _Booking:
         booking = _Booking(until, size)
@@ -175,7 +190,8 @@ class Idempotency:
         refusal = self._refusal(grant, now, size)
         if refusal is not None:
             await self.store.claim(running, mine, 0)
-            return _problem(429, refusal)
+            reason, room_at = refusal
+            return retry_after(_problem(429, reason), room_at - now)
         ledgers = self._ledgers_of(grant)
         hold = _Hold([(ledger, ledger.book(now + self.ttl, size)) for ledger in ledgers])
         keeping = 0
@@ -197,29 +213,37 @@ class Idempotency:
             hold.settle(self.clock() + self.ttl, keeping)
         return answer
 
-    def _refusal(self, grant: Grant, now: float, size: int) -> str | None:
-        """Why there is no room for ``size`` more bytes of ``grant``'s (None:
-        there is)."""
+    def _refusal(self, grant: Grant, now: float, size: int) -> tuple[str, float] | None:
+        """Why there is no room for ``size`` more bytes of ``grant``'s, and
+        when there will be (None: there is)."""
         person = grant.role != "agent"
-        if person and self._ledger(grant).spent(now) + size > self.budget:
-            return (
-                f"this token has {self.budget >> 20} MiB of Idempotency-Key answers kept "
-                "already: retry later, or without a key"
-            )
+        if person:
+            room_at = self._ledger(grant).room_at(now, self.budget - size)
+            if room_at > now:
+                return (
+                    f"this token has {self.budget >> 20} MiB of Idempotency-Key answers kept "
+                    "already: retry later, or without a key",
+                    room_at,
+                )
         limit = self.store.remember_limit
         if limit is None:
             return None
-        if person and self._people.spent(now) + size > limit * PEOPLE_SHARE:
-            return (
-                "the server keeps no more Idempotency-Key answers of participants now: "
-                "retry later, or without a key"
-            )
-        if self._all.spent(now) + size > limit:
+        if person:
+            room_at = self._people.room_at(now, int(limit * PEOPLE_SHARE) - size)
+            if room_at > now:
+                return (
+                    "the server keeps no more Idempotency-Key answers of participants now: "
+                    "retry later, or without a key",
+                    room_at,
+                )
+        room_at = self._all.room_at(now, limit - size)
+        if room_at > now:
             # The store keeps no more without forgetting others' answers
             # (whose retries would then run again): nobody gets more room.
             return (
                 "the server keeps no more Idempotency-Key answers now: "
-                "retry later, or without a key"
+                "retry later, or without a key",
+                room_at,
             )
         return None
 

@@ -16,6 +16,10 @@ exists. Nothing is lost, nothing applied twice.
 one cursor per channel, answered per channel with ``replay``,
 ``snapshot`` or ``missing``.
 
+Each snapshot a reconnect answers is a read (half an action), charged to the
+token's budget as a debt its next requests wait out, never refused: a
+client is not turned away as it comes back.
+
 Either way a reconnect is held to ``--max-subscriptions`` as ``subscribe``
 is: when the channels it would subscribe to (those it reaches, besides the
 connection's own) are too many, it is refused (-32009) before anything is
@@ -45,6 +49,7 @@ from protocol.messages import (
     Snapshot,
     SnapshotResume,
 )
+from server.commands import READ_COST
 from server.errors import ChannelGone, CommandError
 from server.numbering import Numbering
 
@@ -164,6 +169,7 @@ async def resume_plain(
             continue  # gone: no snapshot says so
         rpc.add_subscription(uri)
         snapshots.append(rpc.fitted(snapshot, share=len(reachable)))
+    rpc.commands.charge(rpc.grant, READ_COST * len(snapshots))
     return ReconnectSnapshots(snapshots=snapshots)
 
 
@@ -188,4 +194,6 @@ async def resume_channels(rpc: Rpc, cursors: list[ChannelCursor]) -> ReconnectRe
             snapshot = rpc.fitted(resume.snapshot, share=len(cursors))
             resume = SnapshotResume(channel=uri, snapshot=snapshot)
         resumes.append(resume)
+    taken = sum(isinstance(resume, SnapshotResume) for resume in resumes)
+    rpc.commands.charge(rpc.grant, READ_COST * taken)
     return ReconnectResult(channels=resumes)

@@ -68,7 +68,7 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import ROOT_URI
 from server import presence
 from server.auth import Grant
-from server.commands import Commands, not_found
+from server.commands import READ_COST, Commands, not_found
 from server.config import Limits
 from server.connection import CLOSE_NORMAL, Connection
 from server.errors import (
@@ -328,6 +328,9 @@ class Rpc:
             for uri in list(self.subscriptions):
                 await self._unsubscribe(ChannelParams(channel=uri))
             raise
+        # Each snapshot is a read; charged, not refused: a connection is
+        # never turned away at its start, its next requests wait it out.
+        self.commands.charge(self.grant, READ_COST * len(snapshots))
         self.label(params.client_id)
         root = await self.host.view(ROOT_URI)
         extensions = {"huddle": self._announced(asked)} if asked else None
@@ -382,6 +385,7 @@ class Rpc:
     # ─── Subscriptions ───────────────────────────────────────────────────
 
     async def _subscribe(self, params: SubscribeParams) -> SubscribeResult:
+        self.commands.read_cost(self.grant)
         view = params.view if TURN_WINDOWS in self.extensions else None
         turns = view.turns if view is not None else None
         return SubscribeResult(snapshot=await self.subscribe_to(params.channel, turns))
@@ -487,6 +491,7 @@ class Rpc:
         await self.commands.dispose_chat(self.grant, params.channel)
 
     async def _list_sessions(self, params: ListSessionsParams) -> ListSessionsResult:
+        self.commands.read_cost(self.grant)
         page = await self.commands.list_sessions(
             self.grant, params.cursor, params.limit, budget=self.frame_budget
         )

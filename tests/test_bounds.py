@@ -14,13 +14,14 @@ from protocol.actions import ChatDraftChanged, ChatTurnCancelled, ChatTurnComple
 from protocol.chat import ChatState, Message, MessageOrigin, Turn
 from protocol.codec import encode
 from protocol.session import SessionState
+from protocol.uris import ROOT_URI
 from reducers.limits import SizeLimits
 from server.config import Limits, Settings
 from server.errors import ActionRejected
 from server.sessions import windowed
 from server.store.memory import KEPT_BYTES, MemoryStore
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
-from tests.edge import HttpReply, Peer, http
+from tests.edge import HttpReply, Peer, http, initialize_params
 from tests.test_serve_cli import TOKEN, start
 
 SESSION = "ahp-session:/bounds"
@@ -457,3 +458,61 @@ async def test_pages_of_older_turns_spend_the_tokens_budget() -> None:
     assert all("result" in answer for answer in answers[:8])  # half an action each
     assert answers[8]["error"]["code"] == -32011
     assert "rate-limited" in answers[8]["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [("subscribe", {"channel": SESSION}), ("listSessions", {"channel": ROOT_URI})],
+)
+async def test_subscribes_and_pages_of_sessions_spend_the_tokens_budget(
+    method: str, params: dict[str, str]
+) -> None:
+    limits = Limits(actions_per_second=0.001, action_burst=4)
+    running = await start_server(Settings(port=0, limits=limits))
+    try:
+        await a_chat(running)
+        peer = await Peer.ready(running.ws, running.token(name="lee"), "lee")
+        answers = [await peer.request(method, params) for _ in range(9)]
+    finally:
+        await running.stop()
+
+    assert all("result" in answer for answer in answers[:8])  # half an action each
+    assert answers[8]["error"]["code"] == -32011
+    assert "rate-limited" in answers[8]["error"]["message"]
+
+
+async def test_the_snapshots_of_initialize_and_reconnect_are_charged_not_refused() -> None:
+    limits = Limits(actions_per_second=0.001, action_burst=2)
+    running = await start_server(Settings(port=0, limits=limits))
+    try:
+        chat = await a_chat(running)
+        token = running.token(name="lee")
+        channels = [ROOT_URI, SESSION, chat]
+        first = await Peer.open(running.ws, token, "lee")
+        opened = await first.request(
+            "initialize",
+            initialize_params("lee", extensions=()) | {"initialSubscriptions": channels},
+        )
+        room = await first.request("subscribe", {"channel": SESSION})
+        after_initialize = await first.request("subscribe", {"channel": SESSION})
+        second = await Peer.open(running.ws, token, "lee-too")
+        resumed = await second.request(
+            "reconnect",
+            {
+                "channel": ROOT_URI,
+                "clientId": "lee-too",
+                "lastSeenServerSeq": 0,
+                "subscriptions": channels,
+            },
+        )
+        after_reconnect = await second.request("listSessions", {"channel": ROOT_URI})
+    finally:
+        await running.stop()
+
+    # Three snapshots each time, all answered (1.5 actions against a burst of 2) ...
+    assert len(opened["result"]["snapshots"]) == 3
+    assert len(resumed["result"]["snapshots"]) == 3
+    # ... and what they took is gone from the budget: room for one read, then none.
+    assert "result" in room
+    assert "rate-limited" in after_initialize["error"]["message"]
+    assert "rate-limited" in after_reconnect["error"]["message"]

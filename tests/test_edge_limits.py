@@ -54,13 +54,14 @@ def draft(text: str) -> ChatDraftChanged:
 
 @pytest.fixture
 async def limited() -> AsyncIterator[RunningServer]:
-    """A server with small limits: 4 KiB frames, a burst of 3 actions and
-    (practically) no refill, 2 subscriptions, close after 5 limited in a row."""
+    """A server with small limits: 4 KiB frames, a burst of 5 actions and
+    (practically) no refill (a subscribe takes half an action of it), 2
+    subscriptions, close after 5 limited in a row."""
     settings = Settings(
         port=0,
         max_frame_bytes=4096,
         limits=Limits(
-            actions_per_second=0.001, action_burst=3, max_subscriptions=2, flood_close_after=5
+            actions_per_second=0.001, action_burst=5, max_subscriptions=2, flood_close_after=5
         ),
     )
     running = await start_server(settings)
@@ -329,22 +330,22 @@ async def test_actions_beyond_the_burst_are_rejected_as_rate_limited(
 ) -> None:
     chat = await session_chat(limited)
     peer = await Peer.ready(limited.ws, limited.token(), "eager")
-    seq = (await peer.subscribe(chat))["fromSeq"]
+    seq = (await peer.subscribe(chat))["fromSeq"]  # half an action: 4.5 left
 
-    for n in range(4):
+    for n in range(5):
         await peer.dispatch(chat, draft(f"draft {n}"))
-    echoes = [await peer.envelope() for _ in range(4)]
+    echoes = [await peer.envelope() for _ in range(5)]
 
-    assert [e.get("rejectionReason") for e in echoes[:3]] == [None, None, None]
-    assert [e["serverSeq"] for e in echoes] == [seq + 1, seq + 2, seq + 3, seq + 3]
-    assert echoes[3]["rejectionReason"].startswith("rate-limited: ")
+    assert [e.get("rejectionReason") for e in echoes[:4]] == [None] * 4
+    assert [e["serverSeq"] for e in echoes] == [seq + 1, seq + 2, seq + 3, seq + 4, seq + 4]
+    assert echoes[4]["rejectionReason"].startswith("rate-limited: ")
 
 
 async def test_one_tokens_rate_limit_does_not_hold_back_another(limited: RunningServer) -> None:
     chat = await session_chat(limited)
     eager = await Peer.ready(limited.ws, limited.token(), "eager")
     await eager.subscribe(chat)
-    for n in range(4):
+    for n in range(6):
         await eager.dispatch(chat, draft(f"draft {n}"))
     assert (await eager.request("ping", {"channel": ROOT_URI}))["result"] is None
     calm = await limited.client(name="calm")
@@ -372,7 +373,7 @@ async def test_a_tokens_sockets_share_one_budget(limited: RunningServer) -> None
         return envelope
 
     reasons = [(await own_echo(peer)).get("rejectionReason") for peer in peers]
-    assert reasons[:3] == [None, None, None]  # the burst of 3, shared
+    assert reasons[:3] == [None, None, None]  # the burst of 5, shared, less 4 subscribes
     assert str(reasons[3]).startswith("rate-limited: at most 0.001 actions a second per token")
 
 
@@ -401,7 +402,7 @@ async def test_the_browsers_of_one_shared_link_share_its_budget(limited: Running
         return envelope
 
     reasons = [(await own_echo(peer)).get("rejectionReason") for peer in peers]
-    assert reasons[:3] == [None, None, None]  # the link's burst of 3, shared
+    assert reasons[:3] == [None, None, None]  # the link's burst, shared, less 4 subscribes
     assert str(reasons[3]).startswith("rate-limited: ")
 
 
@@ -410,7 +411,7 @@ async def test_agent_tokens_have_a_budget_of_their_own(limited: RunningServer) -
     agent = await limited.client("agent", name="streamer")
     await agent.subscribe(chat)
 
-    for n in range(20):  # far beyond a participant's burst of 3
+    for n in range(20):  # far beyond a participant's burst of 5
         envelope = await agent.dispatch_and_wait(chat, draft(f"delta {n}"))
         assert envelope.rejection_reason is None
 
@@ -419,7 +420,7 @@ async def test_sustained_flood_closes_with_1008(limited: RunningServer) -> None:
     chat = await session_chat(limited)
     peer = await Peer.ready(limited.ws, limited.token(), "flooder")
 
-    for n in range(3 + 5):
+    for n in range(5 + 5):  # the burst, then 5 limited in a row
         await peer.dispatch(chat, draft(f"draft {n}"))
 
     assert await peer.close_code() == 1008

@@ -269,8 +269,10 @@ async def test_a_tokens_kept_answers_are_bounded_and_a_refused_key_runs_nothing(
 
         return run
 
-    first = await once.once(lee, "k1", b"a", running("lee"))
+    first = await once.once(lee, "k1", b"a", running("lee"))  # kept until 60
+    now[0] = 10.0
     second = await once.once(lee, "k2", b"b", running("lee"))  # each keeps about 4 KiB
+    now[0] = 20.0
     refused = await once.once(lee, "k3", b"c", running("lee"))  # a third would be over 9,000
     others = await once.once(dana, "k3", b"c", running("dana"))  # another token's own
     trusted = [await once.once(agent, f"a{n}", b"d", running("agent")) for n in range(3)]
@@ -280,6 +282,7 @@ async def test_a_tokens_kept_answers_are_bounded_and_a_refused_key_runs_nothing(
 
     assert [first.status_code, second.status_code, refused.status_code] == [200, 200, 429]
     assert b"retry later, or without a key" in bytes(refused.body)
+    assert refused.headers["Retry-After"] == "40"  # when the first is given back
     assert others.status_code == again.status_code == later.status_code == 200
     assert [t.status_code for t in trusted] == [200, 200, 200]
     assert runs == ["lee", "lee", "dana", "agent", "agent", "agent", "lee"]
@@ -348,6 +351,8 @@ async def test_a_bounded_store_is_never_asked_to_forget_and_keeps_agents_a_reser
     assert b"answers of participants" in bytes(people[1].body)
     assert [a.status_code for a in agents] == [200, 200, 429]
     assert b"keeps no more" in bytes(agents[2].body)
+    # Room comes back as the oldest answers expire, a ttl after they were kept.
+    assert people[1].headers["Retry-After"] == agents[2].headers["Retry-After"] == "60"
     assert first_again.status_code == 200  # still kept: nothing was forgotten
     assert len(runs) == 3
 

@@ -87,6 +87,7 @@ from server.runner.turn import (
     Transition,
     Turn,
     TurnStatus,
+    result_text,
 )
 
 log = logging.getLogger("huddle.runner")
@@ -101,10 +102,6 @@ class _Stop(Exception):
     def __init__(self, turn: Turn) -> None:
         super().__init__(turn.id)
         self.turn = turn
-
-
-def _dumps(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 class Runner:
@@ -347,11 +344,11 @@ class Runner:
             else:
                 status = "skipped" if command.skipped else "rejected"
                 rejected = {"status": status, "reason": command.reason or "denied by a person"}
-                _set_call(turn, msgspec.structs.replace(pending, result=_dumps(rejected)))
+                _set_call(turn, pending.with_result(rejected))
         elif command.type == SuspensionType.CHILD_AGENT:
             pending = next(p for p in turn.pending if p.result is None)
             finished = {"status": command.child_status, "output": command.child_output}
-            _set_call(turn, msgspec.structs.replace(pending, result=_dumps(finished)))
+            _set_call(turn, pending.with_result(finished))
         turn.unblock()
         turn.updated_at = self.clock()
 
@@ -361,10 +358,10 @@ class Runner:
         if command.response != "accept":
             status = "declined" if command.response == "decline" else "cancelled"
             result: dict[str, Any] = {"status": status, "formKey": form.key}
-            _set_call(turn, msgspec.structs.replace(pending, result=_dumps(result)))
+            _set_call(turn, pending.with_result(result))
         elif pending.call.name == REQUEST_USER_INPUT:
             result = {"status": "submitted", "formKey": form.key, "data": command.data or {}}
-            _set_call(turn, msgspec.structs.replace(pending, result=_dumps(result)))
+            _set_call(turn, pending.with_result(result))
         else:
             _set_call(turn, msgspec.structs.replace(pending, form_data=command.data or {}))
 
@@ -711,7 +708,7 @@ class Runner:
             return await self._ask_form(agent, turn, lease, call)
         tool = agent.tool(call.name)
         if tool is None:
-            return _dumps({"status": "error", "message": f"there is no tool {call.name!r}"})
+            return result_text({"status": "error", "message": f"there is no tool {call.name!r}"})
         if not pending.approved and pending.form_data is None:
             decision = agent.approval_policy(turn, call, tool)
             if decision.outcome == Outcome.REQUIRE_APPROVAL:
@@ -721,7 +718,7 @@ class Runner:
             if decision.outcome == Outcome.DENY:
                 self._emit(EventType.TOOL_DENIED, turn, call_id=call.id, code=decision.code)
                 await self.port.tool_denied(turn, call, tool, decision)
-                return _dumps(
+                return result_text(
                     {"status": "denied", "code": decision.code, "message": decision.message}
                 )
         if tool.child is not None:
@@ -793,14 +790,14 @@ class Runner:
             raise
         except Exception as error:
             self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=False)
-            result = _dumps({"status": "error", "message": str(error)})
+            result = result_text({"status": "error", "message": str(error)})
             turn.tool_calls_made += 1
             await self.port.tool_finished(turn, call, result, False)
             return result
         finally:
             leave(token)
         turn.tool_calls_made += 1
-        result = _dumps(value)
+        result = result_text(value)
         self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=True)
         await self.port.tool_finished(turn, call, result, True)
         return result
@@ -810,7 +807,7 @@ class Runner:
         form = agent.form(key) if isinstance(key, str) else None
         if form is None:
             known = ", ".join(f.key for f in agent.forms) or "none"
-            return _dumps(
+            return result_text(
                 {"status": "error", "message": f"unknown form {key!r}; known forms: {known}"}
             )
         message = call.arguments.get("message")

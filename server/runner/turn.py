@@ -23,6 +23,7 @@ that is due and a cancel.
 from __future__ import annotations
 
 import enum
+import json
 from typing import Any, Literal
 
 import msgspec
@@ -355,6 +356,17 @@ class PendingCall(Record, frozen=True):
     form_data: dict[str, Any] | None = None
     form_asked: bool = False
     """The tool raised FormRequired once: a second time is a protocol error."""
+
+    def with_result(self, value: Any) -> PendingCall:
+        """This call finished with ``value`` (as :func:`result_text`)."""
+        return msgspec.structs.replace(self, result=result_text(value))
+
+
+def result_text(value: Any) -> str:
+    """A tool's result as the text a :class:`PendingCall` saves and the
+    model is given: a string as it is, anything else as JSON (what JSON
+    cannot encode, as its ``str``)."""
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 class Audit(Record, frozen=True):

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import email.utils
 import inspect
 import json
@@ -54,7 +53,8 @@ import msgspec
 
 from server.errors import HuddleError, StoreError
 from server.expiry import Expiry
-from server.runner.agent import Agent, ApprovalDecision, Outcome, Tool
+from server.runner import approvals
+from server.runner.agent import Agent, Outcome, Tool
 from server.runner.context import ToolContext, enter, leave
 from server.runner.errors import (
     Fenced,
@@ -335,16 +335,7 @@ class Runner:
             assert form is not None
             self._resume_form(turn, _require_call(turn, call_id), form, command)
         elif command.type == SuspensionType.TOOL_APPROVAL:
-            pending = _require_call(turn, call_id)
-            if command.approved:
-                call = pending.call
-                if command.edited_arguments is not None:
-                    call = msgspec.structs.replace(call, arguments=command.edited_arguments)
-                _set_call(turn, msgspec.structs.replace(pending, call=call, approved=True))
-            else:
-                status = "skipped" if command.skipped else "rejected"
-                rejected = {"status": status, "reason": command.reason or "denied by a person"}
-                _set_call(turn, pending.with_result(rejected))
+            _set_call(turn, approvals.answered(_require_call(turn, call_id), command))
         elif command.type == SuspensionType.CHILD_AGENT:
             pending = next(p for p in turn.pending if p.result is None)
             finished = {"status": command.child_status, "output": command.child_output}
@@ -709,18 +700,9 @@ class Runner:
         tool = agent.tool(call.name)
         if tool is None:
             return result_text({"status": "error", "message": f"there is no tool {call.name!r}"})
-        if not pending.approved and pending.form_data is None:
-            decision = agent.approval_policy(turn, call, tool)
-            if decision.outcome == Outcome.REQUIRE_APPROVAL:
-                if decision.expiry is None and agent.approval_expiry is not None:
-                    decision = dataclasses.replace(decision, expiry=agent.approval_expiry)
-                await self._ask_approval(turn, lease, call, tool, decision)
-            if decision.outcome == Outcome.DENY:
-                self._emit(EventType.TOOL_DENIED, turn, call_id=call.id, code=decision.code)
-                await self.port.tool_denied(turn, call, tool, decision)
-                return result_text(
-                    {"status": "denied", "code": decision.code, "message": decision.message}
-                )
+        denied = await self._approve(agent, turn, lease, pending, tool)
+        if denied is not None:
+            return denied
         if tool.child is not None:
             await self._spawn_child(turn, lease, call, tool.child)
         if turn.tool_calls_made >= agent.max_tool_calls:
@@ -728,6 +710,28 @@ class Runner:
         await self.port.tool_started(turn, call, tool)
         self._emit(EventType.TOOL_STARTED, turn, call_id=call.id, tool=tool.name)
         return await self._run_tool(agent, turn, lease, pending, tool, cancelled)
+
+    async def _approve(
+        self, agent: Agent, turn: Turn, lease: Lease, pending: PendingCall, tool: Tool
+    ) -> str | None:
+        """What the approval policy says of ``pending`` (see
+        :mod:`server.runner.approvals`): None when it may run, the tool
+        message when it is denied; suspends (raises _Stop) to ask a person."""
+        call = pending.call
+        decision = approvals.decide(agent, turn, pending, tool)
+        if decision.outcome == Outcome.REQUIRE_APPROVAL:
+            suspension = approvals.approval_suspension(call, tool, decision)
+            self._emit(EventType.TOOL_APPROVAL_REQUESTED, turn, call_id=call.id, code=decision.code)
+
+            async def show(saved: Turn) -> None:
+                await self.port.approval_requested(saved, call, tool, decision)
+
+            await self._block_then_show(turn, lease, suspension, show)
+        if decision.outcome == Outcome.DENY:
+            self._emit(EventType.TOOL_DENIED, turn, call_id=call.id, code=decision.code)
+            await self.port.tool_denied(turn, call, tool, decision)
+            return approvals.denied_result(decision)
+        return None
 
     async def _run_tool(
         self,
@@ -842,24 +846,6 @@ class Runner:
 
         async def show(saved: Turn) -> None:
             await self.port.input_requested(saved, suspension)
-
-        await self._block_then_show(turn, lease, suspension, show)
-
-    async def _ask_approval(
-        self, turn: Turn, lease: Lease, call: ToolCall, tool: Tool, decision: ApprovalDecision
-    ) -> NoReturn:
-        suspension = Suspension(
-            type=SuspensionType.TOOL_APPROVAL,
-            correlation_id=call.id,
-            message=decision.message or f"Allow {tool.title}?",
-            resume_phase=Phase.TOOLS,
-            metadata={"code": decision.code, "reason": decision.reason, **decision.metadata},
-            expiry=decision.expiry,
-        )
-        self._emit(EventType.TOOL_APPROVAL_REQUESTED, turn, call_id=call.id, code=decision.code)
-
-        async def show(saved: Turn) -> None:
-            await self.port.approval_requested(saved, call, tool, decision)
 
         await self._block_then_show(turn, lease, suspension, show)
 

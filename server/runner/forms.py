@@ -2,7 +2,8 @@
 
 A turn never holds a definition: when it asks, the form is frozen into its
 suspension (:class:`server.runner.turn.FrozenForm`), so later changes to the
-definition affect only new turns.
+definition affect only new turns. How a turn asks, and what people's answer
+must fit and does, is :mod:`server.runner.user_input`.
 """
 
 from __future__ import annotations

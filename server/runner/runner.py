@@ -14,6 +14,11 @@ whoever executes it):
   start with the data) or TransientError (RETRY, with backoff). A tool with
   a child agent starts a child turn and the parent waits (CHILD_AGENT).
 
+What a wait for people is, what an answer must fit and what it does are
+the rules of :mod:`server.runner.approvals` and :mod:`server.runner.user_input`
+(forms and questions); the runner saves the wait, tells the listeners,
+shows it through its port, and dispatches each resume to those rules.
+
 ``run`` and ``resume`` continue in the caller until the turn is blocked or
 terminal; ``submit_resume`` validates, saves the turn as runnable and
 returns: in the same store step the turn is handed, started and leased, to
@@ -48,12 +53,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NoReturn
 
-import jsonschema
 import msgspec
 
 from server.errors import HuddleError, StoreError
-from server.expiry import Expiry
-from server.runner import approvals
+from server.runner import approvals, user_input
 from server.runner.agent import Agent, Outcome, Tool
 from server.runner.context import ToolContext, enter, leave
 from server.runner.errors import (
@@ -75,7 +78,6 @@ from server.runner.port import ChatPort, NullPort
 from server.runner.store import Lease, TurnStore
 from server.runner.turn import (
     Audit,
-    FrozenForm,
     ModelMessage,
     ParentLink,
     PendingCall,
@@ -89,10 +91,9 @@ from server.runner.turn import (
     TurnStatus,
     result_text,
 )
+from server.runner.user_input import REQUEST_USER_INPUT as REQUEST_USER_INPUT
 
 log = logging.getLogger("huddle.runner")
-
-REQUEST_USER_INPUT = "request_user_input"
 
 
 class _Stop(Exception):
@@ -303,16 +304,8 @@ class Runner:
             due = suspension.due_at or 0.0
             if due > self.clock():
                 refuse(f"the retry is not due for {due - self.clock():.1f} s")
-        form = suspension.form
-        if command.type == SuspensionType.USER_INPUT and form is None and command.data is not None:
-            refuse("the turn waits for a plain-text answer, not form data")
-        if command.type == SuspensionType.USER_INPUT and form is not None:
-            if command.content is not None:
-                refuse(f"the turn waits for form {form.key!r}, not a plain-text answer")
-            if command.response == "accept":
-                errors = _form_errors(form.schema, command.data or {})
-                if errors:
-                    refuse("the submitted data does not fit the form", errors)
+        if command.type == SuspensionType.USER_INPUT:
+            user_input.check_answer(turn, suspension, command)
 
     def _resume_changes(self, turn: Turn, command: ResumeCommand) -> None:
         suspension = turn.suspension
@@ -329,11 +322,11 @@ class Runner:
         if command.failure is not None:
             turn.failing = command.failure
         elif suspension.is_plain_question:
-            turn.messages.append(ModelMessage(role="user", content=command.content or ""))
+            turn.messages.append(user_input.plain_answer(command))
         elif command.type == SuspensionType.USER_INPUT:
             form = suspension.form
             assert form is not None
-            self._resume_form(turn, _require_call(turn, call_id), form, command)
+            _set_call(turn, user_input.answered(_require_call(turn, call_id), form, command))
         elif command.type == SuspensionType.TOOL_APPROVAL:
             _set_call(turn, approvals.answered(_require_call(turn, call_id), command))
         elif command.type == SuspensionType.CHILD_AGENT:
@@ -342,19 +335,6 @@ class Runner:
             _set_call(turn, pending.with_result(finished))
         turn.unblock()
         turn.updated_at = self.clock()
-
-    def _resume_form(
-        self, turn: Turn, pending: PendingCall, form: FrozenForm, command: ResumeCommand
-    ) -> None:
-        if command.response != "accept":
-            status = "declined" if command.response == "decline" else "cancelled"
-            result: dict[str, Any] = {"status": status, "formKey": form.key}
-            _set_call(turn, pending.with_result(result))
-        elif pending.call.name == REQUEST_USER_INPUT:
-            result = {"status": "submitted", "formKey": form.key, "data": command.data or {}}
-            _set_call(turn, pending.with_result(result))
-        else:
-            _set_call(turn, msgspec.structs.replace(pending, form_data=command.data or {}))
 
     async def cancel(self, turn_id: str) -> Turn:
         """Ask to cancel: a flag no save clears. A blocked turn is ended by
@@ -696,7 +676,10 @@ class Runner:
         _Stop) when it must wait."""
         call = pending.call
         if call.name == REQUEST_USER_INPUT:
-            return await self._ask_form(agent, turn, lease, call)
+            asked = user_input.requested_form(agent, call)
+            if isinstance(asked, str):
+                return asked  # no such form: the model reads why
+            await self._ask_for_input(turn, lease, call, asked)
         tool = agent.tool(call.name)
         if tool is None:
             return result_text({"status": "error", "message": f"there is no tool {call.name!r}"})
@@ -710,28 +693,6 @@ class Runner:
         await self.port.tool_started(turn, call, tool)
         self._emit(EventType.TOOL_STARTED, turn, call_id=call.id, tool=tool.name)
         return await self._run_tool(agent, turn, lease, pending, tool, cancelled)
-
-    async def _approve(
-        self, agent: Agent, turn: Turn, lease: Lease, pending: PendingCall, tool: Tool
-    ) -> str | None:
-        """What the approval policy says of ``pending`` (see
-        :mod:`server.runner.approvals`): None when it may run, the tool
-        message when it is denied; suspends (raises _Stop) to ask a person."""
-        call = pending.call
-        decision = approvals.decide(agent, turn, pending, tool)
-        if decision.outcome == Outcome.REQUIRE_APPROVAL:
-            suspension = approvals.approval_suspension(call, tool, decision)
-            self._emit(EventType.TOOL_APPROVAL_REQUESTED, turn, call_id=call.id, code=decision.code)
-
-            async def show(saved: Turn) -> None:
-                await self.port.approval_requested(saved, call, tool, decision)
-
-            await self._block_then_show(turn, lease, suspension, show)
-        if decision.outcome == Outcome.DENY:
-            self._emit(EventType.TOOL_DENIED, turn, call_id=call.id, code=decision.code)
-            await self.port.tool_denied(turn, call, tool, decision)
-            return approvals.denied_result(decision)
-        return None
 
     async def _run_tool(
         self,
@@ -775,16 +736,11 @@ class Runner:
                 value = await value
         except FormRequired as needed:
             if pending.form_asked:
-                await self._finish(
-                    turn,
-                    lease,
-                    Transition.FAIL,
-                    f"tool {tool.name} asked for form {needed.form.key!r} again after it "
-                    "was submitted (a protocol error)",
-                )
-            _set_call(turn, msgspec.structs.replace(pending, form_asked=True, form_data=None))
-            expiry = needed.expiry or needed.form.expiry or agent.input_expiry
-            await self._suspend_for_form(turn, lease, call, needed.form, needed.message, expiry)
+                again = user_input.asked_again(tool, needed)
+                await self._finish(turn, lease, Transition.FAIL, again)
+            _set_call(turn, user_input.form_asked(pending))
+            asked = user_input.required_form(agent, call, needed)
+            await self._ask_for_input(turn, lease, call, asked)
         except WaitExpired as error:
             self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=False)
             await self._finish(turn, lease, Transition.FAIL, str(error))
@@ -806,43 +762,62 @@ class Runner:
         await self.port.tool_finished(turn, call, result, True)
         return result
 
-    async def _ask_form(self, agent: Agent, turn: Turn, lease: Lease, call: ToolCall) -> str:
-        key = call.arguments.get("formKey")
-        form = agent.form(key) if isinstance(key, str) else None
-        if form is None:
-            known = ", ".join(f.key for f in agent.forms) or "none"
-            return result_text(
-                {"status": "error", "message": f"unknown form {key!r}; known forms: {known}"}
-            )
-        message = call.arguments.get("message")
-        await self._suspend_for_form(
-            turn,
-            lease,
-            call,
-            form,
-            message if isinstance(message, str) else form.description,
-            form.expiry or agent.input_expiry,
-        )
-
-    async def _suspend_for_form(
-        self,
-        turn: Turn,
-        lease: Lease,
-        call: ToolCall,
-        form: Any,
-        message: str,
-        expiry: Expiry | None,
+    async def _spawn_child(
+        self, turn: Turn, lease: Lease, call: ToolCall, child: Agent
     ) -> NoReturn:
-        frozen = FrozenForm(key=form.key, description=form.description, schema=form.schema)
-        suspension = Suspension(
-            type=SuspensionType.USER_INPUT,
-            correlation_id=call.id,
-            message=message,
-            resume_phase=Phase.TOOLS,
-            form=frozen,
-            expiry=expiry,
+        child_id = child_turn_id(turn.id, call.id)
+        task = call.arguments.get("task")
+        message = task if isinstance(task, str) else json.dumps(call.arguments)
+        chat = await self.port.child_chat(turn, call, child_id)
+        link = ParentLink(turn_id=turn.id, call_id=call.id, root_turn_id=turn.root_turn_id)
+        child_turn = self.new_turn(
+            child, message, turn_id=child_id, chat=chat, chat_turn=child_id, parent=link
         )
-        self._emit(EventType.TOOL_INPUT_REQUESTED, turn, call_id=call.id, form=form.key)
+        with contextlib.suppress(HuddleError):
+            await self.store.create(child_turn)
+        turn.children.append(child_id)
+        suspension = Suspension(
+            type=SuspensionType.CHILD_AGENT,
+            correlation_id=child_id,
+            message=f"waiting for {child.name}",
+            resume_phase=Phase.TOOLS,
+        )
+        try:
+            await self._block(turn, lease, suspension)
+        finally:
+            await self.store.make_runnable(child_id, self.clock())
+
+    # ─── Waiting for people ──────────────────────────────────────────────
+
+    async def _approve(
+        self, agent: Agent, turn: Turn, lease: Lease, pending: PendingCall, tool: Tool
+    ) -> str | None:
+        """What the approval policy says of ``pending`` (see
+        :mod:`server.runner.approvals`): None when it may run, the tool
+        message when it is denied; suspends (raises _Stop) to ask a person."""
+        call = pending.call
+        decision = approvals.decide(agent, turn, pending, tool)
+        if decision.outcome == Outcome.REQUIRE_APPROVAL:
+            suspension = approvals.approval_suspension(call, tool, decision)
+            self._emit(EventType.TOOL_APPROVAL_REQUESTED, turn, call_id=call.id, code=decision.code)
+
+            async def show(saved: Turn) -> None:
+                await self.port.approval_requested(saved, call, tool, decision)
+
+            await self._block_then_show(turn, lease, suspension, show)
+        if decision.outcome == Outcome.DENY:
+            self._emit(EventType.TOOL_DENIED, turn, call_id=call.id, code=decision.code)
+            await self.port.tool_denied(turn, call, tool, decision)
+            return approvals.denied_result(decision)
+        return None
+
+    async def _ask_for_input(
+        self, turn: Turn, lease: Lease, call: ToolCall, suspension: Suspension
+    ) -> NoReturn:
+        """Wait on ``suspension`` for people to fill in the form of ``call``
+        (see :mod:`server.runner.user_input`)."""
+        assert suspension.form is not None
+        self._emit(EventType.TOOL_INPUT_REQUESTED, turn, call_id=call.id, form=suspension.form.key)
 
         async def show(saved: Turn) -> None:
             await self.port.input_requested(saved, suspension)
@@ -871,31 +846,6 @@ class Runner:
                 await show(saved)
             raise
 
-    async def _spawn_child(
-        self, turn: Turn, lease: Lease, call: ToolCall, child: Agent
-    ) -> NoReturn:
-        child_id = child_turn_id(turn.id, call.id)
-        task = call.arguments.get("task")
-        message = task if isinstance(task, str) else json.dumps(call.arguments)
-        chat = await self.port.child_chat(turn, call, child_id)
-        link = ParentLink(turn_id=turn.id, call_id=call.id, root_turn_id=turn.root_turn_id)
-        child_turn = self.new_turn(
-            child, message, turn_id=child_id, chat=chat, chat_turn=child_id, parent=link
-        )
-        with contextlib.suppress(HuddleError):
-            await self.store.create(child_turn)
-        turn.children.append(child_id)
-        suspension = Suspension(
-            type=SuspensionType.CHILD_AGENT,
-            correlation_id=child_id,
-            message=f"waiting for {child.name}",
-            resume_phase=Phase.TOOLS,
-        )
-        try:
-            await self._block(turn, lease, suspension)
-        finally:
-            await self.store.make_runnable(child_id, self.clock())
-
     # ─── Recovery ────────────────────────────────────────────────────────
 
     async def recover(self) -> int:
@@ -920,40 +870,8 @@ class Runner:
 
 def _tool_specs(agent: Agent) -> list[ToolSpec]:
     specs = [ToolSpec(t.name, t.description, t.input_schema) for t in agent.tools]
-    if agent.forms:
-        listing = "; ".join(f"{f.key}: {f.description}" for f in agent.forms)
-        specs.append(
-            ToolSpec(
-                REQUEST_USER_INPUT,
-                "Ask the people in the chat to fill in a form when information is "
-                f"missing; do not guess. Forms: {listing}",
-                {
-                    "type": "object",
-                    "properties": {
-                        "formKey": {"type": "string", "enum": [f.key for f in agent.forms]},
-                        "message": {"type": "string", "description": "Why you ask"},
-                    },
-                    "required": ["formKey"],
-                },
-            )
-        )
-    return specs
-
-
-def _form_errors(schema: dict[str, Any], data: dict[str, Any]) -> list[str]:
-    """Field errors of ``data`` against the frozen form (no values quoted)."""
-    validator = jsonschema.Draft202012Validator(schema)
-    errors: dict[str, None] = {}
-    for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
-        path = [str(p) for p in error.absolute_path]
-        if error.validator == "required" and isinstance(error.instance, dict):
-            # A missing field fails on the object that lacks it: name the field.
-            for name in error.validator_value:
-                if name not in error.instance:
-                    errors["/".join([*path, str(name)]) + ": fails `required`"] = None
-            continue
-        errors[f"{'/'.join(path) or '(form)'}: fails `{error.validator}`"] = None
-    return list(errors)
+    control = user_input.request_user_input_spec(agent.forms)
+    return specs if control is None else [*specs, control]
 
 
 def retry_after_seconds(error: Exception, now: float) -> float | None:

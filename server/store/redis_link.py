@@ -238,6 +238,8 @@ class RedisLink:
         pipelined, one pipeline per node. Each result is the script's reply
         or a StoreUnavailable (for the calls of a node that failed; the
         others are unaffected)."""
+        if len(calls) == 1 and self.cluster is None and not self.replicas:
+            return [await self._one(script, calls[0])]
         results: list[Any] = [None] * len(calls)
         groups: dict[str, list[int]] = {}
         nodes: dict[str, ClusterNode | None] = {}
@@ -265,6 +267,19 @@ class RedisLink:
         else:
             await asyncio.gather(*(one(name, indices) for name, indices in groups.items()))
         return results
+
+    async def _one(self, script: Script, call: Call) -> Any:
+        """A batch of one on a single Redis with no replicas to wait for:
+        the command alone, as :meth:`run` sends it, answered as a batch's
+        call is (its error as its result). A pipeline of one costs redis-py
+        a third more CPU than the command (about 35 us an append here)."""
+        keys, args = call
+        try:
+            return await self.run(script, keys, args)
+        except StoreUnavailable as error:
+            return error
+        except RedisError as error:
+            return StoreUnavailable(f"redis: {error}")
 
     async def write(self, key: str, build: Callable[[Any], None]) -> list[Any]:
         """Send the commands ``build`` adds to a pipeline, all on ``key``'s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -10,8 +11,15 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def iso_time(ms: int) -> str:
     """``ms`` since the epoch as ISO 8601 with milliseconds and ``Z``, exactly
     like JavaScript's ``Date.prototype.toISOString``."""
-    moment = _EPOCH + timedelta(milliseconds=ms)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    seconds, millis = divmod(ms, 1000)
+    return f"{_second(seconds)}{millis:03d}Z"
+
+
+@functools.lru_cache(maxsize=64)
+def _second(seconds: int) -> str:
+    """The ISO 8601 text of a second, up to its dot: actions and records of
+    one second share it (``strftime`` is most of what a stamp costs)."""
+    return (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.")
 
 
 def iso_ms(text: str, fallback: int) -> int:

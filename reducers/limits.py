@@ -138,12 +138,14 @@ def limit_problem(
     about ``state_bytes``), or None."""
     for found in _ids(action, ()):
         limit = limits.turn_id if found.path[-1] == "turnId" else limits.id
-        if (rejection := _too_large(found.what, found.value, limit)) is not None:
-            return rejection
+        size = json_bytes(found.value)
+        if size > limit:  # where it is is put in words only for a rejection
+            return _over(found.what, size, limit)
     for what, value, limit in _measured(action, limits):
         if (rejection := _too_large(what, value, limit)) is not None:
             return rejection
-    rejection = _too_large(f"the {action_type(action)} action", action, limits.action)
+    size = json_bytes(action)
+    rejection = _over(f"the {action_type(action)} action", size, limits.action)
     return (
         rejection
         or _count_problem(state, action, limits)
@@ -200,6 +202,31 @@ class _Id(NamedTuple):
         return f"a key of {where[1:]}" if self.key else f"the {where[1:]}"
 
 
+_AN_ID, _ID_LIST, _OTHER = "id", "ids", "other"
+_FIELDS: dict[type, tuple[tuple[str, str, str], ...]] = {}
+"""Per Struct type, each field's name, wire name and what its name makes
+it (an id, a list of ids, or neither): read once per type, not once per
+field of every action (the types are the protocol's, a bounded set)."""
+
+
+def _fields(struct: type[msgspec.Struct]) -> tuple[tuple[str, str, str], ...]:
+    found = _FIELDS.get(struct)
+    if found is None:
+        found = _FIELDS[struct] = tuple(
+            (name, wire, _kind(name))
+            for name, wire in zip(
+                struct.__struct_fields__, struct.__struct_encode_fields__, strict=True
+            )
+        )
+    return found
+
+
+def _kind(name: str) -> str:
+    if name == "id" or name.endswith(("_id", "_at")):
+        return _AN_ID
+    return _ID_LIST if name.endswith("_ids") else _OTHER
+
+
 def _ids(value: object, path: tuple[str | int, ...]) -> Iterator[_Id]:
     """Every id in ``value`` (a Struct, or a list of them) at ``path``; see
     the module docstring for what counts as one."""
@@ -209,13 +236,13 @@ def _ids(value: object, path: tuple[str | int, ...]) -> Iterator[_Id]:
         return
     if not isinstance(value, msgspec.Struct):
         return
-    for name, wire in zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True):
+    for name, wire, kind in _fields(type(value)):
         field = getattr(value, name)
         at = (*path, wire)
-        if name == "id" or name.endswith(("_id", "_at")):
+        if kind is _AN_ID:
             if isinstance(field, str):
                 yield _Id(at, field)
-        elif name.endswith("_ids") and isinstance(field, list):
+        elif kind is _ID_LIST and isinstance(field, list):
             yield from (_Id((*at, i), item) for i, item in enumerate(field))
         elif isinstance(field, dict):
             for key, item in field.items():

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+from websockets.frames import Frame, Opcode
+
 from server.connection import CLOSE_NORMAL, CLOSE_TRY_AGAIN, Connection
 from server.frames import OVERLOADED, WRITTEN, OutFrame
 from tests.conftest import UNIT
@@ -75,3 +78,10 @@ async def test_a_connection_shut_before_its_writer_started_is_done_at_once() -> 
     async with asyncio.timeout(UNIT):
         await connection.start_writer()
     assert socket.closed == [(CLOSE_NORMAL, "")]
+
+
+@pytest.mark.parametrize("size", [0, 125, 126, 65535, 65536, 70000], ids=lambda n: f"{n}-bytes")
+def test_a_frame_on_the_wire_is_what_websockets_writes_for_a_server_text_frame(size: int) -> None:
+    payload = b'"' + b"x" * max(0, size - 2) + b'"' if size >= 2 else b"x" * size
+    expected = Frame(Opcode.TEXT, payload).serialize(mask=False, extensions=[])
+    assert OutFrame(payload).wire == expected

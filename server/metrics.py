@@ -4,6 +4,7 @@ servers in one test process do not collide)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -45,6 +46,9 @@ class ServerMetrics(Metrics):
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
         )
+        self._accepted: dict[str, Any] = {}
+        """``accepted``'s child by action type: ``labels()`` takes a lock
+        and checks the labels on every call, for each accepted action."""
         self.queue_drops = Counter(
             "huddle_send_queue_drops",
             "Clients closed because their send queue was full",
@@ -63,7 +67,11 @@ class ServerMetrics(Metrics):
     def hook(self, event: Applied) -> Awaitable[None] | None:
         """The channel core's hook: count what this process accepted."""
         if event.local:
-            self.accepted.labels(type=action_type(event.action)).inc()
+            type_ = action_type(event.action)
+            counter = self._accepted.get(type_)
+            if counter is None:
+                counter = self._accepted[type_] = self.accepted.labels(type=type_)
+            counter.inc()
             self.latency.observe(event.latency)
         return None
 

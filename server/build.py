@@ -20,6 +20,7 @@ from server.retention import Retention
 from server.runner.agent import Agent
 from server.runner.service import AgentService, agent_info
 from server.runner.store import TurnStore
+from server.sessions import CAPABILITIES
 from server.store import open_channel_store
 from server.store import open_turn_store as open_turn_store_at
 from server.store.base import ChannelStore
@@ -68,6 +69,7 @@ def default_agents() -> list[AgentInfo]:
             display_name="Huddle",
             description="Agents that ask people for input through Huddle",
             models=[],
+            capabilities=CAPABILITIES,
         )
     ]
 

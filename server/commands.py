@@ -35,12 +35,18 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from protocol.actions import ChatTurnStarted, SessionActiveClientSet, StateAction, action_type
+from protocol.actions import (
+    ChatTurnStarted,
+    SessionActiveClientSet,
+    SessionWorkingDirectorySet,
+    StateAction,
+    action_type,
+)
 from protocol.chat import Message, Turn
 from protocol.codec import MalformedFrame
 from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode, ExpireParams
 from protocol.rejections import RejectionCode
-from protocol.session import RootState, SessionState, SessionSummary
+from protocol.session import ActiveClient, RootState, SessionState, SessionSummary
 from protocol.uris import ROOT_URI, BadChannelUri, channel_kind
 from protocol.wire import quoted
 from reducers.clock import iso_time
@@ -61,7 +67,7 @@ from server.policy import (
     session_cap_refusal,
 )
 from server.ratelimit import Budgets
-from server.sessions import new_chat
+from server.sessions import new_chat, new_session
 from server.waiters import InputOutcome
 
 PAGE_SIZE = 100
@@ -197,13 +203,23 @@ class Commands:
         *,
         provider: str | None = None,
         title: str | None = None,
+        working_directories: list[str] | None = None,
+        active_client: ActiveClient | None = None,
+        client_id: str | None = None,
+        sender: Identity | None = None,
         path: str = "$.channel",
         admitted: bool = False,
     ) -> str:
-        """Create session ``uri``; returns its default chat. Spends one
-        action of the token's budget (:meth:`admit` first, unless the caller
-        did); CommandError (-32011) when the server holds as many sessions
-        as this token may create (server.policy.session_cap_refusal)."""
+        """Create session ``uri``, working in ``working_directories``, with
+        ``active_client`` (the caller's own, from ``client_id``) among its
+        active clients as ``sender`` sets it (AHP: as a
+        ``session/activeClientSet`` right after creation); returns its
+        default chat. Spends one action of the token's budget (:meth:`admit`
+        first, unless the caller did); CommandError (-32011) when the server
+        holds as many sessions as this token may create
+        (server.policy.session_cap_refusal). The directories and the entry
+        are checked by the policy and the rules as those actions are, before
+        anything is created (MalformedFrame naming the field)."""
         self.allow(grant, Command.CREATE_SESSION)
         expect_kind(uri, "session", path)
         self._check_title(title)
@@ -213,7 +229,33 @@ class Commands:
         held = (root.active_sessions if isinstance(root, RootState) else None) or 0
         if (refusal := session_cap_refusal(grant, held, self.max_sessions)) is not None:
             raise CommandError(ErrorCode.CONFLICT, refusal)
-        return await self.host.create_session(uri, provider=provider, title=title)
+        blank = new_session(self.host.sessions.agent(provider).provider, title)
+        for directory in dict.fromkeys(working_directories or []):
+            added = SessionWorkingDirectorySet(directory=directory)
+            if (problem := await self.host.check(uri, added, blank)) is not None:
+                raise refused(ActionRejected.of(problem), "$.workingDirectories")
+            dirs = [*(blank.working_directories or []), directory]
+            blank = replace(blank, working_directories=dirs)
+        joined = None
+        if active_client is not None:
+            joined = SessionActiveClientSet(active_client=active_client)
+            problem = dispatch_refusal(grant, uri, joined, blank, client_id)
+            problem = problem or await self.host.check(uri, joined, blank)
+            if problem is not None:
+                raise refused(ActionRejected.of(problem), "$.activeClient")
+        chat = await self.host.create_session(
+            uri, provider=provider, title=title, working_directories=working_directories
+        )
+        if joined is not None:
+            try:
+                await self.dispatch(
+                    grant, uri, joined, client_id=client_id, sender=sender, admitted=True
+                )
+            except ActionRejected as rejected:
+                raise refused(rejected, "$.activeClient") from None
+            except ChannelGone as gone:
+                raise not_found(gone.channel) from None
+        return chat
 
     async def dispose_session(self, grant: Grant, uri: str) -> None:
         self.allow(grant, Command.DISPOSE_SESSION)

@@ -300,7 +300,12 @@ class Host:
     # ─── Sessions and chats ──────────────────────────────────────────────
 
     async def create_session(
-        self, uri: str, *, provider: str | None = None, title: str | None = None
+        self,
+        uri: str,
+        *,
+        provider: str | None = None,
+        title: str | None = None,
+        working_directories: list[str] | None = None,
     ) -> str:
         """Create session ``uri`` with its default chat; returns the chat URI.
 
@@ -313,7 +318,9 @@ class Host:
                 ErrorCode.SESSION_ALREADY_EXISTS,
                 f"session {uri} already exists, or its audit does (kept after it was disposed)",
             )
-        return await self.sessions.create_session(uri, provider=provider, title=title)
+        return await self.sessions.create_session(
+            uri, provider=provider, title=title, working_directories=working_directories
+        )
 
     async def create_chat(
         self,

@@ -68,7 +68,7 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import ROOT_URI
 from server import presence
 from server.auth import Grant
-from server.commands import READ_COST, Commands, not_found
+from server.commands import READ_COST, Commands, not_found, refused
 from server.config import Limits
 from server.connection import CLOSE_NORMAL, Connection
 from server.errors import (
@@ -468,9 +468,30 @@ class Rpc:
         return title if TITLES in self.extensions else None
 
     async def _create_session(self, params: CreateSessionParams) -> None:
+        joining = params.active_client
+        if joining is not None:
+            if joining.client_id != self.client_id:
+                raise MalformedFrame(
+                    ErrorCode.INVALID_PARAMS,
+                    "activeClient.clientId must be the clientId of initialize",
+                    "$.params.activeClient.clientId",
+                )
+            try:
+                self._may_be_present(params.channel)
+            except ActionRejected as rejected:
+                raise refused(rejected, "$.activeClient") from None
         await self.commands.create_session(
-            self.grant, params.channel, provider=params.provider, title=self._title(params.title)
+            self.grant,
+            params.channel,
+            provider=params.provider,
+            title=self._title(params.title),
+            working_directories=params.working_directories,
+            active_client=joining,
+            client_id=self.client_id,
+            sender=self.identity,
         )
+        if joining is not None:
+            self.present.add(params.channel)
 
     async def _dispose_session(self, params: ChannelParams) -> None:
         await self.commands.dispose_session(self.grant, params.channel)

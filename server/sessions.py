@@ -18,6 +18,7 @@ import base64
 import contextlib
 import secrets
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 from msgspec.structs import replace
 
@@ -36,6 +37,7 @@ from protocol.rejections import Rejection
 from protocol.session import AgentInfo, RootState, SessionState
 from protocol.status import SessionStatus
 from protocol.uris import ROOT_URI, chat_uri
+from protocol.wire import JsonObject
 from reducers.aggregate import chat_summary, session_summary
 from reducers.clock import iso_time
 from reducers.limits import SizeLimits, limit_problem
@@ -46,6 +48,14 @@ from server.forms import HUDDLE_META
 from server.waiters import Waiters
 
 Dispatch = Callable[[str, StateAction], Awaitable[object]]
+
+
+CAPABILITIES: Final[JsonObject] = {"multipleChats": {}, "multipleWorkingDirectories": {}}
+"""What every agent Huddle serves can do (AHP's ``AgentCapabilities``, in
+the root's ``agents``): more chats than the default one per session
+(``createChat``; no forks or side chats), and a set of working directories
+per session and chat that clients may change. Without them AHP forbids a
+client ``createChat`` and any change to the directories."""
 
 
 class Sessions:
@@ -69,23 +79,22 @@ class Sessions:
         self.sizes = sizes or SizeLimits()
 
     async def create_session(
-        self, uri: str, *, provider: str | None = None, title: str | None = None
+        self,
+        uri: str,
+        *,
+        provider: str | None = None,
+        title: str | None = None,
+        working_directories: list[str] | None = None,
     ) -> str:
-        """Create session ``uri`` with its default chat; returns the chat URI.
+        """Create session ``uri`` with its default chat, working in
+        ``working_directories`` (once each, in their order); returns the
+        chat URI.
 
         Raises CommandError (-32003) when the URI is taken, (-32002) for an
         unknown provider.
         """
-        agent = self._agent(provider)
+        state = new_session(self.agent(provider).provider, title, working_directories)
         now = self.core.now_ms()
-        state = SessionState(
-            provider=agent.provider,
-            title=title or "New session",
-            status=SessionStatus.IDLE,
-            lifecycle="creating",
-            active_clients=[],
-            chats=[],
-        )
         if not await self.core.create(uri, state):
             raise CommandError(ErrorCode.SESSION_ALREADY_EXISTS, f"session {uri} already exists")
         chat = chat_uri(secrets.token_hex(8))
@@ -101,7 +110,9 @@ class Sessions:
         await self.core.publish_notice("root/sessionAdded", params)
         return chat
 
-    def _agent(self, provider: str | None) -> AgentInfo:
+    def agent(self, provider: str | None) -> AgentInfo:
+        """The agent ``provider`` names (None: the first); CommandError
+        (-32002) when there is none."""
         for agent in self.agents:
             if provider is None or agent.provider == provider:
                 return agent
@@ -209,6 +220,24 @@ class Sessions:
         start = max(0, end - limit)
         next_cursor = _encode_cursor(turns[start].id) if start > 0 else None
         return turns[start:end], next_cursor
+
+
+def new_session(
+    provider: str, title: str | None, working_directories: list[str] | None = None
+) -> SessionState:
+    """The state a session starts with (before its default chat);
+    ``working_directories`` once each, in their order (None or empty: absent)."""
+    return SessionState(
+        provider=provider,
+        title=title or "New session",
+        status=SessionStatus.IDLE,
+        lifecycle="creating",
+        working_directories=(
+            list(dict.fromkeys(working_directories)) if working_directories else None
+        ),
+        active_clients=[],
+        chats=[],
+    )
 
 
 def new_chat(

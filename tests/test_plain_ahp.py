@@ -191,6 +191,65 @@ async def test_extensions_are_used_only_when_asked_and_then_announced(
     assert result["_meta"] == {"huddle": {"extensions": ["huddle.titles"]}}
 
 
+async def test_the_root_says_what_huddles_agents_can_do(huddle: RunningServer) -> None:
+    # AHP: without multipleChats a client MUST NOT createChat beyond the
+    # default chat, without multipleWorkingDirectories it MUST NOT change a
+    # session's or chat's directories; Huddle serves both.
+    client = PlainClient(huddle.ws, huddle.token(name="p"), "plain-caps")
+
+    result = await client.connect([ROOT_URI])
+
+    (agent,) = result["snapshots"][0]["state"]["agents"]
+    assert agent["capabilities"] == {"multipleChats": {}, "multipleWorkingDirectories": {}}
+
+
+async def test_create_session_takes_its_working_directories_and_active_client(
+    huddle: RunningServer,
+) -> None:
+    peer = await Peer.ready(huddle.ws, huddle.token(name="Lee"), "lee-1", extensions=())
+    me = {"clientId": "lee-1", "displayName": "what I call myself", "tools": []}
+    dirs = ["file:///work/a", "file:///work/b", "file:///work/a"]
+
+    created = await peer.request(
+        "createSession",
+        {"channel": SESSION, "workingDirectories": dirs, "activeClient": me},
+    )
+    state = (await peer.subscribe(SESSION))["state"]
+    (summary,) = (await peer.request("listSessions", {"channel": ROOT_URI}))["result"]["items"]
+    chat = "ahp-chat:/in-b"
+    made = await peer.request(
+        "createChat",
+        {"channel": SESSION, "chat": chat, "workingDirectories": ["file:///work/b"]},
+    )
+
+    assert created["result"] is None
+    assert state["workingDirectories"] == summary["workingDirectories"] == dirs[:2]
+    # In the session as AHP's session/activeClientSet would put it, under the
+    # name the server knows the token by.
+    assert state["activeClients"] == [me | {"displayName": "Lee"}]
+    assert made["result"] is None
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"activeClient": {"clientId": "someone-else", "tools": []}}, "activeClient.clientId"),
+        ({"workingDirectories": ["file:///" + "x" * 2000]}, "workingDirectories"),
+    ],
+)
+async def test_create_session_refuses_what_its_actions_would_and_creates_nothing(
+    huddle: RunningServer, params: Frame, field: str
+) -> None:
+    peer = await Peer.ready(huddle.ws, huddle.token(name="Lee"), "lee-1", extensions=())
+
+    refused = await peer.request("createSession", {"channel": SESSION} | params)
+    listed = await peer.request("listSessions", {"channel": ROOT_URI})
+
+    assert refused["error"]["code"] == -32602
+    assert refused["error"]["data"]["path"] == f"$.params.{field}"
+    assert listed["result"]["items"] == []
+
+
 async def test_a_plain_client_gets_no_title_window_or_page_it_did_not_ask_for(
     huddle: RunningServer,
 ) -> None:

@@ -18,6 +18,7 @@ from server.runner.metrics import RunnerMetrics
 from server.runner.runner import Runner
 from server.runner.store import TurnStore
 from server.runner.worker import Worker
+from server.sessions import CAPABILITIES
 
 
 def load_agent(spec: str) -> Agent | None:
@@ -42,6 +43,7 @@ def agent_info(agent: Agent) -> AgentInfo:
         display_name=agent.name.replace("-", " ").title(),
         description=agent.instructions.split(".")[0][:200],
         models=[],
+        capabilities=CAPABILITIES,
     )
 
 

@@ -56,7 +56,7 @@ from protocol.uris import SESSION_SCHEME, channel_id, session_uri
 from server.audit import export as audit_export
 from server.auth import Grant, TokenAuthority
 from server.build import Parts
-from server.commands import ACTION_COST, READ_COST, Commands
+from server.commands import ACTION_COST, BYTES_PER_COST, READ_COST, Commands
 from server.config import Settings
 from server.connection import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_UNSUPPORTED, Connection
 from server.errors import (
@@ -76,12 +76,15 @@ from server.idempotency import Idempotency
 from server.metrics import ServerMetrics
 from server.policy import Command
 from server.ratelimit import (
+    AGENT_SOCKETS,
+    LINK_SOCKETS,
+    SOCKETS,
     AuthThrottled,
     Budget,
     Budgets,
     FailedAuthentications,
-    LongPolls,
     RateLimited,
+    Slots,
 )
 from server.rpc import LiveClients, Rpc
 from server.sessions import windowed
@@ -108,8 +111,12 @@ class Server:
     """The ``Host`` names answered (None: any; server.headers)."""
     failures: FailedAuthentications = field(default_factory=FailedAuthentications)
     """Failed authentications per client address."""
-    polls: LongPolls = field(default_factory=LongPolls)
+    polls: Slots = field(default_factory=Slots)
     """Long polls held open per token."""
+    sockets: Slots = field(
+        default_factory=lambda: Slots(SOCKETS, AGENT_SOCKETS, link_limit=LINK_SOCKETS)
+    )
+    """WebSocket connections held open per token."""
     connections: set[Rpc] = field(default_factory=set)
     """The open WebSocket connections (their JSON-RPC side)."""
     clients: LiveClients = field(default_factory=LiveClients)
@@ -224,6 +231,18 @@ async def ahp_socket(websocket: WebSocket) -> None:
         denial = Response(error.reason, status_code=error.status, media_type="text/plain")
         await websocket.send_denial_response(_auth_refusal(error, denial))
         return
+    if not server.sockets.open(grant):
+        limit = server.sockets.limit_of(grant)
+        denial = _problem(429, f"at most {limit} connections at once per token")
+        await websocket.send_denial_response(denial)
+        return
+    try:
+        await _serve_socket(server, websocket, grant)
+    finally:
+        server.sockets.close(grant)
+
+
+async def _serve_socket(server: Server, websocket: WebSocket, grant: Grant) -> None:
     # Select only what we speak: echoing an offered ``huddle.token.*`` would
     # put the credential into the response headers.
     offered = _offered_subprotocols(websocket)
@@ -289,8 +308,6 @@ class DirectWriter:
 
 Handler = Callable[[Request, Server, Grant], Awaitable[Response]]
 
-SNAPSHOT_BYTES_PER_COST: Final = 64 << 10
-"""A snapshot costs one action more per whole 64 KiB of it (as a debt)."""
 AUDIT_RECORDS_PER_COST: Final = 100
 """An audit export costs one action more per whole 100 records (as a
 debt): about the bytes of a snapshot's 64 KiB."""
@@ -442,7 +459,7 @@ async def read_snapshot(request: Request, server: Server, grant: Grant) -> Respo
 
 def _charged(server: Server, grant: Grant, answer: Response) -> Response:
     """``answer``, its size charged to ``grant``'s token (a debt)."""
-    server.commands.charge(grant, len(answer.body) // SNAPSHOT_BYTES_PER_COST)
+    server.commands.charge(grant, len(answer.body) // BYTES_PER_COST)
     return answer
 
 

@@ -66,7 +66,7 @@ from server.policy import (
     reaches,
     session_cap_refusal,
 )
-from server.ratelimit import Budgets
+from server.ratelimit import Budgets, NewClientIds
 from server.sessions import new_chat, new_session
 from server.waiters import InputOutcome
 
@@ -81,6 +81,8 @@ ACTION_COST = 1.0
 """What one action costs of its token's budget (the unit of every cost)."""
 READ_COST = 0.5
 """A read (a snapshot, a page of turns, a long poll): half an action."""
+BYTES_PER_COST = 64 << 10
+"""A snapshot costs one action more per whole 64 KiB of it (as a debt)."""
 PAGE_MARGIN = 1024
 """Bytes kept, in a page of turns or sessions, for what wraps them (the JSON-RPC
 answer, a chat/turnsLoaded envelope, the HTTP answer's resource and
@@ -109,8 +111,10 @@ class Commands:
         default_ttl: float,
         max_ttl: float,
         max_sessions: int = 10_000,
+        client_ids: NewClientIds | None = None,
     ) -> None:
         self.host = host
+        self.client_ids = client_ids or NewClientIds()
         self.authority = authority
         self.metrics = metrics
         self.budgets = budgets
@@ -168,6 +172,11 @@ class Commands:
         is known only once done (an answer's size); the token's next
         requests wait it out."""
         self.budgets.charge(grant, cost)
+
+    def charge_snapshots(self, grant: Grant, count: int, size: int) -> None:
+        """Charge ``count`` snapshots that took ``size`` bytes together, as a
+        debt: a read each, and one action more per whole 64 KiB."""
+        self.charge(grant, READ_COST * count + size // BYTES_PER_COST)
 
     async def visible_seq(self, grant: Grant, uri: str) -> int | None:
         """The seq of ``uri`` if this token reaches it, else None (a rejection
@@ -448,7 +457,9 @@ class Commands:
         client id is a connection's label, and two tokens never share one.
         Raises MalformedFrame for an id over the id limit (it is kept nowhere,
         and would ride in every envelope's ``origin``), CommandError when
-        another token holds it."""
+        another token holds it, or when a person's token started too many
+        lately (server.ratelimit.NewClientIds: each is kept for the
+        token's lifetime)."""
         size, limit = len(client_id.encode()), self.host.sizes.id
         if size > limit:
             raise MalformedFrame(
@@ -456,6 +467,10 @@ class Commands:
                 f"the clientId is {size:,} bytes; the limit is {limit:,}",
                 "$.clientId",
             )
+        try:
+            self.client_ids.claiming(grant, client_id)
+        except ActionRejected as rejected:
+            raise refused(rejected, "$.clientId") from None
         now = self.clock()
         ttl = AGENT_CLAIM_TTL if grant.expires_at is None else max(1.0, grant.expires_at - now)
         holder = await self.host.store.claim(f"client:{client_id}", grant.token_id, ttl)

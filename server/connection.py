@@ -156,6 +156,12 @@ class Connection:
             self._parked = {}
         self._parked.setdefault(channel, [])
 
+    def unpark(self, channel: str) -> None:
+        """Drop what is held of ``channel`` (left out of the answer: its
+        client gets no snapshot of it, so nothing after one either)."""
+        if self._parked is not None:
+            self._parked.pop(channel, None)
+
     def release_parked(self) -> None:
         parked, self._parked = self._parked, None
         if parked is None:

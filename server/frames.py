@@ -7,6 +7,7 @@ from functools import cached_property
 from typing import Any
 
 from protocol.codec import encode
+from protocol.messages import Snapshot
 
 WRITE_EXTENSION = "huddle.write"
 """The ASGI scope extension of Huddle's WebSocket protocol (server.serve)."""
@@ -88,3 +89,24 @@ def action_frame(envelope: bytes, channel: str, seq: int, rejected: bool = False
 def notification(method: str, params: Any) -> bytes:
     """A JSON-RPC notification, encoded."""
     return encode({"jsonrpc": "2.0", "method": method, "params": params})
+
+
+class Room:
+    """What is left of one answer's budget as snapshots go into it (an
+    answer naming many channels must still fit what its client may leave
+    unread)."""
+
+    def __init__(self, budget: int) -> None:
+        self.left = budget
+        self.taken = 0
+        self.count = 0
+
+    def takes(self, snapshot: Snapshot) -> bool:
+        """Whether ``snapshot`` fits in what is left (then it is taken from it)."""
+        size = len(encode(snapshot))
+        if size > self.left:
+            return False
+        self.left -= size
+        self.taken += size
+        self.count += 1
+        return True

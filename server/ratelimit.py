@@ -1,5 +1,6 @@
 """Budgets: what a token may spend a second, what one client address may
-fail to authenticate, and how many long polls a token may hold at once.
+fail to authenticate, how many client ids it may start, and how many long
+polls and sockets a token may hold at once.
 
 One budget per token, shared by every connection and the HTTP API (a
 participant opening ten sockets does not get ten times the budget; a shared
@@ -17,6 +18,10 @@ guesses, :func:`server.app.verify_token`): an address that spent its
 allowance is refused before its token is looked at, until it has room
 again; other addresses are untouched.
 
+New client ids are counted per participant or observer token
+(:class:`NewClientIds`): each is kept in the store for the token's lifetime,
+so a token may start only so many (coming back with one costs nothing).
+
 Every map here stays bounded however many tokens or addresses come: at most
 ``max_tokens`` buckets (the least recently used goes first), and long poll
 counts only for tokens that hold one.
@@ -24,6 +29,7 @@ counts only for tokens that hold one.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import math
 import time
@@ -53,6 +59,23 @@ LONG_POLLS: Final = 8
 link: all its browsers) may hold open at once."""
 AGENT_LONG_POLLS: Final = 1000
 """The same for an agent token (trusted, but bounded all the same)."""
+
+
+NEW_CLIENT_IDS: Final = Budget(rate=1 / 60, burst=30)
+"""Client ids one participant or observer token (a shared link: each of its
+browsers) may start using: 30 at once, then one a minute. Each is kept in the
+store for the token's lifetime (no other token may take it), so they must
+not come as fast as actions do; a client coming back with its own id again
+spends nothing."""
+
+
+SOCKETS: Final = 32
+"""WebSocket connections one participant or observer token may hold open at
+once (each may hold up to ``--send-buffer`` unread)."""
+LINK_SOCKETS: Final = 256
+"""The same for all the browsers of one shared link together."""
+AGENT_SOCKETS: Final = 1000
+"""The same for an agent token."""
 
 
 class RateLimited(ActionRejected):
@@ -151,6 +174,49 @@ class Budgets:
         self._bucket(grant).charge(cost, self.clock())
 
 
+class NewClientIds:
+    """Which client ids people's tokens used lately here, and each token's
+    budget (NEW_CLIENT_IDS) for ids it did not: ask :meth:`claiming` before
+    a client id is claimed. Agent tokens are not counted. Per process (a
+    token's ids on another process count there) and bounded: ``max_ids``
+    ids remembered, ``max_tokens`` buckets."""
+
+    def __init__(
+        self,
+        budget: Budget = NEW_CLIENT_IDS,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_ids: int = 100_000,
+        max_tokens: int = 10_000,
+    ) -> None:
+        self.budget = budget
+        self.clock = clock
+        self._known: Lru[bytes, None] = Lru(max_ids)
+        self._buckets: Lru[str, TokenBucket] = Lru(max_tokens)
+
+    def claiming(self, grant: Grant, client_id: str) -> None:
+        """ActionRejected (``rate-limited``) when ``client_id`` is new for
+        ``grant``'s token and it has started too many lately."""
+        if grant.role == "agent":
+            return
+        key = hashlib.blake2b(f"{grant.token_id}\0{client_id}".encode(), digest_size=16).digest()
+        if key in self._known:
+            self._known.put(key, None)
+            return
+        bucket = self._buckets.get(grant.budget_key)
+        if bucket is None:
+            bucket = TokenBucket(self.budget, self.clock())
+            self._buckets.put(grant.budget_key, bucket)
+        wait = bucket.spend(1, self.clock())
+        if wait > 0:
+            raise ActionRejected(
+                RejectionCode.RATE_LIMITED,
+                f"this token started {self.budget.burst} client ids lately; one more in "
+                f"{math.ceil(wait)} s, or come back with one of them",
+            )
+        self._known.put(key, None)
+
+
 def address_key(host: str | None) -> str:
     """Whose failures a client address counts as: an IPv4 address itself,
     an IPv6 address its /64 (one host's usual share: cycling through it buys
@@ -200,24 +266,33 @@ class FailedAuthentications:
         bucket.charge(1, self.clock())
 
 
-class LongPolls:
-    """Long polls held open per token (its budget key): at most
-    LONG_POLLS (AGENT_LONG_POLLS for an agent). Only tokens holding one
-    are in the map."""
+class Slots:
+    """What tokens hold open at once, per token (its budget key: a shared
+    link's browsers together): at most ``limit``, ``agent_limit`` for an
+    agent, ``link_limit`` for a shared link. Only tokens holding one are in
+    the map. Per process."""
 
-    def __init__(self, limit: int = LONG_POLLS, agent_limit: int = AGENT_LONG_POLLS) -> None:
+    def __init__(
+        self,
+        limit: int = LONG_POLLS,
+        agent_limit: int = AGENT_LONG_POLLS,
+        link_limit: int | None = None,
+    ) -> None:
         self.limit = limit
         self.agent_limit = agent_limit
+        self.link_limit = limit if link_limit is None else link_limit
         self._held: dict[str, int] = {}
 
     def limit_of(self, grant: Grant) -> int:
-        return self.agent_limit if grant.role == "agent" else self.limit
+        if grant.role == "agent":
+            return self.agent_limit
+        return self.link_limit if grant.shared else self.limit
 
     def held(self, grant: Grant) -> int:
         return self._held.get(grant.budget_key, 0)
 
     def open(self, grant: Grant) -> bool:
-        """Take a slot for one more poll of ``grant``'s; False when it holds
+        """Take a slot for one more of ``grant``'s; False when it holds
         its limit already. Every True must be followed by :meth:`close`."""
         held = self.held(grant)
         if held >= self.limit_of(grant):

@@ -16,9 +16,13 @@ exists. Nothing is lost, nothing applied twice.
 one cursor per channel, answered per channel with ``replay``,
 ``snapshot`` or ``missing``.
 
-Each snapshot a reconnect answers is a read (half an action), charged to the
-token's budget as a debt its next requests wait out, never refused: a
-client is not turned away as it comes back.
+Each snapshot a reconnect answers is a read (half an action, and one more
+per whole 64 KiB), charged to the token's budget as a debt its next
+requests wait out, never refused: a client is not turned away as it comes
+back. Channels named twice are answered once, and what does not fit in
+one answer's budget (half the send buffer) is left out: no snapshot (a
+plain client's) or ``missing`` (cursors); the client may subscribe to it
+on its own.
 
 Either way a reconnect is held to ``--max-subscriptions`` as ``subscribe``
 is: when the channels it would subscribe to (those it reaches, besides the
@@ -49,8 +53,8 @@ from protocol.messages import (
     Snapshot,
     SnapshotResume,
 )
-from server.commands import READ_COST
 from server.errors import ChannelGone, CommandError
+from server.frames import Room
 from server.numbering import Numbering
 
 if TYPE_CHECKING:
@@ -162,38 +166,50 @@ async def resume_plain(
                 rpc.add_subscription(uri)
         return ReconnectReplay(actions=replayed, missing=missing)
     snapshots: list[Snapshot] = []
+    room = Room(rpc.frame_budget)
     for uri in reachable:
         try:
             snapshot = await rpc.host.core.subscribe(uri, rpc.connection)
         except ChannelGone:
             continue  # gone: no snapshot says so
+        snapshot = rpc.fitted(snapshot, share=len(reachable))
+        if not room.takes(snapshot):  # beyond what one answer may take: left out
+            rpc.host.core.unsubscribe(uri, rpc.connection)
+            rpc.connection.unpark(uri)
+            continue
         rpc.add_subscription(uri)
-        snapshots.append(rpc.fitted(snapshot, share=len(reachable)))
-    rpc.commands.charge(rpc.grant, READ_COST * len(snapshots))
+        snapshots.append(snapshot)
+    rpc.commands.charge_snapshots(rpc.grant, room.count, room.taken)
     return ReconnectSnapshots(snapshots=snapshots)
 
 
 async def resume_channels(rpc: Rpc, cursors: list[ChannelCursor]) -> ReconnectResult:
     """Huddle's reconnect: per channel, the envelopes after its cursor, a
     snapshot, or missing."""
+    cursors = list({c.channel: c for c in reversed(cursors)}.values())[::-1]  # first of each
     paths = ((c.channel, f"$.cursors[{index}].channel") for index, c in enumerate(cursors))
     reached = await reach_all(rpc, paths)
     resumes: list[Resume] = []
     share = rpc.frame_budget // max(1, len(cursors))
+    room = Room(rpc.frame_budget)
     for cursor in cursors:
         uri = cursor.channel
         if uri not in reached:
             resumes.append(MissingResume(channel=uri))
             continue
-        rpc.add_subscription(uri)
         rpc.connection.park(uri)
         resume = await rpc.host.core.resume(
             uri, cursor.last_seen_server_seq, rpc.connection, max_bytes=share
         )
         if isinstance(resume, SnapshotResume):
             snapshot = rpc.fitted(resume.snapshot, share=len(cursors))
+            if not room.takes(snapshot):  # beyond what one answer may take: left out
+                rpc.host.core.unsubscribe(uri, rpc.connection)
+                rpc.connection.unpark(uri)
+                resumes.append(MissingResume(channel=uri))
+                continue
             resume = SnapshotResume(channel=uri, snapshot=snapshot)
+        rpc.add_subscription(uri)
         resumes.append(resume)
-    taken = sum(isinstance(resume, SnapshotResume) for resume in resumes)
-    rpc.commands.charge(rpc.grant, READ_COST * taken)
+    rpc.commands.charge_snapshots(rpc.grant, room.count, room.taken)
     return ReconnectResult(channels=resumes)

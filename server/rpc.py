@@ -68,7 +68,7 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import ROOT_URI
 from server import presence
 from server.auth import Grant
-from server.commands import READ_COST, Commands, not_found, refused
+from server.commands import Commands, not_found, refused
 from server.config import Limits
 from server.connection import CLOSE_NORMAL, Connection
 from server.errors import (
@@ -78,7 +78,7 @@ from server.errors import (
     CommandError,
     StoreUnavailable,
 )
-from server.frames import action_frame
+from server.frames import Room, action_frame
 from server.numbering import Numbering, Retired
 from server.policy import reaches
 from server.reconnect import reconnect
@@ -317,12 +317,21 @@ class Rpc:
             wanted_name = capabilities[IDENTITY]
             named = wanted_name.get("name") if isinstance(wanted_name, dict) else None
             self.identity = self.grant.identity_as(named if isinstance(named, str) else None)
-        wanted = params.initial_subscriptions or []
+        wanted = list(dict.fromkeys(params.initial_subscriptions or []))
+        share = min(len(wanted), self.limits.max_subscriptions)
         snapshots: list[Snapshot] = []
+        room = Room(self.frame_budget)
         try:
             for uri in wanted:
+                if len(self.subscriptions) >= self.limits.max_subscriptions:
+                    break  # the rest is beyond the limit: left out
                 with contextlib.suppress(CommandError):  # gone or not ours: no snapshot
-                    snapshots.append(await self.subscribe_to(uri, share=len(wanted)))
+                    snapshot = await self.subscribe_to(uri, share=share)
+                    if room.takes(snapshot):
+                        snapshots.append(snapshot)
+                    else:  # beyond what one answer may take: left out
+                        await self._unsubscribe(ChannelParams(channel=uri))
+                        self.connection.unpark(uri)
         except BaseException:
             # A failed initialize changes nothing: the client may try again.
             for uri in list(self.subscriptions):
@@ -330,7 +339,7 @@ class Rpc:
             raise
         # Each snapshot is a read; charged, not refused: a connection is
         # never turned away at its start, its next requests wait it out.
-        self.commands.charge(self.grant, READ_COST * len(snapshots))
+        self.commands.charge_snapshots(self.grant, room.count, room.taken)
         self.label(params.client_id)
         root = await self.host.view(ROOT_URI)
         extensions = {"huddle": self._announced(asked)} if asked else None
@@ -388,7 +397,10 @@ class Rpc:
         self.commands.read_cost(self.grant)
         view = params.view if TURN_WINDOWS in self.extensions else None
         turns = view.turns if view is not None else None
-        return SubscribeResult(snapshot=await self.subscribe_to(params.channel, turns))
+        snapshot = await self.subscribe_to(params.channel, turns)
+        # Half an action spent up front, what it took as a debt.
+        self.commands.charge_snapshots(self.grant, 0, len(encode(snapshot)))
+        return SubscribeResult(snapshot=snapshot)
 
     @property
     def frame_budget(self) -> int:

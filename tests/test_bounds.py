@@ -516,3 +516,71 @@ async def test_the_snapshots_of_initialize_and_reconnect_are_charged_not_refused
     assert "result" in room
     assert "rate-limited" in after_initialize["error"]["message"]
     assert "rate-limited" in after_reconnect["error"]["message"]
+
+
+async def test_initialize_and_reconnect_answer_each_channel_once_and_within_one_answer() -> None:
+    # One frame naming a session 500 times was answered with 500 snapshots
+    # (gigabytes for a large session); sessions are not windowed as chats are.
+    budget = (32 << 10) // 2
+    running = await start_server(Settings(port=0, limits=Limits(send_buffer=32 << 10)))
+    try:
+        maker = await Peer.ready(running.ws, AGENT_TOKEN, "maker", extensions=())
+        sessions = [f"ahp-session:/wide-{n}" for n in range(4)]
+        for n, session in enumerate(sessions):  # about 6 KiB each: two fit in 16 KiB
+            dirs = [f"file:///{n}/{d}/" + "d" * 1000 for d in range(6)]
+            made = await maker.request(
+                "createSession", {"channel": session, "workingDirectories": dirs}
+            )
+            assert "result" in made, made
+        token, named = running.token(name="lee"), [sessions[0]] * 500 + sessions[1:]
+        lee = await Peer.open(running.ws, token, "lee")
+        opened = await lee.request(
+            "initialize", initialize_params("lee", extensions=()) | {"initialSubscriptions": named}
+        )
+        later = await lee.subscribe(sessions[2])  # left out, not refused
+        back = await Peer.open(running.ws, token, "lee-too")
+        plain = await back.request(
+            "reconnect",
+            {
+                "channel": ROOT_URI,
+                "clientId": "lee-too",
+                "lastSeenServerSeq": 0,
+                "subscriptions": named,
+            },
+        )
+        huddle = await Peer.ready(running.ws, token, "lee-three")
+        cursors = [{"channel": uri, "lastSeenServerSeq": 0} for uri in named]
+        own = await huddle.request(
+            "reconnect", {"channel": ROOT_URI, "clientId": "lee-three", "cursors": cursors}
+        )
+    finally:
+        await running.stop()
+
+    for answer in (opened, plain, own):
+        assert len(encode(answer["result"])) <= budget
+    assert [s["resource"] for s in opened["result"]["snapshots"]] == sessions[:2]
+    assert later["resource"] == sessions[2]
+    assert [s["resource"] for s in plain["result"]["snapshots"]] == sessions[:2]
+    assert [r["channel"] for r in own["result"]["channels"]] == sessions
+
+
+async def test_a_large_snapshot_costs_its_size_as_over_http() -> None:
+    limits = Limits(actions_per_second=0.001, action_burst=2)
+    running = await start_server(Settings(port=0, limits=limits))
+    try:
+        chat = await a_chat(running)
+        agent = running.clients[0]
+        for n in range(2):  # 120 KiB of chat: one action more than half a read
+            start = ChatTurnStarted(
+                turn_id=f"t{n}", started_at="2026-11-30T10:00:00Z", message=big("m")
+            )
+            await agent.dispatch_and_wait(chat, start)
+            await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id=f"t{n}", duration=1))
+        peer = await Peer.ready(running.ws, running.token(name="lee"), "lee")
+        answers = [await peer.request("subscribe", {"channel": chat}) for _ in range(3)]
+    finally:
+        await running.stop()
+
+    # 2 - 0.5 - 1 (the debt) - 0.5: the third finds no half action left.
+    assert ["result" in answer for answer in answers] == [True, True, False]
+    assert "rate-limited" in answers[2]["error"]["message"]

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from websockets.exceptions import InvalidStatus
 
 from protocol.actions import ChatDraftChanged
 from protocol.session import SessionState
@@ -22,6 +23,7 @@ from protocol.uris import ROOT_URI
 from reducers.limits import SizeLimits
 from server.auth import Role
 from server.config import Limits, Settings
+from server.ratelimit import SOCKETS
 from server.rpc import Rpc
 from tests.conftest import UNIT, RecordReads, RunningServer, start_server, user_message
 from tests.edge import (
@@ -292,6 +294,45 @@ async def test_completions_of_requests_never_asked_read_no_form() -> None:
 
 
 # ─── Frames the socket does not take ─────────────────────────────────────────
+
+
+async def test_a_persons_token_starts_only_so_many_client_ids(huddle: RunningServer) -> None:
+    # Each client id is kept for the token's lifetime: an observer opening
+    # sockets with fresh ids filled the store at 500 a second.
+    token = huddle.token(role="observer")
+
+    async def initialize(client_id: str) -> Frame:
+        peer = await Peer.open(huddle.ws, token, client_id)
+        reply = await peer.request("initialize", initialize_params(client_id))
+        await peer.ws.close()
+        return reply
+
+    started = [await initialize(f"tab-{n}") for n in range(30)]
+    refused = await initialize("tab-30")
+    again = await initialize("tab-0")
+    other = await Peer.ready(huddle.ws, huddle.token(role="observer"), "tab-31")
+
+    assert all("result" in reply for reply in started)
+    assert refused["error"]["code"] == -32011
+    assert "started 30 client ids lately" in refused["error"]["message"]
+    assert "result" in again  # coming back with its own costs nothing
+    assert (await other.request("ping", {"channel": ROOT_URI}))["result"] is None
+
+
+async def test_a_persons_token_holds_only_so_many_sockets(huddle: RunningServer) -> None:
+    # Each socket may leave the send buffer unread (4 MiB): 600 slow sockets
+    # of one token held 3.3 GB.
+    token = huddle.token()
+    held = [await Peer.open(huddle.ws, token, f"s{n}") for n in range(SOCKETS)]
+
+    with pytest.raises(InvalidStatus) as refused:
+        await Peer.open(huddle.ws, token, "one-more")
+    other = await Peer.ready(huddle.ws, huddle.token(), "another-token")
+
+    assert refused.value.response.status_code == 429
+    assert b"at most 32 connections at once per token" in refused.value.response.body
+    assert (await other.request("ping", {"channel": ROOT_URI}))["result"] is None
+    assert (await held[0].request("ping", {"channel": ROOT_URI}))["result"] is None
 
 
 async def test_oversized_frame_closes_with_1009(limited: RunningServer) -> None:

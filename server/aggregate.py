@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -52,6 +53,8 @@ NEWS = (ChatTurnStarted, ChatInputRequested, ChatToolCallReady)
 SESSION_RECORDS = "session"
 CACHED = 4096
 """Chats and sessions whose aggregate bookkeeping is kept in memory."""
+LISTED_FOR = 1.0
+"""Seconds the sessions list, as read from the store, serves pages."""
 
 
 class SessionAggregate:
@@ -76,6 +79,10 @@ class SessionAggregate:
         self._summaries: Lru[str, SessionSummary] = Lru(CACHED)
         self._flushes: dict[str, asyncio.TimerHandle] = {}
         self._syncing: Lru[str, asyncio.Lock] = Lru(CACHED)
+        self._listed: tuple[float, list[SessionSummary]] | None = None
+        """The sessions list as last read, and until when it is served."""
+        self._listing = asyncio.Lock()
+        self._changes = 0
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
         state = event.view.state
@@ -179,10 +186,12 @@ class SessionAggregate:
         """Put a new session's entry on the list (its creation is done)."""
         self._summaries.put(session, summary)
         await self.core.store.put_record(SESSION_RECORDS, session, encode(summary))
+        self._changed()
 
     async def remove(self, session: str) -> None:
         """Take a disposed session's entry off the list."""
         await self.core.store.delete_record(SESSION_RECORDS, session)
+        self._changed()
         self.forget(session)
 
     async def announce(self, session: str) -> None:
@@ -201,6 +210,7 @@ class SessionAggregate:
                 return
             self._summaries.put(session, new)
             await self.core.store.put_record(SESSION_RECORDS, session, encode(new))
+            self._changed()
             params = SessionSummaryChangedParams(channel=ROOT_URI, session=session, changes=changes)
             await self.core.publish_notice("root/sessionSummaryChanged", params)
 
@@ -213,11 +223,28 @@ class SessionAggregate:
         return summary
 
     async def summaries(self) -> list[SessionSummary]:
-        """Every session's list entry, most recently modified first."""
-        records = await self.core.store.records(SESSION_RECORDS)
-        items = [msgspec.json.decode(raw, type=SessionSummary) for raw in records.values()]
-        items.sort(key=lambda s: (s.modified_at, s.resource), reverse=True)
-        return items
+        """Every session's list entry, most recently modified first (do not
+        change the list: callers share it). Read from the store at most once
+        every LISTED_FOR seconds however many ask (pages of ``listSessions``
+        read it all), and again after this process changed one; another
+        process's change shows within LISTED_FOR (root notices tell of it
+        at once)."""
+        async with self._listing:
+            listed = self._listed
+            if listed is not None and time.monotonic() < listed[0]:
+                return listed[1]
+            changes = self._changes
+            records = await self.core.store.records(SESSION_RECORDS)
+            items = [msgspec.json.decode(raw, type=SessionSummary) for raw in records.values()]
+            items.sort(key=lambda s: (s.modified_at, s.resource), reverse=True)
+            if changes == self._changes:  # nothing changed here while it was read
+                self._listed = (time.monotonic() + LISTED_FOR, items)
+            return items
+
+    def _changed(self) -> None:
+        """This process changed the list: read it again when next asked."""
+        self._changes += 1
+        self._listed = None
 
     async def count(self) -> int:
-        return len(await self.core.store.records(SESSION_RECORDS))
+        return await self.core.store.count_records(SESSION_RECORDS)

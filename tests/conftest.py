@@ -180,6 +180,10 @@ class RecordReads(MemoryStore):
         self.read.set()
         return await super().get_record(kind, key)
 
+    async def records(self, kind: str) -> dict[str, bytes]:
+        self.reads.append((kind, "*"))
+        return await super().records(kind)
+
 
 @pytest.fixture
 async def redis_server() -> AsyncIterator[RedisServer]:

@@ -20,7 +20,7 @@ from server.config import Limits, Settings
 from server.errors import ActionRejected
 from server.sessions import windowed
 from server.store.memory import KEPT_BYTES, MemoryStore
-from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
+from tests.conftest import AGENT_TOKEN, UNIT, RecordReads, RunningServer, start_server
 from tests.edge import HttpReply, Peer, http, initialize_params
 from tests.test_serve_cli import TOKEN, start
 
@@ -584,3 +584,26 @@ async def test_a_large_snapshot_costs_its_size_as_over_http() -> None:
     # 2 - 0.5 - 1 (the debt) - 0.5: the third finds no half action left.
     assert ["result" in answer for answer in answers] == [True, True, False]
     assert "rate-limited" in answers[2]["error"]["message"]
+
+
+async def test_pages_of_sessions_asked_at_once_read_the_store_once() -> None:
+    # Every page read and decoded every session (10 MB from Redis for 9,000
+    # sessions): a participant's loop of listSessions pinned the server.
+    store = RecordReads()
+    running = await start_server(Settings(port=0), store)
+    try:
+        agent = await running.client("agent", name="agent")
+        for n in range(3):
+            await agent.create_session(f"ahp-session:/listed-{n}")
+        peer = await Peer.ready(running.ws, running.token(name="lee"), "lee")
+        store.reads.clear()
+        pages = [await peer.request("listSessions", {"channel": ROOT_URI}) for _ in range(20)]
+        whole_reads = [read for read in store.reads if read[1] == "*"]
+        await agent.create_session("ahp-session:/listed-3")  # this process changed it
+        after = await peer.request("listSessions", {"channel": ROOT_URI})
+    finally:
+        await running.stop()
+
+    assert all(len(page["result"]["items"]) == 3 for page in pages)
+    assert len(whole_reads) <= 2  # once, and again only if a second passed
+    assert len(after["result"]["items"]) == 4

@@ -154,9 +154,12 @@ async def test_records_are_set_read_listed_and_deleted(store: ChannelStore) -> N
     await store.put_record("session", "b", b"2")
     assert await store.get_record("session", "a") == b"1"
     assert await store.records("session") == {"a": b"1", "b": b"2"}
+    assert await store.count_records("session") == 2
     await store.delete_record("session", "a")
     assert await store.get_record("session", "a") is None
+    assert await store.count_records("session") == 1
     assert await store.records("other") == {}
+    assert await store.count_records("other") == 0
 
 
 async def test_a_clients_action_is_appended_once_however_often_it_comes(

@@ -181,6 +181,10 @@ class ChannelStore(ABC):
         """Every record of ``kind`` by key."""
 
     @abstractmethod
+    async def count_records(self, kind: str) -> int:
+        """How many records of ``kind`` there are (without reading them)."""
+
+    @abstractmethod
     async def claim(self, key: str, owner: str, ttl: float) -> str | None:
         """Claim ``key`` for ``owner`` for ``ttl`` seconds, atomically across
         processes: None when it is ``owner``'s now (it was free, expired, or

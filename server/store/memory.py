@@ -149,6 +149,9 @@ class MemoryStore(ChannelStore):
     async def records(self, kind: str) -> dict[str, bytes]:
         return dict(self._records.get(kind, {}))
 
+    async def count_records(self, kind: str) -> int:
+        return len(self._records.get(kind, {}))
+
     async def claim(self, key: str, owner: str, ttl: float) -> str | None:
         now = time.monotonic()
         held = self._claims.get(key)

@@ -419,6 +419,9 @@ class RedisStore(ChannelStore):
         raw: dict[Any, Any] = await self.link.call(self.client.hgetall(f"huddle:rec:{kind}"))
         return {_text(k): v for k, v in raw.items()}
 
+    async def count_records(self, kind: str) -> int:
+        return int(await self.link.call(self.client.hlen(f"huddle:rec:{kind}")))
+
     # ─── Audit ───────────────────────────────────────────────────────────
 
     async def append_audit(self, session: str, n: int, record: bytes) -> None:

@@ -118,6 +118,10 @@ def free_port() -> int:
         return port
 
 
+ATTEMPTS = 5
+"""Starts a cluster node makes with fresh ports (see ClusterNodeProcess.start)."""
+
+
 class ClusterNodeProcess:
     """One redis-server of a cluster, on loopback ports of its own (client
     and cluster bus), AOF on with ``appendfsync always`` (unless told
@@ -134,6 +138,7 @@ class ClusterNodeProcess:
         self.node_timeout_ms = node_timeout_ms
         self.appendfsync = appendfsync
         self.process: subprocess.Popen[bytes] | None = None
+        self.started = False
         self._reader: threading.Thread | None = None
         self.lines: list[str] = []
         self._seen = threading.Condition()
@@ -144,7 +149,22 @@ class ClusterNodeProcess:
 
     def start(self, timeout: float) -> None:
         """Start (again, on the same data and cluster config) and wait until
-        it accepts connections."""
+        it accepts connections. The first start takes fresh ports while
+        another process took one between probing and binding (the ports of
+        a node that has started are its own: a restart keeps them)."""
+        for _ in range(ATTEMPTS - 1):
+            if self.started:
+                break
+            try:
+                self._start(timeout)
+                return
+            except RuntimeError as error:
+                if "Address already in use" not in str(error):
+                    raise
+                self.port, self.bus_port = free_port(), free_port()
+        self._start(timeout)
+
+    def _start(self, timeout: float) -> None:
         self.directory.mkdir(exist_ok=True)
         self.process = subprocess.Popen(
             [
@@ -180,6 +200,7 @@ class ClusterNodeProcess:
         self._reader = threading.Thread(target=self._read, args=(self.process,), daemon=True)
         self._reader.start()
         self.wait_for(READY.decode(), timeout, since=mark)
+        self.started = True
 
     def _read(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None

@@ -108,3 +108,24 @@ async def test_a_call_runs_at_once_only_when_the_policy_allows_it(
 ) -> None:
     _, runs, _, _ = await deploying(policy)
     assert runs.count("deploy") == runs_expected
+
+
+async def test_nobody_is_asked_to_approve_a_call_beyond_the_tool_call_budget() -> None:
+    # The budget was checked after the approval: a person approved a call
+    # that then ended the turn without running.
+    runs = Runs()
+    model = scripted(use(call("c1", "look")), use(call("c2", "deploy", env="prod")), say("-"))
+    helper = agent(
+        model,
+        runs.tool("look", result="fine"),
+        runs.tool("deploy", result="deployed"),
+        approval_policy=ASK_BEFORE_DEPLOYING,
+        max_tool_calls=1,
+    )
+    runner = Runner(MemoryTurnStore(), [helper], clock=Clock())
+
+    turn = await runner.run(helper, "Look, then deploy", turn_id="t1")
+
+    assert turn.status == TurnStatus.BUDGET_EXCEEDED
+    assert turn.suspension is None
+    assert runs.count("deploy") == 0

@@ -11,6 +11,7 @@ import pytest
 
 from server.runner.agent import Agent, Tool
 from server.runner.context import ToolContext
+from server.runner.errors import TurnNotFound
 from server.runner.events import EventType, RunnerEvent
 from server.runner.runner import Runner, TurnBusy
 from server.runner.store import Fenced, MemoryTurnStore
@@ -187,6 +188,30 @@ async def test_a_parent_resumes_with_its_childs_output_when_a_worker_ran_the_chi
     done = await runner.store.load("p")
     assert (done.status, done.output) == (TurnStatus.COMPLETED, "Found 3 papers.")
     assert model.tool_results() == {"c1": {"status": "COMPLETED", "output": "3 papers."}}
+
+
+async def test_a_child_turn_counts_against_its_parents_tool_call_budget() -> None:
+    # A child's result comes back through the resume, past the count: an
+    # agent could start child turns without limit.
+    child = Agent(name="researcher", instructions="Research.", model=scripted(say("3 papers.")))
+    model = scripted(
+        use(call("c1", "research", task="find papers")),
+        use(call("c2", "research", task="find more")),
+        say("-"),
+    )
+    research = Tool(name="research", description="Delegate research", child=child)
+    parent = agent(model, research, name="lead", max_tool_calls=1)
+    runner = Runner(MemoryTurnStore(), [parent], clock=Clock())
+    await runner.run(parent, "Find papers", turn_id="p")
+    worker = Worker(runner)
+    assert await worker.step()  # the child, which wakes its parent
+    assert await worker.step()  # the parent, whose second child is one call too many
+
+    done = await runner.store.load("p")
+    assert done.status == TurnStatus.BUDGET_EXCEEDED
+    assert done.tool_calls_made == 1
+    with pytest.raises(TurnNotFound):
+        await runner.store.load("p.c2")
 
 
 async def test_a_child_completion_after_a_crash_still_wakes_the_parent() -> None:

@@ -108,6 +108,36 @@ async def test_the_interrupted_attempt_does_not_count_against_max_tool_calls() -
     assert desk.opened == [GOOD_DETAILS]
 
 
+NOTE = FormDefinition(
+    key="note",
+    description="Anything to add (nothing is fine)",
+    schema={"type": "object", "properties": {"note": {"type": "string"}}},
+)
+
+
+async def test_a_form_submitted_with_nothing_filled_in_lets_the_tool_run() -> None:
+    # With every field optional, {} is an answer: asking whether the data
+    # is empty took it for "not asked yet" and failed the turn as asked again.
+    seen: list[tuple[bool, dict[str, Any]]] = []
+
+    def annotate(arguments: dict[str, Any]) -> str:
+        context = ToolContext.current()
+        seen.append((context.form_submitted, context.submitted_form_data))
+        if not context.form_submitted:
+            raise FormRequired(NOTE)
+        return "noted"
+
+    model = scripted(use(call("c1", "annotate")), say("Done."))
+    helper = agent(model, Tool(name="annotate", description="Annotate", function=annotate))
+    runner = Runner(MemoryTurnStore(), [helper], clock=Clock())
+    await runner.run(helper, "Annotate it", turn_id="t1")
+    done = await runner.resume("t1", ResumeCommand.user_input("c1", {}))
+
+    assert done.status == TurnStatus.COMPLETED
+    assert seen == [(False, {}), (True, {})]
+    assert model.tool_results() == {"c1": "noted"}
+
+
 async def test_the_idempotency_key_is_turn_and_call_id_and_stable_across_the_replay() -> None:
     desk = Helpdesk()
     runner, _ = await waiting_for_details(desk)

@@ -35,6 +35,9 @@ class ToolContext:
     tool_call: ToolCall
     submitted_form_data: dict[str, Any] = field(default_factory=dict)
     """What people submitted for this call's form, after a FormRequired."""
+    form_submitted: bool = False
+    """Whether people submitted this call's form (after a FormRequired),
+    even with nothing filled in: ask this, not whether the data is empty."""
     chat: str | None = None
     """The AHP chat the turn shows in (None: a turn without a chat)."""
     port: ChatPort | None = None

@@ -683,13 +683,15 @@ class Runner:
         tool = agent.tool(call.name)
         if tool is None:
             return result_text({"status": "error", "message": f"there is no tool {call.name!r}"})
+        # The budget first: nobody is asked to approve a call that would not run.
+        if turn.tool_calls_made >= agent.max_tool_calls:
+            await self._finish(turn, lease, Transition.EXCEED_BUDGET)
         denied = await self._approve(agent, turn, lease, pending, tool)
         if denied is not None:
             return denied
         if tool.child is not None:
+            turn.tool_calls_made += 1  # a child turn is a call, saved as it starts
             await self._spawn_child(turn, lease, call, tool.child)
-        if turn.tool_calls_made >= agent.max_tool_calls:
-            await self._finish(turn, lease, Transition.EXCEED_BUDGET)
         await self.port.tool_started(turn, call, tool)
         self._emit(EventType.TOOL_STARTED, turn, call_id=call.id, tool=tool.name)
         return await self._run_tool(agent, turn, lease, pending, tool, cancelled)
@@ -721,6 +723,7 @@ class Runner:
             tool=tool,
             tool_call=call,
             submitted_form_data=dict(pending.form_data or {}),
+            form_submitted=pending.form_data is not None,
             chat=turn.chat,
             port=self.port,
             model=agent.model,

@@ -40,6 +40,8 @@ the action::
     a chat's whole state, for a new turn   chat_bytes          chat-full
       or pending message (once it holds
       this much, the rest still goes on)
+    a session's notes (written by the      notes               (the oldest
+      server alone: server.notes)                                are dropped)
 
 Ids are found by name, at any depth of the action's Structs, so that a new
 field is covered the day it is added: a field named ``id`` or ``<x>Id``
@@ -129,6 +131,10 @@ class SizeLimits(msgspec.Struct, frozen=True, kw_only=True):
     uri: int = 1024
     chat_bytes: int = 16 << 20
     chats: int = 1000
+    notes: int = 256 << 10
+    """The session's notes (``_meta.huddle.requests`` and ``toolCalls``,
+    reducers.notes) together: the server drops the oldest beyond, as it
+    writes them (they are the server's, so nothing is refused)."""
 
 
 def limit_problem(

@@ -20,7 +20,14 @@ Lee" and the time left. The shape, under ``_meta.huddle``::
 ``<who>`` is ``{"name", "role", "token"}`` (plus ``"declared": true`` for a
 name its holder typed in, from a shared link): the server's identity of the
 sender, never what a client said. At most :data:`KEPT` entries per chat are
-kept; the oldest go first.
+kept; the oldest go first. A chat noted anew goes last in both families and
+its note last in its chat, so that the order of the dicts is the order of
+use. :func:`bounded` keeps the notes of a session within a number of bytes
+(``SizeLimits.notes``): the notes of what waits no more (completed, decided,
+expired) go before those of what still waits (a draft, a deadline); each
+time the chats noted least recently lose theirs first, each chat its oldest
+entries first (requests and tool calls in turn); the newest entry of each
+family in the chat just noted always stays.
 
 Each function returns the new ``_meta`` or None when nothing changes (so
 that nothing needs to be dispatched). Pure: the caller passes the time.
@@ -29,7 +36,11 @@ that nothing needs to be dispatched). Pure: the caller passes the time.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from itertools import zip_longest
 from typing import Any, Final, Literal, TypeAlias
+
+import msgspec
 
 from protocol.actions import ChatInputAnswerChanged, ChatInputCompleted, ChatToolCallConfirmed
 from protocol.rejections import Rejection, RejectionCode
@@ -38,6 +49,7 @@ from reducers.clock import iso_time
 HUDDLE: Final = "huddle"
 KEPT: Final = 100
 """Entries kept per chat under ``requests`` and ``toolCalls`` each."""
+FAMILIES: Final = ("requests", "toolCalls")
 
 Who: TypeAlias = dict[str, Any]
 """``{"name", "role", "token", "declared"?}``."""
@@ -150,7 +162,9 @@ def _changed(
     value: Any,
 ) -> Meta | None:
     """``meta`` with ``value`` at ``huddle.<family>.<chat>.<key>.<path>``
-    (removed when None), or None when it is there already."""
+    (removed when None), or None when it is there already. Copies only the
+    dicts on the way there (the rest is shared with ``meta``, which is
+    never changed): a note costs the size of its chat, not of the session."""
     entry = note_of(meta, family, chat, key) or {}
     holder: Any = entry
     for part in path[:-1]:
@@ -158,18 +172,151 @@ def _changed(
     current = holder.get(path[-1]) if isinstance(holder, dict) else None
     if current == value:
         return None
-    new = copy.deepcopy(meta) if meta else {}
-    huddle = new.setdefault(HUDDLE, {})
-    notes = huddle.setdefault(family, {})
-    chat_notes = notes.setdefault(chat, {})
-    target = chat_notes.setdefault(key, {})
+    new = dict(meta) if meta else {}
+    huddle = dict(_mapping(new.get(HUDDLE)))
+    new[HUDDLE] = huddle
+    for name in FAMILIES:
+        chats = _mapping(huddle.get(name))
+        if name == family or chat in chats:
+            # The chat noted last goes last in both families (bounded()
+            # reads the order of use from them).
+            moved = {c: notes for c, notes in chats.items() if c != chat}
+            moved[chat] = dict(_mapping(chats.get(chat)))
+            huddle[name] = moved
+    chat_notes = huddle[family][chat]
+    target = copy.deepcopy(_mapping(chat_notes.pop(key, None)))
+    chat_notes[key] = target  # the newest last
     for part in path[:-1]:
-        target = target.setdefault(part, {})
+        inner = _mapping(target.get(part))
+        target[part] = inner
+        target = inner
     if value is None:
         target.pop(path[-1], None)
     else:
         target[path[-1]] = value
-    chat_notes[key] = chat_notes.pop(key)  # the newest last
     while len(chat_notes) > KEPT:
         del chat_notes[next(iter(chat_notes))]
     return new
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """``value`` if it is a dict, else an empty one (what an agent wrote
+    there that is not a note is not kept)."""
+    return value if isinstance(value, dict) else {}
+
+
+# ─── The bound ───────────────────────────────────────────────────────────────
+
+_encode = msgspec.json.Encoder().encode
+
+
+def notes_bytes(meta: Meta | None) -> int:
+    """The bytes of JSON the notes of ``meta`` take (``requests`` and
+    ``toolCalls`` together)."""
+    huddle = _mapping((meta or {}).get(HUDDLE))
+    return sum(len(_encode(huddle[name])) for name in FAMILIES if name in huddle)
+
+
+def other_bytes(meta: Meta | None) -> int:
+    """The bytes of JSON of the rest of ``meta``: all but the notes."""
+    if not meta:
+        return 0
+    rest = {k: v for k, v in meta.items() if k != HUDDLE}
+    huddle = meta.get(HUDDLE)
+    if isinstance(huddle, dict):
+        rest[HUDDLE] = {k: v for k, v in huddle.items() if k not in FAMILIES}
+    elif huddle is not None:
+        rest[HUDDLE] = huddle
+    return len(_encode(rest))
+
+
+def bounded(meta: Meta | None, budget: int, newest: str) -> Meta | None:
+    """``meta`` with notes of at most ``budget`` bytes (``meta`` itself
+    when they fit), the oldest dropped first (see the module docstring);
+    the newest note of each family in the chat ``newest`` (the one just
+    noted) is never dropped. None when even those do not fit on their own."""
+    size = notes_bytes(meta)
+    if size <= budget:
+        return meta
+    assert meta is not None  # notes take bytes
+    new = dict(meta)
+    huddle = dict(_mapping(new.get(HUDDLE)))
+    new[HUDDLE] = huddle
+    families = {name: dict(_mapping(huddle.get(name))) for name in FAMILIES}
+    huddle.update((name, chats) for name, chats in families.items() if name in huddle)
+    copied: set[tuple[str, str]] = set()
+    dropping = _drop_order(families, newest)
+    while size > budget:
+        over = size - budget
+        for name, chat, key in dropping:
+            if (name, chat) not in copied:
+                families[name][chat] = dict(families[name][chat])
+                copied.add((name, chat))
+            chat_notes = families[name][chat]
+            over -= len(_encode(key)) + len(_encode(chat_notes.pop(key))) + 2
+            if not chat_notes:
+                del families[name][chat]
+                over -= len(_encode(chat)) + 4
+            if over <= 0:
+                break
+        else:
+            return None  # nothing left to drop
+        size = notes_bytes(new)  # the estimate errs by a byte a dict
+    return new
+
+
+def _drop_order(families: dict[str, dict[str, Any]], newest: str) -> Iterator[tuple[str, str, str]]:
+    """The notes in the order :func:`bounded` drops them, as (family, chat,
+    key): first those of settled requests and tool calls (completed,
+    decided or expired), then those still open (a draft, a deadline); each
+    time the chats noted least recently first, a chat's oldest first."""
+    requests, tool_calls = (list(families[name]) for name in FAMILIES)
+    chats = [c for c in _merged(requests, tool_calls) if c != newest]
+    chats.append(newest)
+    kept = {
+        (name, newest, key)
+        for name in FAMILIES
+        for key in list(_mapping(families[name].get(newest)))[-1:]
+    }
+    for settled in (True, False):
+        for chat in chats:
+            keys = [
+                [
+                    (name, chat, key)
+                    for key, note in _mapping(families[name].get(chat)).items()
+                    if _settled(note) is settled and (name, chat, key) not in kept
+                ]
+                for name in FAMILIES
+            ]
+            for pair in zip_longest(*keys):
+                yield from (one for one in pair if one is not None)
+
+
+def _settled(note: Any) -> bool:
+    """Whether ``note`` is on a request or tool call that waits no more."""
+    return isinstance(note, dict) and (
+        "completed" in note or "decided" in note or note.get("expired") is True
+    )
+
+
+def _merged(first: list[str], second: list[str]) -> list[str]:
+    """The chats of two families least recently noted first: both lists are
+    in that order (a chat noted goes last in both), so a chat of ``second``
+    alone goes before the next chat that both hold, as ``second`` has it."""
+    both = set(first) & set(second)
+    out: list[str] = []
+    seen: set[str] = set()
+    rest = iter(second)
+    for chat in first:
+        if chat in both:
+            for other in rest:
+                if other == chat:
+                    break
+                if other not in both and other not in seen:
+                    out.append(other)
+                    seen.add(other)
+        if chat not in seen:
+            out.append(chat)
+            seen.add(chat)
+    out.extend(c for c in rest if c not in seen)
+    return out

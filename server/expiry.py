@@ -176,7 +176,9 @@ class Expiries:
         due = Due(session, chat, family, key, at, expiry.on_expiry)
         await self.store.put_record(EXPIRY_RECORDS, _name(due), msgspec.json.encode(due))
         policy = expiry.on_expiry
-        await self.notes.note(session, lambda m: notes.expiring(m, family, chat, key, at, policy))
+        await self.notes.note(
+            session, chat, lambda m: notes.expiring(m, family, chat, key, at, policy)
+        )
         return at
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
@@ -224,7 +226,7 @@ class Expiries:
             applied = await self.core.update(due.chat, _policy(due, self.core.now_ms))
         if applied is not None:
             family, chat, key = due.family, due.chat, due.key
-            await self.notes.note(due.session, lambda m: notes.expired(m, family, chat, key))
+            await self.notes.note(due.session, chat, lambda m: notes.expired(m, family, chat, key))
         await self.store.delete_record(EXPIRY_RECORDS, name)
         return applied is not None
 

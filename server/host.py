@@ -107,7 +107,7 @@ class Host:
         self.sessions = Sessions(
             self.core, self.aggregate, self.waiters, self._dispatch_derived, agents, self.sizes
         )
-        self.notes = SessionNotes(self.core)
+        self.notes = SessionNotes(self.core, self.sizes)
         self.audit = AuditTrail(
             store,
             self.forms,

@@ -6,11 +6,19 @@ session, with the server's identity of the sender, by a ``session/
 metaChanged`` built from the session's latest state (so that two processes
 noting at once never lose each other's note). Nothing is dispatched when
 the note is there already: typing on in the same answer adds nothing.
+
+The notes stay within ``SizeLimits.notes`` bytes (and the whole action
+within ``SizeLimits.action``): AHP's ``session/metaChanged`` replaces the
+whole ``_meta``, so every note re-sends them all, and a session holds up to
+``SizeLimits.chats`` chats of :data:`reducers.notes.KEPT` notes each. Beyond
+the bound the oldest go first (:func:`reducers.notes.bounded`); the action
+is then checked against the limits as a client's would be, so that the
+server never writes a session past them.
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,13 +31,20 @@ from protocol.actions import (
 )
 from protocol.chat import ChatState, InputAnswer
 from protocol.messages import ChannelState
+from protocol.rejections import Rejection
 from protocol.session import SessionState
 from reducers import notes
 from reducers.chat import select_open_input_part
+from reducers.limits import SizeLimits, limit_problem
 from server.auth import Identity
-from server.channels import Applied, ChannelCore
-from server.errors import ChannelGone
+from server.channels import Applied, ChannelCore, ChannelView
+from server.errors import ActionRejected, ChannelGone
 from server.forms import chat_session
+
+log = logging.getLogger("huddle.notes")
+
+ACTION_ROOM = 1024
+"""Bytes of the action besides its ``_meta`` (its type, and to spare)."""
 
 Note = Callable[[dict[str, Any] | None], dict[str, Any] | None]
 """Makes the new ``_meta`` from the current one (None: unchanged)."""
@@ -38,8 +53,9 @@ Note = Callable[[dict[str, Any] | None], dict[str, Any] | None]
 class SessionNotes:
     """See the module docstring."""
 
-    def __init__(self, core: ChannelCore) -> None:
+    def __init__(self, core: ChannelCore, sizes: SizeLimits | None = None) -> None:
         self.core = core
+        self.sizes = sizes or SizeLimits()
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
         if not event.local or event.sender is None or not isinstance(event.view.state, ChatState):
@@ -48,10 +64,12 @@ class SessionNotes:
         changes = _notes_of(event.uri, event.action, event.sender, event.before)
         if session is None or not changes:
             return None
-        return self.note(session, *changes)
+        return self.note(session, event.uri, *changes)
 
-    async def note(self, session: str, *changes: Note) -> None:
-        """Apply ``changes`` to the session's notes in one action."""
+    async def note(self, session: str, chat: str, *changes: Note) -> None:
+        """Apply ``changes`` (notes on ``chat``) to the session's notes in
+        one action, dropping the oldest notes beyond the bound. Nothing is
+        noted when even ``chat``'s newest notes alone do not fit."""
 
         def change(state: ChannelState) -> StateAction | None:
             if not isinstance(state, SessionState):
@@ -61,10 +79,26 @@ class SessionNotes:
                 new = one(meta)
                 if new is not None:
                     meta, touched = new, True
-            return SessionMetaChanged(meta=meta) if touched else None
+            if not touched:
+                return None
+            room = self.sizes.action - ACTION_ROOM - notes.other_bytes(meta)
+            budget = min(self.sizes.notes, room)
+            fitted = notes.bounded(meta, budget, chat)
+            if fitted is None:
+                log.warning(
+                    "%s: a note on %s does not fit %d bytes: not noted", session, chat, budget
+                )
+            return None if fitted is None else SessionMetaChanged(meta=fitted)
 
-        with contextlib.suppress(ChannelGone):
-            await self.core.update(session, change)
+        def within_limits(view: ChannelView, action: StateAction) -> Rejection | None:
+            return limit_problem(view.state, action, self.sizes, view.size)
+
+        try:
+            await self.core.update(session, change, validate=within_limits)
+        except ChannelGone:
+            pass
+        except ActionRejected as error:  # our bug: bounded() should have seen to it
+            log.error("%s: the server's notes were refused: %s", session, error)
 
 
 def _notes_of(chat: str, action: StateAction, sender: Identity, before: ChannelState) -> list[Note]:

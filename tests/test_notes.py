@@ -3,6 +3,7 @@ answer, who completed or decided, when a wait expires; pure."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from reducers import notes
@@ -151,3 +152,116 @@ def test_huddle_meta_reads_one_key_and_nothing_from_what_is_not_huddles() -> Non
     assert notes.huddle_meta({"huddle": {"session": "s"}, "other": 1}, "session") == "s"
     assert notes.huddle_meta({"huddle": "not an object"}, "session") is None
     assert notes.huddle_meta(None, "session") is None
+
+
+# ─── The bound (notes.bounded) ───────────────────────────────────────────────
+
+
+def chats_of(meta: Any, family: str = "requests") -> dict[str, list[str]]:
+    """Per chat the keys of its notes, in order."""
+    return {chat: list(keyed) for chat, keyed in (notes.huddle_meta(meta, family) or {}).items()}
+
+
+def settled_in(chats: list[str], count: int, meta: Any = None) -> Any:
+    """``count`` completed requests in each of ``chats``, one chat after the other."""
+    for chat in chats:
+        for n in range(count):
+            meta = notes.completed(meta, chat, f"r{n}", DANA, "accept")
+    return meta
+
+
+def test_notes_within_the_bound_are_left_as_they_are() -> None:
+    meta = settled_in(["a", "b"], 3)
+    assert notes.bounded(meta, notes.notes_bytes(meta), "b") is meta
+
+
+def test_beyond_the_bound_the_chat_noted_least_recently_loses_its_notes_first() -> None:
+    meta = settled_in(["a", "b", "c"], 4, {"other": 1})
+    before = copy.deepcopy(meta)
+    budget = notes.notes_bytes(meta) - 1
+
+    bounded = notes.bounded(meta, budget, "c")
+
+    assert notes.notes_bytes(bounded) <= budget
+    assert chats_of(bounded) == {
+        "a": ["r1", "r2", "r3"],
+        "b": ["r0", "r1", "r2", "r3"],
+        "c": ["r0", "r1", "r2", "r3"],
+    }
+    assert bounded is not None
+    assert bounded["other"] == 1
+    assert meta == before  # the input is not changed
+
+
+def test_a_chat_whose_notes_all_go_is_gone_and_the_chat_just_noted_keeps_its_newest() -> None:
+    meta = settled_in(["a", "b"], 4)
+    meta = notes.decided(meta, "b", "call-1", LEE, True)
+    budget = notes.notes_bytes(
+        notes.decided(notes.completed(None, "b", "r3", DANA, "accept"), "b", "call-1", LEE, True)
+    )
+
+    bounded = notes.bounded(meta, budget, "b")
+
+    assert chats_of(bounded) == {"b": ["r3"]}
+    assert chats_of(bounded, "toolCalls") == {"b": ["call-1"]}
+    assert notes.bounded(meta, budget - 1, "b") is None  # even those do not fit
+
+
+def test_a_chats_requests_and_tool_calls_lose_their_oldest_in_turn() -> None:
+    meta = None
+    for n in range(3):
+        meta = notes.completed(meta, "a", f"r{n}", DANA, "accept")
+        meta = notes.decided(meta, "a", f"c{n}", DANA, True)
+    meta = notes.completed(meta, "b", "r0", DANA, "accept")
+    whole = notes.notes_bytes(meta)
+
+    bounded = notes.bounded(meta, whole - 1, "b")
+    assert chats_of(bounded)["a"] == ["r1", "r2"]
+    assert chats_of(bounded, "toolCalls")["a"] == ["c0", "c1", "c2"]
+    less = notes.bounded(meta, notes.notes_bytes(bounded) - 1, "b")
+    assert chats_of(less)["a"] == ["r1", "r2"]
+    assert chats_of(less, "toolCalls")["a"] == ["c1", "c2"]
+
+
+def test_what_still_waits_keeps_its_notes_until_every_settled_one_is_gone() -> None:
+    meta = notes.answered(None, "a", "open", "q", LEE, "draft")
+    meta = notes.expiring(meta, "toolCalls", "a", "call", 5000, "decline")
+    meta = settled_in(["a", "b"], 3, meta)
+    meta = notes.decided(meta, "b", "done", DANA, False)
+    waiting = notes.notes_bytes(
+        notes.expiring(
+            notes.answered(None, "a", "open", "q", LEE, "draft"),
+            "toolCalls",
+            "a",
+            "call",
+            5000,
+            "decline",
+        )
+    )
+    newest = notes.notes_bytes(
+        notes.decided(notes.completed(None, "b", "r2", DANA, "accept"), "b", "done", DANA, False)
+    )
+
+    bounded = notes.bounded(meta, waiting + newest + 4, "b")
+
+    assert chats_of(bounded) == {"a": ["open"], "b": ["r2"]}
+    assert chats_of(bounded, "toolCalls") == {"a": ["call"], "b": ["done"]}
+
+
+def test_a_chat_noted_anew_goes_last_in_both_families() -> None:
+    meta = notes.decided(None, "a", "call", DANA, True)
+    meta = notes.decided(meta, "b", "call", DANA, True)
+    meta = notes.completed(meta, "b", "r", DANA, "accept")
+    meta = notes.completed(meta, "a", "r", DANA, "accept")
+    assert list(chats_of(meta)) == ["b", "a"]
+    assert list(chats_of(meta, "toolCalls")) == ["b", "a"]
+
+
+def test_a_note_shares_what_it_does_not_change_with_the_meta_it_came_from() -> None:
+    meta = settled_in(["a", "b"], 2)
+    new = notes.answered(meta, "b", "r1", "q", LEE, "draft")
+    assert new is not None
+    assert new["huddle"]["requests"]["a"] is meta["huddle"]["requests"]["a"]
+    assert notes.note_of(meta, "requests", "b", "r1") == {
+        "completed": {"by": DANA, "response": "accept"}
+    }

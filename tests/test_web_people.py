@@ -327,7 +327,9 @@ async def test_a_deadline_counts_down_says_what_happens_then_and_shows_expired(
     request_id = open_request_id(await chat_state(demo_server, chat))
     at = host.now_ms() + 10 * 60_000
     await host.notes.note(
-        session, lambda meta: notes.expiring(meta, "requests", chat, request_id, at, "decline")
+        session,
+        chat,
+        lambda meta: notes.expiring(meta, "requests", chat, request_id, at, "decline"),
     )
     deadline = page.locator("section.request .deadline")
     await expect(deadline).to_have_text(
@@ -343,7 +345,9 @@ async def test_a_deadline_counts_down_says_what_happens_then_and_shows_expired(
     call_id = pending_tool_call_id(await chat_state(demo_server, chat))
     soon = host.now_ms() + 90_000
     await host.notes.note(
-        session, lambda meta: notes.expiring(meta, "toolCalls", chat, call_id, soon, "decline")
+        session,
+        chat,
+        lambda meta: notes.expiring(meta, "toolCalls", chat, call_id, soon, "decline"),
     )
     countdown = page.locator("section.tool .deadline")
     await expect(countdown).to_have_text(re.compile(r"^1:(30|2\d) left · then it is denied$"))

@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-chats", type=int, help="chats a session holds at most, its default chat too (1000)"
     )
     serve.add_argument(
+        "--max-notes-bytes",
+        type=int,
+        help="bytes of a session's notes (who answered, who approved; the oldest are dropped "
+        "beyond) (256 KiB)",
+    )
+    serve.add_argument(
         "--max-sessions",
         type=int,
         help="sessions the server holds at most; participant tokens create them only below "

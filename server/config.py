@@ -159,6 +159,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
             action=src.integer("max_action_bytes", sizes.action),
             chat_bytes=src.integer("max_chat_bytes", sizes.chat_bytes),
             chats=src.integer("max_chats", sizes.chats),
+            notes=src.integer("max_notes_bytes", sizes.notes),
         ),
         metrics_token=None if src.raw("metrics_token") is None else str(src.raw("metrics_token")),
         allowed_hosts=src.items("allowed_hosts"),

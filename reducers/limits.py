@@ -131,10 +131,12 @@ class SizeLimits(msgspec.Struct, frozen=True, kw_only=True):
     uri: int = 1024
     chat_bytes: int = 16 << 20
     chats: int = 1000
-    notes: int = 256 << 10
+    notes: int = 64 << 10
     """The session's notes (``_meta.huddle.requests`` and ``toolCalls``,
     reducers.notes) together: the server drops the oldest beyond, as it
-    writes them (they are the server's, so nothing is refused)."""
+    writes them (they are the server's, so nothing is refused). AHP's
+    ``session/metaChanged`` carries the whole ``_meta``, so every note sends
+    them all to every watcher: kept small (about 120 settled requests)."""
 
 
 def limit_problem(

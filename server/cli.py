@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-notes-bytes",
         type=int,
         help="bytes of a session's notes (who answered, who approved; the oldest are dropped "
-        "beyond) (256 KiB)",
+        "beyond) (64 KiB)",
     )
     serve.add_argument(
         "--max-sessions",

@@ -13,13 +13,17 @@ whole ``_meta``, so every note re-sends them all, and a session holds up to
 ``SizeLimits.chats`` chats of :data:`reducers.notes.KEPT` notes each. Beyond
 the bound the oldest go first (:func:`reducers.notes.bounded`); the action
 is then checked against the limits as a client's would be, so that the
-server never writes a session past them.
+server never writes a session past them. For the same reason a session's
+notes are written at most once every NOTE_INTERVAL: what comes in between
+waits for it and goes in one action.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.actions import (
@@ -37,6 +41,7 @@ from reducers import notes
 from reducers.chat import select_open_input_part
 from reducers.limits import SizeLimits, limit_problem
 from server.auth import Identity
+from server.cache import Lru
 from server.channels import Applied, ChannelCore, ChannelView
 from server.errors import ActionRejected, ChannelGone
 from server.forms import chat_session
@@ -48,14 +53,35 @@ ACTION_ROOM = 1024
 
 Note = Callable[[dict[str, Any] | None], dict[str, Any] | None]
 """Makes the new ``_meta`` from the current one (None: unchanged)."""
+NOTE_INTERVAL = 0.25
+"""Seconds between two writes of one session's notes: what comes within
+them is written together (a person typing into several answers, or
+settling requests at their rate budget, sent every watcher all the notes
+with each change)."""
+
+
+@dataclass
+class _Batch:
+    """Notes waiting to be written together."""
+
+    changes: list[Note]
+    chat: str
+    written: asyncio.Future[None]
 
 
 class SessionNotes:
     """See the module docstring."""
 
-    def __init__(self, core: ChannelCore, sizes: SizeLimits | None = None) -> None:
+    def __init__(
+        self, core: ChannelCore, sizes: SizeLimits | None = None, interval: float = NOTE_INTERVAL
+    ) -> None:
         self.core = core
         self.sizes = sizes or SizeLimits()
+        self.interval = interval
+        self._waiting: dict[str, _Batch] = {}
+        """Per session, the notes waiting for the interval to pass."""
+        self._written: Lru[str, float] = Lru(4096)
+        """Per session, when its notes were last written (loop time)."""
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
         if not event.local or event.sender is None or not isinstance(event.view.state, ChatState):
@@ -64,12 +90,52 @@ class SessionNotes:
         changes = _notes_of(event.uri, event.action, event.sender, event.before)
         if session is None or not changes:
             return None
-        return self.note(session, event.uri, *changes)
+        return self._offer(session, event.uri, changes)
 
     async def note(self, session: str, chat: str, *changes: Note) -> None:
-        """Apply ``changes`` (notes on ``chat``) to the session's notes in
-        one action, dropping the oldest notes beyond the bound. Nothing is
-        noted when even ``chat``'s newest notes alone do not fit."""
+        """Apply ``changes`` (notes on ``chat``) to the session's notes,
+        dropping the oldest notes beyond the bound; returns once written."""
+        write = self._offer(session, chat, list(changes))
+        if write is not None:
+            await write
+        elif (waiting := self._waiting.get(session)) is not None:
+            await asyncio.shield(waiting.written)
+
+    def _offer(self, session: str, chat: str, changes: list[Note]) -> Awaitable[None] | None:
+        """The write of ``changes`` now, when the session's notes were not
+        written within ``interval``; else None: they join the notes waiting
+        for it to pass (written together by one background task)."""
+        loop = asyncio.get_running_loop()
+        waiting = self._waiting.get(session)
+        if waiting is not None:
+            waiting.changes.extend(changes)
+            waiting.chat = chat
+            return None
+        last = self._written.get(session)
+        wait = -1.0 if last is None else last + self.interval - loop.time()
+        if wait <= 0:
+            self._written.put(session, loop.time())
+            return self._write(session, chat, changes)
+        batch = _Batch(changes, chat, loop.create_future())
+        self._waiting[session] = batch
+        self.core.spawn(self._later(session, batch, wait))
+        return None
+
+    async def _later(self, session: str, batch: _Batch, wait: float) -> None:
+        try:
+            await asyncio.sleep(wait)
+            del self._waiting[session]
+            self._written.put(session, asyncio.get_running_loop().time())
+            await self._write(session, batch.chat, batch.changes)
+        finally:
+            if self._waiting.get(session) is batch:  # cancelled while it waited
+                del self._waiting[session]
+            if not batch.written.done():
+                batch.written.set_result(None)
+
+    async def _write(self, session: str, chat: str, changes: list[Note]) -> None:
+        """``changes`` in one action; nothing when even ``chat``'s newest
+        notes alone do not fit."""
 
         def change(state: ChannelState) -> StateAction | None:
             if not isinstance(state, SessionState):

@@ -188,3 +188,37 @@ async def test_a_note_on_an_old_chat_makes_it_the_newest_and_keeps_it(
     assert notes.notes_bytes(meta) <= NOTES
     assert list(notes.huddle_meta(meta, "requests"))[-1] == flood.quiet
     assert notes.note_of(meta, "requests", flood.current, "r29") is not None
+
+
+async def test_notes_that_come_together_are_written_together(running: RunningServer) -> None:
+    # Each note re-sends every note to every watcher (AHP replaces the whole
+    # _meta): twenty drafts in a row were twenty copies of all the notes.
+    agent = await running.client("agent", name="agent")
+    dana = await running.client(name="Dana")
+    await agent.create_session(SESSION)
+    await agent.subscribe(SESSION)
+    chat = await a_chat(agent, "drafts")
+    await ask(agent, chat, "r")
+    watcher = await Peer.ready(running.ws, running.token(name="Lee"), "lee")
+    await watcher.subscribe(SESSION)
+    await dana.subscribe(chat)
+
+    for n in range(QUESTIONS):  # each a note of its own: a new question answered
+        draft = ChatInputAnswerChanged(
+            request_id="r", question_id=question_id(n), answer=answer("draft")
+        )
+        await dana.dispatch(chat, draft)
+
+    def drafted(meta: dict[str, Any]) -> int:
+        found = notes.note_of(meta, "requests", chat, "r") or {}
+        return len(found.get("answers") or {})
+
+    changes = 0
+    async with asyncio.timeout(10 * UNIT):
+        while True:
+            envelope = await watcher.envelope()
+            if envelope["action"]["type"] == "session/metaChanged":
+                changes += 1
+                if drafted(envelope["action"]["_meta"]) == QUESTIONS:
+                    break
+    assert changes < QUESTIONS // 2  # the first at once, the rest a few at a time

@@ -50,10 +50,12 @@ const ACCESS_CHECK_TIMEOUT_MS = 10000;
  * for a missing, forged or expired token, 403 for a foreign origin
  * (server/app.py `authenticate`, asked before a socket opens too). */
 const REFUSED_STATUSES = new Set([401, 403]);
-/** The JSON-RPC code of an `initialize` the server could not answer now (its
- * store unreachable, a bug of its own): tried again. Any other error is the
- * server's refusal of this client, and trying again changes nothing. */
-const INTERNAL_ERROR = -32603;
+/** The JSON-RPC codes of an `initialize` the server could not answer now: its
+ * store unreachable or a bug of its own (-32603), or the token over a budget
+ * for now (-32011: it started too many client ids lately): tried again. Any
+ * other error is the server's refusal of this client, and trying again
+ * changes nothing. */
+const TRY_AGAIN = new Set([-32603, -32011]);
 
 /** The channel kind of a URI: 'root', 'session' or 'chat'. */
 export function channelKind(uri) {
@@ -105,7 +107,7 @@ export function accessRefusal(status, body) {
  * `{kind: 'initialize', code, reason}`.
  */
 export function initializeRefusal(error) {
-  if (!(error instanceof RpcError) || error.code === INTERNAL_ERROR) return null;
+  if (!(error instanceof RpcError) || TRY_AGAIN.has(error.code)) return null;
   return { kind: 'initialize', code: error.code, reason: error.message };
 }
 

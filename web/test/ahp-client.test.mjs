@@ -42,6 +42,7 @@ const INITIALIZE_ERRORS = [
   ['a client id held by another token', new RpcError({ code: -32009, message: 'belongs to another token' }), true],
   ['params the server cannot take', new RpcError({ code: -32602, message: 'Expected `str`' }), true],
   ['a store out of reach', new RpcError({ code: -32603, message: 'the store is unavailable' }), false],
+  ['too many new client ids lately', new RpcError({ code: -32011, message: 'this token started 30 client ids lately' }), false],
   ['the socket lost before the answer', new Error('the connection was lost'), false],
 ];
 

@@ -70,30 +70,51 @@ MAX_DEPTH: Final = 64
 AHP's own messages nest far less; anything deeper is refused before it is
 decoded, so that nothing stored can be too deep to read back."""
 
-_STRINGS: Final = re.compile(r'"(?:[^"\\]|\\.)*"')
-_PAIRS: Final = re.compile(r"\[\]|\{\}")
-_NOT_BRACKETS: Final = re.compile(r"[^\[\]{}]+")
+_STRINGS: Final = re.compile(rb'"(?:[^"\\]|\\.?)*+"?')
+"""A JSON string, or from a stray quote to the end: never failing, every
+match ends where the next search begins (one pass, however the quotes and
+backslashes are arranged)."""
+_OPENERS_AND_CLOSERS: Final = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS: Final = bytes(set(range(256)) - set(b"[]{}"))
+
+
+def _balanced(depth: int) -> bytes:
+    """A pattern for balanced brackets nesting at most ``depth`` deep; its
+    quantifiers are possessive, so it reads each bracket once."""
+    pattern = b""
+    for _ in range(depth):
+        pattern = rb"(?:\[" + pattern + rb"\])*+"
+    return pattern
+
+
+_WITHIN_MAX_DEPTH: Final = re.compile(_balanced(MAX_DEPTH))
 _LONE_SURROGATE: Final = re.compile(
     r"(?<!\\)(?:\\\\)*\\u([dD][89abAB][0-9a-fA-F]{2})(?!\\u[dD][c-fC-F])"
     r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})(?<!\\)(?:\\\\)*\\u([dD][c-fC-F][0-9a-fA-F]{2})"
 )
 
 
-def nested_too_deep(data: bytes | str | msgspec.Raw, limit: int = MAX_DEPTH) -> bool:
+def nested_too_deep(data: bytes | str | msgspec.Raw) -> bool:
     """Whether JSON text ``data`` nests arrays and objects deeper than
-    ``limit`` (brackets inside strings do not count). Cheap for ordinary
-    text: it looks closer only when there are more than ``limit`` brackets."""
-    text = _text(data)
-    if text.count("[") + text.count("{") <= limit:
+    :data:`MAX_DEPTH` (brackets inside strings do not count); False for
+    text that is not JSON at all (the decoder says what is wrong with it).
+
+    One pass over the text, in C: strings out, everything but brackets out,
+    then one match of the brackets against a pattern of balanced brackets
+    at most ``MAX_DEPTH`` deep. Free for text with few brackets."""
+    text = data.encode(errors="surrogatepass") if isinstance(data, str) else bytes(data)
+    if text.count(b"[") + text.count(b"{") <= MAX_DEPTH:
         return False
-    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))
-    for _ in range(limit):
-        shorter = _PAIRS.sub("", brackets)
-        if shorter == brackets:
-            return False  # unbalanced: not deep, just malformed
-        brackets = shorter
-        if not brackets:
-            return False
+    brackets = _STRINGS.sub(b"", text).translate(_OPENERS_AND_CLOSERS, _NOT_BRACKETS)
+    if _WITHIN_MAX_DEPTH.fullmatch(brackets) is not None:
+        return False
+    # Too deep, or unbalanced: only JSON that parses is too deep.
+    try:
+        msgspec.json.decode(text, type=msgspec.Raw)
+    except msgspec.DecodeError:
+        return False
+    except RecursionError:
+        return True
     return True
 
 
@@ -102,9 +123,14 @@ def _text(data: bytes | str | msgspec.Raw) -> str:
 
 
 def _decode(
-    decoder: msgspec.json.Decoder[T], data: bytes | str | msgspec.Raw, prefix: str, code: int
+    decoder: msgspec.json.Decoder[T],
+    data: bytes | str | msgspec.Raw,
+    prefix: str,
+    code: int,
+    *,
+    depth_checked: bool = False,
 ) -> T:
-    if nested_too_deep(data):
+    if not depth_checked and nested_too_deep(data):
         raise MalformedFrame(ErrorCode.PARSE_ERROR, f"JSON nested deeper than {MAX_DEPTH} levels")
     try:
         return decoder.decode(data)
@@ -243,14 +269,16 @@ def unknown_method(method: str) -> MalformedFrame:
 
 
 def decode_params(method: str, params: msgspec.Raw) -> Any:
-    """Decode the params of ``method``; raises :class:`MalformedFrame` with
+    """Decode the params of ``method``, a request's from
+    :func:`decode_request` (which checked their depth with the whole frame:
+    it is not checked twice); raises :class:`MalformedFrame` with
     ``METHOD_NOT_FOUND`` for an unknown method."""
     decoder = PARAMS.get(method)
     if decoder is None:
         raise unknown_method(method)
     if not params:
         raise MalformedFrame(ErrorCode.INVALID_PARAMS, "missing params", "$.params")
-    return _decode(decoder, params, "$.params", ErrorCode.INVALID_PARAMS)
+    return _decode(decoder, params, "$.params", ErrorCode.INVALID_PARAMS, depth_checked=True)
 
 
 def decode_response(data: bytes | str) -> IncomingResponse:

@@ -1169,6 +1169,27 @@ def test_many_shallow_brackets_are_not_deep() -> None:
     assert not nested_too_deep("[" + ",".join(["{}"] * 10_000) + "]")
 
 
+DEEP_IN_STRINGS: list[Any] = [
+    pytest.param('["\\"' + "[" * 100 + '"]', False, id="escaped-quote-then-brackets-in-a-string"),
+    pytest.param('["\\\\", ' + nested(65) + "]", True, id="escaped-backslash-ends-the-string"),
+    pytest.param('["\\\\\\"' + "{" * 70 + '"]', False, id="escaped-backslash-and-quote"),
+    pytest.param('[{"a[": "]"}, ' + nested(63) + "]", False, id="keys-and-values-with-brackets"),
+    pytest.param('[{"a[": "]"}, [' + nested(63) + "]]", True, id="deep-after-bracketed-strings"),
+    pytest.param('[["a",' * 40 + '"' + "]" * 80, False, id="a-stray-quote-hides-the-rest"),
+    pytest.param("[" * 65 + '"' + '\\"' * 1000, False, id="an-unterminated-string"),
+    pytest.param("[" * 65 + "}" * 65, False, id="mismatched-brackets-are-malformed-not-deep"),
+    pytest.param("[" * 70 + "]" * 71, False, id="one-closer-too-many"),
+    pytest.param('{"a":' + nested(64) + "}", True, id="an-object-around-64-arrays"),
+]
+
+
+@pytest.mark.parametrize(("text", "deep"), DEEP_IN_STRINGS)
+def test_depth_is_read_past_strings_whatever_they_hold(text: str, deep: bool) -> None:
+    assert nested_too_deep(text) is deep
+    assert nested_too_deep(text.encode()) is deep
+    assert nested_too_deep(msgspec.Raw(text.encode())) is deep
+
+
 @pytest.mark.parametrize(
     ("escape", "half"),
     [pytest.param("\\ud800", "d800", id="high"), pytest.param("\\udc00x", "dc00", id="low")],

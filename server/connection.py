@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from protocol.codec import encode
 from protocol.messages import ErrorResponse, RequestId, Response, RpcError
@@ -35,6 +35,13 @@ CLOSE_POLICY = 1008
 CLOSE_INTERNAL = 1011
 CLOSE_RESYNC = 1012
 CLOSE_TRY_AGAIN = 1013
+
+
+MALFORMED_WEIGHT_CHARS: Final = 16 << 10
+"""A malformed frame weighs one more for every this many characters: what
+it costs to read grows with its size (a megabyte weighs 65, so that with
+the default ``flood_close_after`` sixteen of them in a row close the
+connection, where a thousand small ones do)."""
 
 
 Send = Callable[[str], Awaitable[None]]
@@ -70,6 +77,7 @@ class Connection:
         "handler",
         "limited_in_a_row",
         "limits",
+        "malformed_in_a_row",
         "may_see",
         "metrics",
         "numbering",
@@ -110,6 +118,8 @@ class Connection:
         self._sending = False
         self._abandoned = False
         self.limited_in_a_row = 0
+        self.malformed_in_a_row = 0
+        """The weight of this client's malformed frames since its last good one."""
 
     # ─── Output ──────────────────────────────────────────────────────────
 
@@ -268,3 +278,16 @@ class Connection:
         self.limited_in_a_row += 1
         if self.limited_in_a_row >= self.limits.flood_close_after:
             self.shut(CLOSE_POLICY, "too many actions: flood")
+
+    def count_frame(self, malformed_size: int | None) -> None:
+        """Count one incoming frame: None for a good one, else the size (in
+        characters) of a malformed one, which weighs one and one more per
+        ``MALFORMED_WEIGHT_CHARS`` it holds. A client whose malformed frames
+        in a row weigh ``flood_close_after`` is closed (1008), as one whose
+        actions keep being rate-limited is (:meth:`count_action`)."""
+        if malformed_size is None:
+            self.malformed_in_a_row = 0
+            return
+        self.malformed_in_a_row += 1 + malformed_size // MALFORMED_WEIGHT_CHARS
+        if self.malformed_in_a_row >= self.limits.flood_close_after:
+            self.shut(CLOSE_POLICY, "too many malformed frames: flood")

@@ -208,16 +208,22 @@ class Rpc:
     # ─── Frames ──────────────────────────────────────────────────────────
 
     async def receive_frame(self, text: str) -> None:
-        """Handle one incoming frame."""
+        """Handle one incoming frame; malformed ones count toward closing a
+        flooder (:meth:`Connection.count_frame`), by number and size."""
         try:
             request = decode_request(text)
         except MalformedFrame as error:
             self._malformed(None, error)
+            self.connection.count_frame(len(text))
             return
         try:
-            await self._handle(request)
+            if not await self._handle(request):
+                self.connection.count_frame(len(text))
+                return
         except MalformedFrame as error:
             self._malformed(request.id, error)
+            self.connection.count_frame(len(text))
+            return
         except CommandError as error:
             self.connection.error(request.id, error.code, error.message, error.data)
             if error.code == ErrorCode.UNSUPPORTED_PROTOCOL_VERSION:
@@ -225,12 +231,15 @@ class Rpc:
         except StoreUnavailable as error:
             # Fail fast and say so; the socket stays open for when it is back.
             self.connection.error(request.id, ErrorCode.INTERNAL_ERROR, str(error))
+        self.connection.count_frame(None)
 
     def _malformed(self, request_id: Any, error: MalformedFrame) -> None:
         data = {"path": error.path} if error.path else None
         self.connection.error(request_id, error.code, str(error), data)
 
-    async def _handle(self, request: Request) -> None:
+    async def _handle(self, request: Request) -> bool:
+        """Serve ``request``; False when it was malformed all the same (an
+        action that does not decode, answered by its echo)."""
         method = request.method
         if request.id is None:
             notification = _NOTIFICATIONS.get(method)
@@ -245,10 +254,10 @@ class Rpc:
             except MalformedFrame as error:
                 if method != "dispatchAction" or not await self._echo_undecodable(request, error):
                     raise
-                return
+                return False
             with _arguments_under_params():
                 await notification(self, params)
-            return
+            return True
         handler = _REQUESTS.get(method)
         if handler is None:
             if method in _NOTIFICATIONS:
@@ -265,6 +274,7 @@ class Rpc:
             self.connection.respond(request.id, self._numbered(result))
         finally:
             self.connection.release_parked()
+        return True
 
     def _numbered(self, result: Any) -> Any:
         """``result`` in this connection's numbering, as it goes out now:

@@ -165,6 +165,80 @@ async def test_connection_keeps_working_after_a_bad_frame(
     await assert_still_serving(huddle, SESSION)
 
 
+DEEP = "[" * 62 + "]" * 62
+"""62 arrays in params in a frame: 64 deep, as deep as a peer may nest."""
+
+
+def too_deep(trees: int) -> str:
+    """A ping nested one level too deep, ``trees`` times over: a parse error."""
+    params = '{"channel":"ahp-root://","x":[' + ",".join(["[" + DEEP + "]"] * trees) + "]}"
+    return '{"jsonrpc":"2.0","id":1,"method":"ping","params":' + params + "}"
+
+
+@pytest.mark.parametrize(
+    ("frame", "answers"),
+    [
+        pytest.param(too_deep(1), 5, id="too-deep"),
+        pytest.param('{"jsonrpc": "2.0", "id": 1, "method": ', 5, id="not-json"),
+        pytest.param(rpc("frobnicate", {}, 7), 5, id="unknown-method"),
+        # No echo for a channel that does not exist.
+        pytest.param(dispatch_frame(TURN_STARTED_WITH_NUMBER_ID), 0, id="undecodable-action"),
+    ],
+)
+async def test_malformed_frames_in_a_row_close_with_1008(
+    limited: RunningServer, frame: Frame | str, answers: int
+) -> None:
+    peer = await Peer.ready(limited.ws, limited.token(role="observer"), "junk")
+
+    for _ in range(5):  # flood_close_after
+        await peer.send(frame)
+
+    assert await peer.close_code() == 1008
+    assert len(peer.backlog) == answers
+    await assert_still_serving(limited, "ahp-session:/after-the-junk")
+
+
+async def test_a_good_frame_between_malformed_ones_keeps_the_connection(
+    limited: RunningServer,
+) -> None:
+    peer = await Peer.ready(limited.ws, limited.token(role="observer"), "clumsy")
+
+    for _ in range(3):
+        for _ in range(4):  # one short of flood_close_after
+            await peer.send(too_deep(1))
+        assert "result" in await peer.request("ping", {"channel": ROOT_URI})
+
+    errors = [frame["error"]["message"] for frame in peer.backlog]
+    assert errors == ["JSON nested deeper than 64 levels"] * 12
+
+
+@pytest.fixture
+async def roomy() -> AsyncIterator[RunningServer]:
+    """1 MiB frames (the default), close after 100 malformed in a row."""
+    settings = Settings(port=0, limits=Limits(flood_close_after=100))
+    running = await start_server(settings)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+async def test_big_malformed_frames_close_sooner_than_small_ones(roomy: RunningServer) -> None:
+    big = await Peer.ready(roomy.ws, roomy.token(role="observer"), "big-junk")
+    frame = too_deep(4000)  # 496 KiB: weighs 1 + 31, four of them 128
+    assert 31 * 16384 < len(frame) < 32 * 16384
+
+    for _ in range(4):
+        await big.send(frame)
+
+    assert await big.close_code() == 1008
+    assert len(big.backlog) == 4
+    small = await Peer.ready(roomy.ws, roomy.token(role="observer"), "small-junk")
+    for _ in range(99):  # one each: short of 100
+        await small.send(too_deep(1))
+    assert "result" in await small.request("ping", {"channel": ROOT_URI})
+
+
 # ─── Initialization ──────────────────────────────────────────────────────────
 
 

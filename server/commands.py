@@ -292,9 +292,11 @@ class Commands:
         by ``initial_message`` as ``sender`` (the token's identity when None)
         dispatches it from ``client_id``. Spends one action of the token's
         budget. Raises CommandError or MalformedFrame (:func:`refused`) for
-        a budget spent, a session full of chats, a working directory the
-        session does not have (AHP: MUST reject), an initial message the
-        policy or the rules refuse: then no chat is created."""
+        a budget spent, a session full of chats, a chat URI that is taken
+        (AlreadyExists: the same answer whichever session holds it, seen by
+        this token or not), a working directory the session does not have
+        (AHP: MUST reject), an initial message the policy or the rules
+        refuse: then no chat is created."""
         self.allow(grant, Command.CREATE_CHAT)
         expect_kind(session, "session")
         expect_kind(chat, "chat", "$.chat")

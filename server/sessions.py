@@ -131,7 +131,7 @@ class Sessions:
         which the caller checked are the session's
         (:func:`reducers.validation.working_directories_problem`).
 
-        Raises CommandError (-32010) when the chat exists, ActionRejected
+        Raises CommandError (-32010) when the URI is taken, ActionRejected
         (``too-many``) when the session holds as many chats as it may (no
         chat is left behind)."""
         view = await self.core.view(session)
@@ -148,7 +148,12 @@ class Sessions:
         if (refusal := self._catalog_refusal(view, added)) is not None:
             raise ActionRejected.of(refusal)
         if not await self.core.create(chat, state):
-            raise CommandError(ErrorCode.ALREADY_EXISTS, f"chat {chat} already exists")
+            # Chat URIs are one namespace for every session: whoever holds
+            # it, the answer is the same and says nothing about its chat.
+            raise CommandError(
+                ErrorCode.ALREADY_EXISTS,
+                f"the chat URI {chat} is taken: choose another (ahp-chat:/<uuid>)",
+            )
         try:
             await self.core.write(session, added, validate=self._catalog_refusal)
         except ActionRejected:

@@ -283,6 +283,33 @@ async def test_a_token_scoped_to_a_session_cannot_change_the_root_channel(
     assert (await huddle.server.host.view(ROOT_URI)).seq == before
 
 
+async def test_a_scoped_token_cannot_tell_a_chat_of_another_session_by_its_uri(
+    huddle: RunningServer,
+) -> None:
+    own_chat = await chat_of(huddle)
+    agent = await huddle.client("agent", name="agent")
+    await agent.create_session("ahp-session:/elsewhere")
+    elsewhere = await agent.subscribe("ahp-session:/elsewhere")
+    assert isinstance(elsewhere.state, SessionState)
+    other_chat = elsewhere.state.default_chat
+    assert other_chat is not None
+    scoped = await Peer.ready(huddle.ws, huddle.token(sessions=[SESSION], name="s"), "scoped")
+
+    answers = [
+        (await scoped.request("createChat", {"channel": SESSION, "chat": chat}))["error"]
+        for chat in (other_chat, own_chat)
+    ]
+
+    # AHP: AlreadyExists; one answer for any taken URI, naming no session.
+    assert answers == [
+        {
+            "code": -32010,
+            "message": f"the chat URI {chat} is taken: choose another (ahp-chat:/<uuid>)",
+        }
+        for chat in (other_chat, own_chat)
+    ]
+
+
 async def test_a_root_action_that_changes_nothing_is_not_stored(huddle: RunningServer) -> None:
     # Huddle's root channel has no config schema: a config change is a no-op.
     peer = await Peer.ready(huddle.ws, huddle.token(name="p"), "p")

@@ -20,7 +20,7 @@ Each snapshot a reconnect answers is a read (half an action, and one more
 per whole 64 KiB), charged to the token's budget as a debt its next
 requests wait out, never refused: a client is not turned away as it comes
 back. Channels named twice are answered once, and what does not fit in
-one answer's budget (half the send buffer) is left out: no snapshot (a
+one answer's budget (what the client may leave unread) is left out: no snapshot (a
 plain client's) or ``missing`` (cursors); the client may subscribe to it
 on its own.
 
@@ -166,7 +166,7 @@ async def resume_plain(
                 rpc.add_subscription(uri)
         return ReconnectReplay(actions=replayed, missing=missing)
     snapshots: list[Snapshot] = []
-    room = Room(rpc.frame_budget)
+    room = Room(rpc.answer_budget)
     for uri in reachable:
         try:
             snapshot = await rpc.host.core.subscribe(uri, rpc.connection)
@@ -191,7 +191,7 @@ async def resume_channels(rpc: Rpc, cursors: list[ChannelCursor]) -> ReconnectRe
     reached = await reach_all(rpc, paths)
     resumes: list[Resume] = []
     share = rpc.frame_budget // max(1, len(cursors))
-    room = Room(rpc.frame_budget)
+    room = Room(rpc.answer_budget)
     for cursor in cursors:
         uri = cursor.channel
         if uri not in reached:

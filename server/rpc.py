@@ -68,7 +68,7 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import ROOT_URI
 from server import presence
 from server.auth import Grant
-from server.commands import Commands, not_found, refused
+from server.commands import PAGE_MARGIN, Commands, not_found, refused
 from server.config import Limits
 from server.connection import CLOSE_NORMAL, Connection
 from server.errors import (
@@ -330,7 +330,7 @@ class Rpc:
         wanted = list(dict.fromkeys(params.initial_subscriptions or []))
         share = min(len(wanted), self.limits.max_subscriptions)
         snapshots: list[Snapshot] = []
-        room = Room(self.frame_budget)
+        room = Room(self.answer_budget)
         try:
             for uri in wanted:
                 if len(self.subscriptions) >= self.limits.max_subscriptions:
@@ -411,6 +411,16 @@ class Rpc:
         # Half an action spent up front, what it took as a debt.
         self.commands.charge_snapshots(self.grant, 0, len(encode(snapshot)))
         return SubscribeResult(snapshot=snapshot)
+
+    @property
+    def answer_budget(self) -> int:
+        """The bytes an answer naming several channels may take (their
+        snapshots each windowed to a share of :attr:`frame_budget`, though
+        one that cannot be windowed, a streaming turn's parts, may take
+        more): short of what the client may leave unread, so that the answer
+        never cuts its own connection off. A snapshot that does not fit in
+        what is left is left out."""
+        return self.limits.send_buffer - PAGE_MARGIN
 
     @property
     def frame_budget(self) -> int:

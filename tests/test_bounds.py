@@ -521,13 +521,13 @@ async def test_the_snapshots_of_initialize_and_reconnect_are_charged_not_refused
 async def test_initialize_and_reconnect_answer_each_channel_once_and_within_one_answer() -> None:
     # One frame naming a session 500 times was answered with 500 snapshots
     # (gigabytes for a large session); sessions are not windowed as chats are.
-    budget = (32 << 10) // 2
+    budget = 32 << 10
     running = await start_server(Settings(port=0, limits=Limits(send_buffer=32 << 10)))
     try:
         maker = await Peer.ready(running.ws, AGENT_TOKEN, "maker", extensions=())
         sessions = [f"ahp-session:/wide-{n}" for n in range(4)]
-        for n, session in enumerate(sessions):  # about 6 KiB each: two fit in 16 KiB
-            dirs = [f"file:///{n}/{d}/" + "d" * 1000 for d in range(6)]
+        for n, session in enumerate(sessions):  # about 12 KiB each: two fit in 32 KiB
+            dirs = [f"file:///{n}/{d}/" + "d" * 1000 for d in range(12)]
             made = await maker.request(
                 "createSession", {"channel": session, "workingDirectories": dirs}
             )

@@ -17,12 +17,15 @@ from typing import Any
 import pytest
 
 from protocol.actions import (
+    ChatDelta,
     ChatDraftChanged,
+    ChatResponsePart,
     ChatTurnComplete,
     ChatTurnStarted,
     SessionTitleChanged,
     StateAction,
 )
+from protocol.chat import MarkdownPart
 from protocol.codec import convert, convert_state, encode, to_builtins
 from protocol.messages import ActionEnvelope, ChannelState
 from protocol.uris import ROOT_URI, channel_kind
@@ -534,3 +537,30 @@ async def test_a_plain_client_reconnecting_to_another_process_misses_nothing(
         for served in (first, second):
             served.process.kill()
             await served.process.wait()
+
+
+async def test_reconnect_after_missing_more_than_half_the_buffer_of_a_streaming_turn(
+    cramped: RunningServer,
+) -> None:
+    # A streaming turn's parts cannot be windowed: its snapshot may take more
+    # than a subscription's share of an answer, and must still be sent.
+    agent, chat = await agent_session(cramped)
+    began = ChatTurnStarted(
+        turn_id="t1", started_at="2026-11-30T10:00:00Z", message=user_message("go")
+    )
+    await agent.dispatch_and_wait(chat, began)
+    part = MarkdownPart(id="m", content="")
+    await agent.dispatch_and_wait(chat, ChatResponsePart(turn_id="t1", part=part))
+    client = PlainClient(cramped.ws, cramped.token(name="p"), "plain-stream")
+    await client.connect([ROOT_URI, SESSION, chat])
+    client.drop()
+    for _ in range(8):  # 40 KB missed, more than half of 64 KiB
+        await agent.dispatch_and_wait(
+            chat, ChatDelta(turn_id="t1", part_id="m", content="x" * 5000)
+        )
+
+    result = await client.reconnect()
+
+    assert result["type"] == "snapshot"
+    assert [s["resource"] for s in result["snapshots"]] == [ROOT_URI, SESSION, chat]
+    await same_as_server(cramped, client)

@@ -309,8 +309,9 @@ class DirectWriter:
 Handler = Callable[[Request, Server, Grant], Awaitable[Response]]
 
 AUDIT_RECORDS_PER_COST: Final = 100
-"""An audit export costs one action more per whole 100 records (as a
-debt): about the bytes of a snapshot's 64 KiB."""
+"""An audit export costs one action more per whole 100 records or per whole
+64 KiB of it, whichever is more (as a debt, however large: see
+read_audit)."""
 ROUTE_COSTS: Final[dict[str, float | None]] = {
     "/api/sessions": None,
     "/api/snapshot": READ_COST,
@@ -490,7 +491,12 @@ def _positive(value: str | None, path: str) -> int | None:
 
 async def read_audit(request: Request, server: Server, grant: Grant) -> Response:
     """The session's audit as JSON Lines (server.audit), streamed; its
-    records are charged to the token (a debt) before the first is read."""
+    records and bytes are charged to the token (a debt) before the first is
+    read. Unlike any other answer its cost is not capped at the burst: an
+    export's bytes are whatever the session holds (up to
+    ``--audit-max-bytes``), so a token that exports a large audit waits its
+    size out before its next request (the last record says the audit's
+    bytes before it: server.audit)."""
     server.commands.allow(grant, Command.READ_AUDIT)
     uri = request.query_params.get("session", "")
     if not uri.startswith(SESSION_SCHEME):
@@ -501,8 +507,15 @@ async def read_audit(request: Request, server: Server, grant: Grant) -> Response
     if last is None:
         await server.commands.snapshot(grant, uri)  # 404 when there is no such session
     else:
-        records = int(decode_json(last)["n"])  # records are numbered from 1
-        server.commands.charge(grant, records // AUDIT_RECORDS_PER_COST)
+        head = decode_json(last)
+        records = int(head["n"])  # records are numbered from 1
+        before = head.get("bytes")
+        size = len(last) + records + (before if isinstance(before, int) else 0)
+        cost = max(records // AUDIT_RECORDS_PER_COST, size // SNAPSHOT_BYTES_PER_COST)
+        burst = server.commands.budgets.budget_of(grant).burst
+        while cost > 0:  # each charge is capped at the burst: the debt is not
+            server.commands.charge(grant, min(cost, burst))
+            cost -= burst
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in channel_id(uri))
 
     async def lines() -> AsyncIterator[bytes]:

@@ -1,10 +1,10 @@
 """A session's audit: who did what, as a hash chain anyone can check.
 
 Every accepted action a person or an agent made in a session's chats that
-matters afterwards (a turn started, completed, cancelled or failed; a
-question asked, an answer drafted, a request completed; a tool call waiting
-for approval, approved or denied (with its reason and edited input), its
-result) becomes one record of the session's audit, and so does every
+matters afterwards (a turn started, completed, cancelled, failed or
+truncated away; a question asked, an answer drafted, a request completed;
+a tool call waiting for approval, approved or denied (with its reason and
+edited input), its result) becomes one record of the session's audit, and so does every
 resume the runner took (its command and the metadata saying who resumed
 it). Drafts are recorded when their author or state changes, not per
 keystroke. A record, one JSON object (one line of an export)::
@@ -14,7 +14,8 @@ keystroke. A record, one JSON object (one line of an export)::
      "who": {"role": "participant", "name": "Lee", "token": "t-1f0c"},
      "origin": {"clientId": "web-3", "clientSeq": 4},
      "action": {...the action as on the wire...},
-     "redacted": ["answers/password"],
+     "asked": {...the request it completed...},
+     "redacted": ["answers/password"], "bytes": 1234,
      "prev": "<hash of record 2>", "hash": "<this record's hash>"}
 
 ``who`` is the server's identity of the sender (the token's role, name and
@@ -36,14 +37,26 @@ request's frozen JSON Schema), or the server redacts every value
 (``--audit-values redact``: answers and tool input); a redacted value reads
 ``"[redacted]"`` and its path is listed in ``redacted``.
 
-A session's audit holds at most ``max_records``: the last one then says
+Bounds: a string longer than ``FIELD_BYTES`` (a 64 KiB message, a tool's
+input) is kept as ``{"sha256", "bytes", "head"}`` (the digest of its
+UTF-8, its size, its first KiB), and a record still larger than
+``RECORD_BYTES`` keeps each larger part of its action the same way (of the
+part as canonical JSON, with ``"json": true``); their paths are listed in
+``elided`` (``verify`` checks each leads to a digest, and counts them).
+Each record says in ``bytes`` how many bytes of records came before it, so
+the last one tells every process the audit's size. A session's audit holds
+at most ``max_records`` and ``max_bytes``: the last record then says
 ``"what": "audit/full"`` and nothing more is recorded (the chain stays
-whole). Its last tenth is a reserve, opened by a record ``"what":
-"audit/reserve"``: from there on only decisive records are written (a
-request completed, a tool call decided, the runner's resume), not what
-people can make as often as they like (drafts, turns started or
-cancelled, and what the agent does in each), so that nobody can fill an
-audit to keep the answers out of it.
+whole). Its last tenth (of either) is a reserve, opened by a record
+``"what": "audit/reserve"``: from there on only decisive records are
+written (a request completed, a tool call decided, each with ``asked``:
+what it decided on, as the chat showed it; the runner's resume; a
+truncation, with ``removed``: the turns it took away), not what people can
+make as often as they like (drafts, turns started or cancelled, and what
+the agent does in each, its questions among them, which the decisions
+carry), so that nobody can fill an audit to keep the answers out of it. A
+participant's truncations count as decisive only ``TRUNCATIONS_PER_SESSION``
+times a session.
 
 Records of one process are appended in the order it accepted the actions;
 the store's compare-and-set orders processes.
@@ -70,13 +83,15 @@ from protocol.actions import (
     ChatToolCallComplete,
     ChatToolCallConfirmed,
     ChatToolCallReady,
+    ChatTruncated,
     ChatTurnCancelled,
     ChatTurnComplete,
     ChatTurnStarted,
     StateAction,
     action_type,
 )
-from protocol.chat import ChatState
+from protocol.chat import ChatState, ToolCallPendingConfirmation
+from reducers.chat import select_open_input_part, select_tool_call
 from reducers.clock import iso_time
 from server.auth import Identity
 from server.cache import Lru
@@ -105,8 +120,20 @@ RESERVED_SHARE: Final = 10
 DRAFTS_PER_REQUEST: Final = 100
 """Draft records one request gets at most (in one process's lifetime): its
 completion, and everything else, is recorded whatever drafting came first."""
-"""The audits whose session was disposed, and when (ms): server.retention
-removes them once they are old enough."""
+MAX_BYTES: Final = 256 << 20
+"""Bytes of records a session's audit holds at most (its last tenth, as of
+its records, is the reserve)."""
+TRUNCATIONS_PER_SESSION: Final = 100
+"""A participant's truncations one session's audit keeps in its reserve (in
+one process's lifetime): each is recorded until the reserve opens, the
+agent's always."""
+FIELD_BYTES: Final = 1024
+"""A string of a record longer than this (UTF-8) is kept as its digest."""
+RECORD_BYTES: Final = 16 << 10
+"""A record larger than this keeps each larger part of its action as a
+digest too."""
+ELIDED: Final = "elided"
+"""The key of a record listing the paths of the values kept as a digest."""
 
 AUDITED: Final = (
     ChatTurnStarted,
@@ -119,6 +146,7 @@ AUDITED: Final = (
     ChatToolCallReady,
     ChatToolCallConfirmed,
     ChatToolCallComplete,
+    ChatTruncated,
 )
 AuditValues = Literal["keep", "redact"]
 
@@ -157,11 +185,13 @@ class Verified:
     head: str
     """The last record's hash (GENESIS for an empty audit)."""
     session: str | None
+    elided: int = 0
+    """Values kept only as their digest (a record's ``elided`` paths)."""
 
 
 def verify(lines: Iterable[bytes | str]) -> Verified:
     """Check a session's records, in order; raises AuditBroken."""
-    prev, n, session = GENESIS, 0, None
+    prev, n, session, elided = GENESIS, 0, None, 0
     for line_no, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -189,8 +219,29 @@ def verify(lines: Iterable[bytes | str]) -> Verified:
             session = record.get("session")
         elif record.get("session") != session:
             raise AuditBroken(line_no, "a record of another session")
+        elided += _elided(line_no, record)
         prev, n = claimed, n + 1
-    return Verified(records=n, head=prev, session=session)
+    return Verified(records=n, head=prev, session=session, elided=elided)
+
+
+def _elided(line_no: int, record: Record) -> int:
+    """How many values ``record`` keeps as a digest (its ``elided`` paths,
+    each of which must lead to one); raises AuditBroken."""
+    paths = record.get(ELIDED, [])
+    if not isinstance(paths, list):
+        raise AuditBroken(line_no, "elided is not a list of paths")
+    for path in paths:
+        value: Any = record
+        for step in str(path).split("/"):
+            if isinstance(value, list) and step.isdigit() and int(step) < len(value):
+                value = value[int(step)]
+            elif isinstance(value, dict) and step in value:
+                value = value[step]
+            else:
+                raise AuditBroken(line_no, f"elided names {path!r}, which it does not hold")
+        if not (isinstance(value, dict) and isinstance(value.get("sha256"), str)):
+            raise AuditBroken(line_no, f"elided names {path!r}, which is not a digest")
+    return len(paths)
 
 
 def _twice(line: bytes) -> bool:
@@ -227,6 +278,8 @@ class _Pending:
     body: Record
     form: tuple[str, str] | None
     """(chat, request id) whose frozen form says what to redact."""
+    decisive: bool
+    """Whether the reserve is kept for it (see DECISIVE)."""
     done: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -251,6 +304,7 @@ class AuditTrail:
         session_of: Callable[[str], str | None],
         values: AuditValues = "keep",
         max_records: int = 100_000,
+        max_bytes: int = MAX_BYTES,
     ) -> None:
         self.store = store
         self.forms = forms
@@ -260,10 +314,12 @@ class AuditTrail:
         self.values = values
         self.max_records = max_records
         self._chains: dict[str, _Chain] = {}
-        self._heads: Lru[str, tuple[int, str]] = Lru(1024)
+        self._heads: Lru[str, _Head] = Lru(1024)
         self._drafts: Lru[tuple[str, str, str], tuple[object, ...]] = Lru(4096)
         self._drafted: Lru[tuple[str, str], int] = Lru(4096)
         self.drafts_per_request = DRAFTS_PER_REQUEST
+        self._truncations: Lru[str, int] = Lru(4096)
+        self.max_bytes = max_bytes
         self._tasks: set[asyncio.Task[None]] = set()
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
@@ -286,7 +342,23 @@ class AuditTrail:
         }
         if event.envelope.origin is not None:
             body["origin"] = msgspec.to_builtins(event.envelope.origin)
-        return self.record(session, body, _form_of(event.uri, action))
+        if isinstance(event.before, ChatState):
+            body.update(_context(event.before, action))
+        decisive = None
+        if isinstance(action, ChatTruncated):
+            decisive = self._truncation_kept(session, event.sender)
+        return self.record(session, body, _form_of(event.uri, action), decisive=decisive)
+
+    def _truncation_kept(self, session: str, sender: Identity | None) -> bool:
+        """Whether a truncation is decisive: the agent's (or the server's)
+        always, a participant's while the session has had fewer than
+        ``TRUNCATIONS_PER_SESSION`` (a person can start, cancel and truncate
+        turns at will; the reserve must not fill with that)."""
+        if sender is None or sender.role == "agent":
+            return True
+        made = self._truncations.get(session) or 0
+        self._truncations.put(session, made + 1)
+        return made < TRUNCATIONS_PER_SESSION
 
     def runner_listener(self, event: RunnerEvent) -> None:
         """A runner listener: a resume the runner took is recorded (in the
@@ -328,12 +400,18 @@ class AuditTrail:
             log.exception("an audit record could not be written yet")
 
     def record(
-        self, session: str, body: Record, form: tuple[str, str] | None = None
+        self,
+        session: str,
+        body: Record,
+        form: tuple[str, str] | None = None,
+        *,
+        decisive: bool | None = None,
     ) -> Awaitable[None]:
         """Queue ``body`` as the session's next record (now, in this order);
-        the awaitable ends once it is in the store."""
+        the awaitable ends once it is in the store. ``decisive`` says
+        whether the reserve is kept for it (None: by its ``what``)."""
         chain = self._chains.setdefault(session, _Chain())
-        pending = _Pending(body, form)
+        pending = _Pending(body, form, _decisive(body) if decisive is None else decisive)
         if len(chain.queue) >= MAX_QUEUED:
             log.error("audit of %s: a record was dropped, the store is not keeping up", session)
             pending.done.set_result(None)
@@ -358,32 +436,45 @@ class AuditTrail:
         await mine.done
 
     async def _append(self, session: str, pending: _Pending) -> None:
-        body = await self._redacted(pending)
+        body = bounded(await self._redacted(pending))
+        decisive = pending.decisive
         head = self._heads.get(session)
         for _ in range(MAX_ATTEMPTS):
             if head is None:
                 head = _head_of(await self.store.last_audit(session))
-            n, prev = head
-            reserved = self.max_records - self.max_records // RESERVED_SHARE
-            if n >= self.max_records or (n >= reserved and not _decisive(body)):
-                return  # full (said so), or in the reserve, which is not for this
+            if head.full or head.n >= self.max_records:
+                return  # full, and said so
             written = body
-            if n + 1 == self.max_records:
-                written = _marker(body, session, "audit/full")
-            elif n + 1 == reserved:
+            reserved = self._reserved(head.n, head.total)
+            opened = self._reserved(head.n - 1, head.before)  # and said so
+            if reserved and opened and not decisive:
+                return  # in the reserve, which is not for this
+            if head.n + 1 >= self.max_records or head.total >= self.max_bytes:
+                written = _marker(body, session, FULL)
+            elif reserved and not opened:
                 written = _marker(body, session, "audit/reserve")
-            line, digest = seal(written, n + 1, prev)
+            line, digest = seal({**written, "bytes": head.total}, head.n + 1, head.prev)
             try:
-                await self.store.append_audit(session, n + 1, line)
+                await self.store.append_audit(session, head.n + 1, line)
             except SeqConflict:
                 head = None  # another process appended: read its head
                 continue
-            head = (n + 1, digest)
+            what = written["what"]
+            head = _Head(head.n + 1, digest, head.total + len(line), head.total, what == FULL)
             self._heads.put(session, head)
-            if written is body or not _decisive(body) or written["what"] == "audit/full":
+            if written is body or not decisive or what == FULL:
                 return
             # The reserve's marker took its place: the record itself follows.
         raise StoreUnavailable(f"the audit of {session} is too busy to write now")
+
+    def _reserved(self, n: int, total: int) -> bool:
+        """Whether an audit of ``n`` records (``total`` bytes) keeps the rest
+        for decisive records: the record after it would be past nine tenths
+        of the records, or it holds nine tenths of the bytes."""
+        if n < 0:
+            return False
+        records = self.max_records - self.max_records // RESERVED_SHARE
+        return n + 1 >= records or total >= self.max_bytes - self.max_bytes // RESERVED_SHARE
 
     async def _redacted(self, pending: _Pending) -> Record:
         body = pending.body
@@ -396,6 +487,10 @@ class AuditTrail:
                     sensitive = sensitive_fields(form.schema)
         action = body.get("action")
         paths = _redact(action, sensitive) if isinstance(action, dict) else []
+        asked = body.get("asked")
+        if sensitive is None and isinstance(asked, dict) and "toolInput" in asked:
+            asked["toolInput"] = REDACTED
+            paths.append("asked/toolInput")
         if not paths:
             return body
         return {**body, "redacted": paths}
@@ -421,9 +516,14 @@ class AuditTrail:
         return True
 
 
-DECISIVE: Final = frozenset({"chat/inputCompleted", "chat/toolCallConfirmed", "runner/resumed"})
-"""What the reserve is kept for: a request completed, a tool call decided,
-and the resume they made."""
+DECISIVE: Final = frozenset(
+    {"chat/inputCompleted", "chat/toolCallConfirmed", "runner/resumed", "chat/truncated"}
+)
+"""What the reserve is kept for: a request completed, a tool call decided
+(each carrying what it decided on, ``asked``), the resume they made, and
+turns truncated away (a participant's only so often:
+``TRUNCATIONS_PER_SESSION``)."""
+FULL: Final = "audit/full"
 
 
 def _decisive(body: Record) -> bool:
@@ -432,6 +532,79 @@ def _decisive(body: Record) -> bool:
     and cancelled) or through the agent (each turn a person starts makes
     the agent and the server act)."""
     return body.get("what") in DECISIVE
+
+
+def _context(before: ChatState, action: StateAction) -> Record:
+    """What a decision decided on, as the chat showed it just before
+    (``asked``: the request without its drafts, the tool call waiting for
+    confirmation), and what a truncation removed (``removed``: the turns'
+    ids, and the active turn's): so that a decision is never on record
+    without its subject, even once the request's own record was left out."""
+    active = before.active_turn
+    match action:
+        case ChatInputCompleted() if active is not None:
+            found = select_open_input_part(active.response_parts, action.request_id)
+            if found is not None:
+                asked = msgspec.to_builtins(found[1].request)
+                asked.pop("answers", None)
+                return {"asked": asked}
+        case ChatToolCallConfirmed():
+            call = select_tool_call(before, action.tool_call_id)
+            if isinstance(call, ToolCallPendingConfirmation):
+                return {"asked": msgspec.to_builtins(call)}
+        case ChatTruncated():
+            if action.turn_id is None:
+                kept = 0
+            else:
+                ids = [turn.id for turn in before.turns]
+                kept = ids.index(action.turn_id) + 1 if action.turn_id in ids else len(ids)
+            removed: Record = {"turns": [turn.id for turn in before.turns[kept:]]}
+            if active is not None:
+                removed["activeTurn"] = active.id
+            return {"removed": removed}
+    return {}
+
+
+def bounded(body: Record) -> Record:
+    """``body`` with every string longer than FIELD_BYTES kept as its
+    digest, and, if it is still larger than RECORD_BYTES, every part of its
+    action or ``asked`` larger than FIELD_BYTES as well; the paths are
+    listed in ``elided``. A digest reads ``{"sha256": hex, "bytes": N,
+    "head": the first KiB}``, of the string's UTF-8, or of the part as JSON
+    with sorted keys and no spaces (then with ``"json": true``)."""
+    paths: list[str] = []
+
+    def strings(value: Any, path: str) -> Any:
+        if isinstance(value, str) and len(raw := value.encode()) > FIELD_BYTES:
+            paths.append(path)
+            return _digest(raw)
+        if isinstance(value, dict):
+            return {k: strings(v, f"{path}/{k}") for k, v in value.items()}
+        if isinstance(value, list):
+            return [strings(v, f"{path}/{i}") for i, v in enumerate(value)]
+        return value
+
+    parts = [key for key in ("action", "asked", "removed", "resume") if key in body]
+    out: Record = {**body, **{key: strings(body[key], key) for key in parts}}
+    if len(canonical(out)) > RECORD_BYTES:
+        for key in parts:
+            value = out[key]
+            if not isinstance(value, dict):
+                continue
+            for name, part in list(value.items()):
+                raw = canonical(part)
+                if name != "type" and len(raw) > FIELD_BYTES:
+                    value[name] = {**_digest(raw), "json": True}
+                    paths[:] = [p for p in paths if not p.startswith(f"{key}/{name}/")]
+                    paths.append(f"{key}/{name}")
+    if paths:
+        out[ELIDED] = paths
+    return out
+
+
+def _digest(raw: bytes) -> Record:
+    head = raw[:FIELD_BYTES].decode("utf-8", "ignore")
+    return {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw), "head": head}
 
 
 def _marker(body: Record, session: str, what: str) -> Record:
@@ -463,11 +636,33 @@ def _form_of(chat: str, action: StateAction) -> tuple[str, str] | None:
     return None
 
 
-def _head_of(record: bytes | None) -> tuple[int, str]:
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """A chain's last record: its ``n`` and hash, the bytes of the audit
+    with it (``total``) and before it, and whether it says the audit is
+    full. Read from the record itself, so every process agrees."""
+
+    n: int
+    prev: str
+    total: int
+    before: int
+    full: bool
+
+
+def _head_of(record: bytes | None) -> _Head:
     if record is None:
-        return 0, GENESIS
+        return _Head(0, GENESIS, 0, -1, False)
     parsed = msgspec.json.decode(record)
-    return int(parsed["n"]), str(parsed["hash"])
+    # A record written before records carried ``bytes`` counts from 0.
+    before = parsed.get("bytes")
+    before = before if isinstance(before, int) else 0
+    return _Head(
+        int(parsed["n"]),
+        str(parsed["hash"]),
+        before + len(record),
+        before,
+        parsed.get("what") == FULL,
+    )
 
 
 def _redact(action: Record, sensitive: frozenset[str] | None) -> list[str]:

@@ -112,6 +112,7 @@ def build(
         sizes=settings.sizes,
         audit_values=settings.audit_values,
         audit_max_records=settings.audit_max_records,
+        audit_max_bytes=settings.audit_max_bytes,
         expiry_check_interval=settings.expiry_check_interval,
     )
     service = None

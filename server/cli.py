@@ -164,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--audit-max-records", type=int, help="records a session's audit holds at most (100000)"
     )
     serve.add_argument(
+        "--audit-max-bytes",
+        type=int,
+        help="bytes of records a session's audit holds at most (268435456: 256 MiB)",
+    )
+    serve.add_argument(
         "--retention",
         help="remove a session finished this long (and a disposed one's audit): 90s, 15m, "
         "12h, 30d (default: keep everything)",

@@ -84,6 +84,8 @@ class Settings:
     marks sensitive are redacted either way)."""
     audit_max_records: int = 100_000
     """Records a session's audit holds at most."""
+    audit_max_bytes: int = 256 << 20
+    """Bytes of records a session's audit holds at most."""
     expiry_check_interval: float = 1.0
     """Seconds between two sweeps for waits whose expiry passed."""
     retention: float | None = None
@@ -184,6 +186,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         idempotency_ttl=src.number("idempotency_ttl", base.idempotency_ttl),
         audit_values=_audit_values(src.text("audit_values", base.audit_values)),
         audit_max_records=src.integer("audit_max_records", base.audit_max_records),
+        audit_max_bytes=src.integer("audit_max_bytes", base.audit_max_bytes),
         expiry_check_interval=src.number("expiry_check_interval", base.expiry_check_interval),
         retention=_duration(src.raw("retention")),
         audit_dir=src.raw("audit_dir"),

@@ -84,6 +84,7 @@ class Host:
         sizes: SizeLimits | None = None,
         audit_values: AuditValues = "keep",
         audit_max_records: int = 100_000,
+        audit_max_bytes: int = 256 << 20,
         expiry_check_interval: float = 1.0,
     ) -> None:
         self.store = store
@@ -115,6 +116,7 @@ class Host:
             session_of=self._session_of_cached,
             values=audit_values,
             max_records=audit_max_records,
+            max_bytes=audit_max_bytes,
         )
         self.expiries = Expiries(self.core, store, self.notes, check_interval=expiry_check_interval)
         self.core.hooks = [

@@ -6,6 +6,7 @@ processes."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +19,9 @@ from protocol.actions import (
     ChatInputAnswerChanged,
     ChatInputCompleted,
     ChatToolCallConfirmed,
+    ChatTruncated,
+    ChatTurnCancelled,
+    ChatTurnComplete,
     ChatTurnStarted,
 )
 from protocol.chat import (
@@ -29,11 +33,19 @@ from protocol.chat import (
     TextValue,
 )
 from protocol.session import SessionState
-from server.audit import GENESIS, REDACTED, AuditBroken, export, seal, verify
+from server.audit import (
+    FIELD_BYTES,
+    GENESIS,
+    REDACTED,
+    AuditBroken,
+    export,
+    seal,
+    verify,
+)
 from server.auth import TokenAuthority
 from server.cli import main
 from server.client import HuddleClient
-from server.config import Settings
+from server.config import Limits, Settings
 from server.runner.demo import agent as demo
 from tests.conftest import (
     AGENT_TOKEN,
@@ -159,6 +171,11 @@ async def test_the_demo_story_is_on_record_with_who_did_what(with_demo: RunningS
     assert completed["action"]["answers"]["affectedSystem"]["value"]["value"] == "SSO"
     assert "redacted" not in completed
     assert by_what["chat/toolCallConfirmed"]["who"]["name"] == "Alice"
+    # Each decision carries what it decided on, as the chat showed it.
+    assert by_what["chat/toolCallConfirmed"]["asked"]["toolCallId"] == call.tool_call_id
+    assert by_what["chat/toolCallConfirmed"]["asked"]["status"] == "pending-confirmation"
+    assert completed["asked"]["id"] == request.request.id
+    assert "answers" not in completed["asked"]  # drafts are not what was decided
     assert by_what["chat/inputRequested"]["who"] == {"role": "server"}
     resumes = [r for r in kept if r["what"] == "runner/resumed"]
     assert resumes[0]["resume"]["command"] == "USER_INPUT"
@@ -361,6 +378,131 @@ async def test_the_last_tenth_of_an_audit_is_kept_for_decisive_records() -> None
         "audit/full",
     ]
     assert verify(lines).records == 30
+
+
+async def test_a_large_message_is_kept_as_its_digest_and_the_chain_still_verifies(
+    huddle: RunningServer,
+) -> None:
+    agent = await huddle.client("agent", name="agent")
+    big = "m" * 65_000
+    turn = ChatTurnStarted(
+        turn_id="t1", started_at="2026-12-01T10:00:00.000Z", message=user_message(big)
+    )
+    await session_chat_with_turn(agent, SESSION, turn)
+    lines = await audit_of(huddle, AGENT_TOKEN)
+
+    started = records(lines)[0]
+    assert len(lines[0]) < 4 * FIELD_BYTES  # not the 65 KB sent
+    assert started["elided"] == ["action/message/text"]
+    kept = started["action"]["message"]["text"]
+    assert kept["sha256"] == hashlib.sha256(big.encode()).hexdigest()
+    assert kept["bytes"] == 65_000
+    assert kept["head"] == big[:FIELD_BYTES]
+    assert started["action"]["message"]["origin"] == {"kind": "user"}
+    checked = verify(lines)
+    assert (checked.records, checked.elided) == (1, 1)
+    pointless = lines[0].replace(b'"elided":["action/message/text"]', b'"elided":["action/x"]')
+    with pytest.raises(AuditBroken):  # altered: the hash covers the paths too
+        verify([pointless])
+
+
+async def test_an_audit_is_bounded_in_bytes_and_its_reserve_keeps_decisions() -> None:
+    huddle = await start_server(Settings(port=0, audit_max_bytes=40_000))
+    try:
+        audit = huddle.server.host.audit
+        mallory = {"role": "participant", "name": "Mallory", "token": "t-m"}
+
+        def body(what: str, text: str) -> dict[str, Any]:
+            return {
+                "at": "2026-12-01T10:00:00.000Z",
+                "session": SESSION,
+                "what": what,
+                "who": mallory,
+                "action": {"type": what, "a": text, "b": text, "c": text},
+            }
+
+        for _ in range(100):  # about 3.3 KB each, however long the text
+            await audit.record(SESSION, body("chat/turnStarted", "x" * 60_000))
+        for _ in range(20):
+            await audit.record(SESSION, body("chat/inputCompleted", "y" * 900))
+        lines = [line async for line in export(huddle.server.parts.store, SESSION)]
+    finally:
+        await huddle.stop()
+
+    whats = [r["what"] for r in records(lines)]
+    assert sum(len(line) for line in lines) < 40_000 + 4_000
+    assert whats.index("audit/reserve") == whats.count("chat/turnStarted")
+    assert 0 < whats.count("chat/inputCompleted") < 20
+    assert whats[-1] == "audit/full"
+    totals = [r["bytes"] for r in records(lines)]
+    assert totals == [sum(len(line) for line in lines[:i]) for i in range(len(lines))]
+    assert verify(lines).records == len(lines)
+
+
+async def test_an_export_is_charged_by_its_bytes_as_a_debt() -> None:
+    huddle = await start_server(Settings(port=0, limits=Limits(action_burst=10)))
+    try:
+        audit = huddle.server.host.audit
+        agent = await huddle.client("agent", name="agent")
+        await session_chat_with_turn(agent, SESSION, TURN)
+        for _ in range(60):  # 60 records of about 12 KB: 0 whole hundreds of records
+            action = {"type": "chat/turnStarted", **{f"f{i}": "z" * 1000 for i in range(12)}}
+            await audit.record(SESSION, {"session": SESSION, "what": "x", "action": action})
+        token = huddle.token(name="Lee")
+        exported = await http("GET", f"{huddle.http}/api/audit?session={SESSION}", token=token)
+        after = await http("GET", f"{huddle.http}/api/snapshot?channel={SESSION}", token=token)
+    finally:
+        await huddle.stop()
+
+    assert exported.status == 200
+    assert len(exported.body) > 11 * 64 * 1024
+    assert after.status == 429  # the export's 11+ units are more than the burst of 10
+
+
+async def test_truncation_is_on_record_with_the_turns_it_removed(huddle: RunningServer) -> None:
+    agent = await huddle.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id="t1", duration=1))
+    second = ChatTurnStarted(
+        turn_id="t2", started_at="2026-12-01T10:00:00.000Z", message=user_message("again")
+    )
+    await agent.dispatch_and_wait(chat, second)
+    await agent.dispatch_and_wait(chat, ChatTruncated())
+    truncated = records(await audit_of(huddle, AGENT_TOKEN))[-1]
+
+    assert truncated["what"] == "chat/truncated"
+    assert truncated["who"]["role"] == "agent"
+    assert truncated["removed"] == {"turns": ["t1"], "activeTurn": "t2"}
+
+
+async def test_a_participants_truncations_stay_out_of_the_reserve_beyond_a_hundred() -> None:
+    limits = Limits(action_burst=1000)
+    huddle = await start_server(Settings(port=0, audit_max_records=290, limits=limits))
+    try:
+        agent = await huddle.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        await agent.dispatch_and_wait(chat, ChatTurnCancelled(turn_id="t1", duration=1))
+        lee = await huddle.client(name="Lee")
+        for i in range(120):  # a turn, cancelled, truncated away: 3 records each
+            turn = ChatTurnStarted(
+                turn_id=f"l{i}", started_at="2026-12-01T10:00:00.000Z", message=user_message("x")
+            )
+            await lee.dispatch_and_wait(chat, turn)
+            await lee.dispatch_and_wait(chat, ChatTurnCancelled(turn_id=f"l{i}", duration=1))
+            await lee.dispatch_and_wait(chat, ChatTruncated())
+        await huddle.server.host.audit.settled()
+        await agent.dispatch_and_wait(chat, ChatTruncated())
+        lines = [line async for line in export(huddle.server.parts.store, SESSION)]
+    finally:
+        await huddle.stop()
+
+    whats = [r["what"] for r in records(lines)]
+    # The reserve (its last tenth, 29 records, open from Lee's 87th) is not
+    # spent by a person's truncations past the session's hundredth.
+    assert whats[-1] != "audit/full"
+    assert "audit/reserve" in whats
+    assert whats[-1] == "chat/truncated"
+    assert records(lines)[-1]["who"]["role"] == "agent"
 
 
 # ─── Who may read it ─────────────────────────────────────────────────────────

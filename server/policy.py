@@ -51,7 +51,23 @@ does not reach never gets this far)::
                    participant speaks for another client: completes or
                    updates a tool call another client executes, sets or
                    removes another client's entry in the session's
-                   active clients
+                   active clients; a participant truncates away a turn
+                   the agent started (its message's origin is not
+                   ``user``)
+    turn-in-progress  a participant truncates (``chat/truncated``) while
+                   a turn is active
+    no-change      a participant truncates and nothing would go (no
+                   turn after ``turnId``, or ``turnId`` unknown)
+
+Truncation: AHP lets either side truncate a chat (``chat/truncated``): a
+user rewinds to edit a message and start over, and an active turn is
+silently dropped. In a chat several people share, dropping the active turn
+would erase the agent's work in progress for everyone, with whatever it
+waits for (a form, an approval) and the runner's turn behind it; so a
+participant ends it first (``chat/turnCancelled``, which stops the runner's
+turn too), then truncates finished turns. The agent may truncate anything
+(server.runner.bridge then ends a runner's turn it dropped). A truncation
+that removes nothing is refused rather than recorded.
 """
 
 from __future__ import annotations
@@ -64,6 +80,7 @@ from protocol.actions import (
     ChatToolCallComplete,
     ChatToolCallConfirmed,
     ChatToolCallContentChanged,
+    ChatTruncated,
     ChatTurnStarted,
     SessionActiveClientRemoved,
     SessionActiveClientSet,
@@ -164,7 +181,36 @@ def dispatch_refusal(
                 f"a {grant.role} token's message comes from the user: origin "
                 f"'{message.origin.kind}' is only the agent's to send",
             )
+    if isinstance(action, ChatTruncated) and isinstance(state, ChatState):
+        return _truncation_refusal(state, action)
     return _speaks_for_another(state, action, client_id)
+
+
+def _truncation_refusal(state: ChatState, action: ChatTruncated) -> Rejection | None:
+    """Why a participant may not truncate ``state`` so (see the module
+    docstring), or None."""
+    active = state.active_turn
+    if active is not None:
+        return _refusal(
+            RejectionCode.TURN_IN_PROGRESS,
+            f"turn '{active.id}' is active; cancel it (chat/turnCancelled) before truncating",
+        )
+    ids = [turn.id for turn in state.turns]
+    if action.turn_id is None:
+        removed = state.turns
+    elif action.turn_id in ids:
+        removed = state.turns[ids.index(action.turn_id) + 1 :]
+    else:
+        removed = []
+    if not removed:
+        return _refusal(RejectionCode.NO_CHANGE, "no turn would be truncated")
+    agents = next((turn for turn in removed if turn.message.origin.kind != "user"), None)
+    if agents is not None:
+        return _refusal(
+            RejectionCode.FORBIDDEN,
+            f"turn '{agents.id}' was started by the agent; only the agent may truncate it away",
+        )
+    return None
 
 
 def _messages(action: StateAction) -> list[Message]:

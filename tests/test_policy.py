@@ -4,6 +4,7 @@ action, as a table of grants and actions (pure: no server)."""
 from __future__ import annotations
 
 import pytest
+from msgspec.structs import replace
 
 from protocol.actions import (
     ChatDraftChanged,
@@ -12,6 +13,7 @@ from protocol.actions import (
     ChatToolCallComplete,
     ChatToolCallConfirmed,
     ChatToolCallContentChanged,
+    ChatTruncated,
     ChatTurnStarted,
     RootConfigChanged,
     SessionActiveClientRemoved,
@@ -29,6 +31,7 @@ from protocol.chat import (
     ToolCallPart,
     ToolCallResult,
     ToolCallRunning,
+    Turn,
 )
 from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
@@ -139,6 +142,15 @@ def not_the_users(kind: str) -> Rejection:
     )
 
 
+def finished(*kinds: str) -> ChatState:
+    """A chat with no active turn and a finished turn ``f<i>`` per origin kind."""
+    turns = [
+        Turn(id=f"f{i}", message=said(kind), response_parts=[], state="complete")
+        for i, kind in enumerate(kinds)
+    ]
+    return replace(OWN_CALL, turns=turns, active_turn=None)
+
+
 ALLOWED = [
     pytest.param(
         AGENT, CHAT, ChatInputRequested(request=InputRequest(id="r")), OWN_CALL, id="agent-any"
@@ -161,6 +173,17 @@ ALLOWED = [
         PARTICIPANT, CHAT, suggested("user"), OWN_CALL, id="a-persons-suggestion-on-denial"
     ),
     pytest.param(AGENT, CHAT, turn("agent"), OWN_CALL, id="the-agents-own-message"),
+    pytest.param(AGENT, CHAT, ChatTruncated(), OWN_CALL, id="agent-truncates-the-active-turn"),
+    pytest.param(
+        PARTICIPANT, CHAT, ChatTruncated(), finished("user", "user"), id="truncates-finished"
+    ),
+    pytest.param(
+        PARTICIPANT,
+        CHAT,
+        ChatTruncated(turn_id="f0"),
+        finished("agent", "user"),
+        id="truncates-after-the-agents-turn",
+    ),
     pytest.param(AGENT, CHAT, turn("systemNotification"), OWN_CALL, id="the-agents-system-notice"),
 ]
 
@@ -274,6 +297,41 @@ REFUSED = [
         OWN_CALL,
         not_the_users("agent"),
         id="suggestion-as-the-agent",
+    ),
+    pytest.param(
+        PARTICIPANT,
+        CHAT,
+        ChatTruncated(),
+        OWN_CALL,
+        Rejection(
+            RejectionCode.TURN_IN_PROGRESS,
+            "turn 'turn-1' is active; cancel it (chat/turnCancelled) before truncating",
+        ),
+        id="truncates-the-active-turn",
+    ),
+    pytest.param(
+        PARTICIPANT,
+        CHAT,
+        ChatTruncated(turn_id="f1"),
+        finished("user", "user"),
+        Rejection(RejectionCode.NO_CHANGE, "no turn would be truncated"),
+        id="truncates-nothing",
+    ),
+    pytest.param(
+        PARTICIPANT,
+        CHAT,
+        ChatTruncated(turn_id="gone"),
+        finished("user"),
+        Rejection(RejectionCode.NO_CHANGE, "no turn would be truncated"),
+        id="truncates-after-an-unknown-turn",
+    ),
+    pytest.param(
+        PARTICIPANT,
+        CHAT,
+        ChatTruncated(),
+        finished("user", "systemNotification"),
+        forbidden("turn 'f1' was started by the agent; only the agent may truncate it away"),
+        id="truncates-the-agents-turn",
     ),
 ]
 

@@ -7,7 +7,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed, ChatTurnStarted
+from protocol.actions import (
+    ChatInputCompleted,
+    ChatToolCallConfirmed,
+    ChatTruncated,
+    ChatTurnStarted,
+)
 from protocol.chat import (
     ChatState,
     InputAnswer,
@@ -21,8 +26,12 @@ from protocol.chat import (
 )
 from protocol.session import SessionState
 from server.client import Mirror
+from server.errors import ActionRejected
 from server.runner.demo import agent
+from server.runner.ids import runner_turn_id
+from server.runner.turn import TurnStatus
 from tests.conftest import UNIT, RunningServer, start_server, user_message
+from tests.test_runner_expiry import Ends
 
 
 @pytest.fixture
@@ -121,3 +130,36 @@ async def test_the_demo_agent_asks_waits_for_approval_and_reports_the_ticket(
     state = await wait(mirror, lambda s: isinstance(s, ChatState) and bool(s.turns))
     assert state.turns[-1].state == "complete"
     assert "HUD-" in final_text(state)
+
+
+async def test_truncating_a_waiting_turn_is_refused_to_people_and_cancels_it_for_the_agent(
+    with_demo: RunningServer,
+) -> None:
+    service = with_demo.server.parts.service
+    assert service is not None
+    ends = Ends()
+    service.runner.listeners.append(ends)
+    mallory = await with_demo.client(name="Mallory")
+    await mallory.create_session("ahp-session:/cut")
+    session = await mallory.subscribe("ahp-session:/cut")
+    assert isinstance(session.state, SessionState)
+    chat = session.state.default_chat
+    assert chat is not None
+    mirror = await mallory.subscribe(chat)
+    started = ChatTurnStarted(
+        turn_id="t1", started_at="2026-12-01T10:00:00.000Z", message=user_message("Login")
+    )
+    await mallory.dispatch_and_wait(chat, started)
+    await wait(mirror, lambda s: open_request(s) is not None)
+    turn_id = runner_turn_id(chat, "t1")
+
+    with pytest.raises(ActionRejected, match="turn-in-progress"):
+        await mallory.dispatch_and_wait(chat, ChatTruncated())
+    waiting = await service.store.load(turn_id)
+    agent_client = await with_demo.client("agent")
+    await agent_client.dispatch_and_wait(chat, ChatTruncated())
+    await ends.of(turn_id)
+    cancelled = await service.store.load(turn_id)
+
+    assert waiting.status == TurnStatus.WAITING_FOR_USER
+    assert cancelled.status == TurnStatus.CANCELLED

@@ -69,6 +69,7 @@ from protocol.actions import (
     ChatToolCallContentChanged,
     ChatToolCallReady,
     ChatToolCallStart,
+    ChatTruncated,
     ChatTurnCancelled,
     ChatTurnComplete,
     ChatTurnStarted,
@@ -547,7 +548,23 @@ class ChatBridge:
             | ChatTurnComplete,
         ):
             return self.accepted(event.uri, action, _audit(event.sender, event.envelope))
+        if isinstance(action, ChatTruncated) and isinstance(event.before, ChatState):
+            dropped = event.before.active_turn
+            if dropped is not None:  # AHP: always dropped, never kept
+                audit = _audit(event.sender, event.envelope)
+                return self._truncated(event.uri, dropped.id, audit)
         return None
+
+    async def _truncated(self, uri: str, chat_turn: str, audit: dict[str, Any]) -> None:
+        """Chat ``uri`` was truncated, its active turn ``chat_turn`` with it
+        (AHP drops it silently): the runner's turn it showed can show
+        nothing any more, so it is cancelled, as when an agent ends it."""
+        try:
+            turn = await self._turn_of(uri, chat_turn)
+            if turn is not None:
+                await self._chat_turn_ended(turn, None, audit)
+        except HuddleError as error:
+            log.warning("could not end the turn truncated away: %s", error)
 
     async def accepted(self, uri: str, action: StateAction, audit: dict[str, Any]) -> None:
         """React to a client's action on chat ``uri``; ``audit`` says who."""
@@ -738,10 +755,12 @@ class ChatBridge:
         the reaction to its end): failed with the chat's error, else
         cancelled. False while the chat turn is active."""
         assert self.runner is not None
-        ended = _ended_turn(state, turn.chat_turn)
-        if ended is None:
+        active = state.active_turn
+        if turn.chat_turn is None or (active is not None and active.id == turn.chat_turn):
             return False
-        error = ended.error.message if ended.error is not None else None
+        # Over, or truncated away (then it is in no turn of the chat).
+        ended = _ended_turn(state, turn.chat_turn)
+        error = ended.error.message if ended is not None and ended.error is not None else None
         await self._chat_turn_ended(turn, error, audit)
         return True
 

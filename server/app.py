@@ -511,7 +511,7 @@ async def read_audit(request: Request, server: Server, grant: Grant) -> Response
         records = int(head["n"])  # records are numbered from 1
         before = head.get("bytes")
         size = len(last) + records + (before if isinstance(before, int) else 0)
-        cost = max(records // AUDIT_RECORDS_PER_COST, size // SNAPSHOT_BYTES_PER_COST)
+        cost = max(records // AUDIT_RECORDS_PER_COST, size // BYTES_PER_COST)
         burst = server.commands.budgets.budget_of(grant).burst
         while cost > 0:  # each charge is capped at the burst: the debt is not
             server.commands.charge(grant, min(cost, burst))

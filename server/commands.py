@@ -36,6 +36,7 @@ from typing import Any
 from msgspec.structs import replace
 
 from protocol.actions import (
+    ChatPendingMessageSet,
     ChatTurnStarted,
     SessionActiveClientSet,
     SessionWorkingDirectorySet,
@@ -65,6 +66,7 @@ from server.policy import (
     dispatch_refusal,
     reaches,
     session_cap_refusal,
+    stamped,
 )
 from server.ratelimit import Budgets, NewClientIds
 from server.sessions import new_chat, new_session
@@ -556,10 +558,15 @@ def refused(rejected: ActionRejected, path: str) -> CommandError | MalformedFram
 def _as_sent_by(grant: Grant, who: Identity, action: StateAction) -> StateAction:
     """``action`` as the server records it from ``who``: a person's entry in
     the session's active clients carries the name the server knows them by,
-    never one they chose."""
-    if grant.role != "agent" and isinstance(action, SessionActiveClientSet):
+    never one they chose; a person's message says which token sent it
+    (server.policy.stamped: whose turn it is)."""
+    if grant.role == "agent":
+        return action
+    if isinstance(action, SessionActiveClientSet):
         entry = replace(action.active_client, display_name=who.display)
         return replace(action, active_client=entry)
+    if isinstance(action, ChatTurnStarted | ChatPendingMessageSet):
+        return replace(action, message=stamped(action.message, grant))
     return action
 
 

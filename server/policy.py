@@ -74,6 +74,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from msgspec.structs import replace
+
 from protocol.actions import (
     ChatDraftChanged,
     ChatPendingMessageSet,
@@ -93,6 +95,7 @@ from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import channel_kind
 from reducers.chat import select_tool_call
+from reducers.notes import HUDDLE, huddle_meta
 from server.auth import Grant
 
 
@@ -182,11 +185,28 @@ def dispatch_refusal(
                 f"'{message.origin.kind}' is only the agent's to send",
             )
     if isinstance(action, ChatTruncated) and isinstance(state, ChatState):
-        return _truncation_refusal(state, action)
+        return _truncation_refusal(state, action, grant)
     return _speaks_for_another(state, action, client_id)
 
 
-def _truncation_refusal(state: ChatState, action: ChatTruncated) -> Rejection | None:
+def stamped(message: Message, grant: Grant) -> Message:
+    """``message`` as ``grant``'s person sent it: ``_meta.huddle.by`` names
+    the token (the server's word: whatever the client put there is
+    replaced), so that a turn says whose it is (:func:`starter`)."""
+    meta = dict(message.meta or {})
+    huddle = meta.get(HUDDLE)
+    meta[HUDDLE] = {**(huddle if isinstance(huddle, dict) else {}), "by": grant.token_id}
+    return replace(message, meta=meta)
+
+
+def starter(message: Message) -> str | None:
+    """The token that started a turn with ``message``, if a person's did
+    (:func:`stamped`)."""
+    by = huddle_meta(message.meta, "by")
+    return by if isinstance(by, str) else None
+
+
+def _truncation_refusal(state: ChatState, action: ChatTruncated, grant: Grant) -> Rejection | None:
     """Why a participant may not truncate ``state`` so (see the module
     docstring), or None."""
     active = state.active_turn
@@ -209,6 +229,12 @@ def _truncation_refusal(state: ChatState, action: ChatTruncated) -> Rejection | 
         return _refusal(
             RejectionCode.FORBIDDEN,
             f"turn '{agents.id}' was started by the agent; only the agent may truncate it away",
+        )
+    others = next((t for t in removed if starter(t.message) != grant.token_id), None)
+    if others is not None:
+        return _refusal(
+            RejectionCode.FORBIDDEN,
+            f"turn '{others.id}' was started by someone else; only the agent may truncate it away",
         )
     return None
 

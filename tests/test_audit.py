@@ -489,7 +489,7 @@ async def test_a_participants_truncations_stay_out_of_the_reserve_beyond_a_hundr
             )
             await lee.dispatch_and_wait(chat, turn)
             await lee.dispatch_and_wait(chat, ChatTurnCancelled(turn_id=f"l{i}", duration=1))
-            await lee.dispatch_and_wait(chat, ChatTruncated())
+            await lee.dispatch_and_wait(chat, ChatTruncated(turn_id="t1"))  # Lee's own away
         await huddle.server.host.audit.settled()
         await agent.dispatch_and_wait(chat, ChatTruncated())
         lines = [line async for line in export(huddle.server.parts.store, SESSION)]

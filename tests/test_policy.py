@@ -44,15 +44,16 @@ from server.policy import (
     dispatch_refusal,
     reaches,
     session_cap_refusal,
+    stamped,
 )
 
 SESSION, OTHER = "ahp-session:/ours", "ahp-session:/theirs"
 CHAT, ROOT = "ahp-chat:/c", "ahp-root://"
 
 
-def grant(role: Role, sessions: set[str] | None = None) -> Grant:
+def grant(role: Role, sessions: set[str] | None = None, token_id: str | None = None) -> Grant:
     scope = None if sessions is None else frozenset(sessions)
-    return Grant(role=role, sessions=scope, name=role, token_id=f"t-{role}")
+    return Grant(role=role, sessions=scope, name=role, token_id=token_id or f"t-{role}")
 
 
 AGENT, PARTICIPANT, OBSERVER = grant("agent"), grant("participant"), grant("observer")
@@ -142,10 +143,16 @@ def not_the_users(kind: str) -> Rejection:
     )
 
 
-def finished(*kinds: str) -> ChatState:
-    """A chat with no active turn and a finished turn ``f<i>`` per origin kind."""
+def finished(*kinds: str, by: Grant = PARTICIPANT) -> ChatState:
+    """A chat with no active turn and a finished turn ``f<i>`` per origin
+    kind, a person's started by ``by``'s token."""
     turns = [
-        Turn(id=f"f{i}", message=said(kind), response_parts=[], state="complete")
+        Turn(
+            id=f"f{i}",
+            message=stamped(said(kind), by) if kind == "user" else said(kind),
+            response_parts=[],
+            state="complete",
+        )
         for i, kind in enumerate(kinds)
     ]
     return replace(OWN_CALL, turns=turns, active_turn=None)
@@ -332,6 +339,25 @@ REFUSED = [
         finished("user", "systemNotification"),
         forbidden("turn 'f1' was started by the agent; only the agent may truncate it away"),
         id="truncates-the-agents-turn",
+    ),
+    pytest.param(
+        PARTICIPANT,
+        CHAT,
+        ChatTruncated(turn_id="f0"),
+        finished("user", "user", by=grant("participant", None, "t-someone-else")),
+        forbidden("turn 'f1' was started by someone else; only the agent may truncate it away"),
+        id="truncates-someone-elses-turn",
+    ),
+    pytest.param(
+        PARTICIPANT,
+        CHAT,
+        ChatTruncated(),
+        replace(
+            finished("user"),
+            turns=[Turn(id="f0", message=said("user"), response_parts=[], state="complete")],
+        ),
+        forbidden("turn 'f0' was started by someone else; only the agent may truncate it away"),
+        id="truncates-a-turn-nobody-stamped",
     ),
 ]
 

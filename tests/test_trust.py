@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+
+from msgspec.structs import replace
 
 from protocol.actions import (
     ChatInputCompleted,
@@ -17,6 +20,8 @@ from protocol.actions import (
     ChatToolCallComplete,
     ChatToolCallReady,
     ChatToolCallStart,
+    ChatTruncated,
+    ChatTurnComplete,
     ChatTurnStarted,
     RootConfigChanged,
     SessionActiveClientRemoved,
@@ -36,6 +41,7 @@ from protocol.codec import encode
 from protocol.session import ActiveClient, SessionState
 from protocol.uris import ROOT_URI
 from reducers.chat import select_tool_call
+from server.auth import token_id
 from server.rpc import PRESENT_PER_TOKEN
 from tests.conftest import UNIT, RunningServer, user_message
 from tests.edge import Frame, Peer, eventually, http, initialize_params
@@ -363,3 +369,41 @@ def test_encoded_frames_stay_plain_json() -> None:
         "startedAt": "2026-11-30T10:00:00.000Z",
         "message": {"text": "Go", "origin": {"kind": "user"}},
     }
+
+
+async def test_a_persons_turn_says_whose_it_is_and_only_they_may_truncate_it(
+    huddle: RunningServer,
+) -> None:
+    # AHP's chat/truncated rewinds a chat: a participant could erase anyone's
+    # finished turns; the turn's message now says whose token started it
+    # (whatever the client claims there).
+    chat = await chat_of(huddle)
+    agent = huddle.clients[0]
+    await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id="t1", duration=1))
+    lee_token, dana_token = huddle.token(name="Lee"), huddle.token(name="Dana")
+    lee = await Peer.ready(huddle.ws, lee_token, "lee")
+    dana = await Peer.ready(huddle.ws, dana_token, "dana")
+    for peer in (lee, dana):
+        await peer.subscribe(chat)
+    forged = replace(user_message("mine"), meta={"huddle": {"by": token_id(dana_token)}})
+    started = ChatTurnStarted(turn_id="l1", started_at="2026-12-01T10:00:00Z", message=forged)
+    await lee.dispatch(chat, started)
+    assert "rejectionReason" not in await lee.envelope()
+    await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id="l1", duration=1))
+
+    await dana.dispatch(chat, ChatTruncated(turn_id="t1"))
+    refused = await eventually_envelope(dana, lambda e: e["origin"]["clientId"] == "dana")
+    await lee.dispatch(chat, ChatTruncated(turn_id="t1"))
+    accepted = await eventually_envelope(lee, lambda e: e["origin"]["clientId"] == "lee")
+
+    state = await huddle.server.host.view(chat)
+    assert refused["rejectionReason"].startswith("forbidden: turn 'l1' was started by someone else")
+    assert "rejectionReason" not in accepted
+    assert [t.id for t in state.state.turns] == ["t1"]  # type: ignore[union-attr]
+
+
+async def eventually_envelope(peer: Peer, mine: Callable[[Frame], bool]) -> Frame:
+    """The next envelope on ``peer`` that ``mine`` says is the one."""
+    while not mine(envelope := await peer.envelope()):
+        pass
+    return envelope

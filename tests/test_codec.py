@@ -1205,6 +1205,26 @@ def test_a_lone_surrogate_is_named_as_such(escape: str, half: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('["\\ud800"]', id="high-at-the-end"),
+        pytest.param('["' + "x" * 100_000 + '\\udc00"]', id="low-far-in"),
+        pytest.param(b'["\\ud800", 1, 2]', id="high-then-more-as-bytes"),
+    ],
+)
+def test_a_lone_surrogate_is_found_where_the_decoder_stopped(text: str | bytes) -> None:
+    with pytest.raises(MalformedFrame) as error:
+        decode_json(text)
+    assert "is half of a UTF-16 surrogate pair" in str(error.value)
+
+
+def test_other_malformed_json_is_said_as_the_decoder_says_it() -> None:
+    with pytest.raises(MalformedFrame) as error:
+        decode_json('{"a": "\\\\ud800", "b": 1,}')  # an escaped backslash, then a comma
+    assert str(error.value) == "invalid JSON: JSON is malformed: trailing comma in object (byte 24)"
+
+
 def test_a_surrogate_pair_and_an_escaped_backslash_are_fine() -> None:
     assert decode_json('{"a": "\\ud83d\\ude00", "b": "\\\\ud800"}') == {
         "a": "\U0001f600",

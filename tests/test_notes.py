@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from reducers import notes
 from reducers.clock import iso_ms, iso_time
 
@@ -265,3 +267,26 @@ def test_a_note_shares_what_it_does_not_change_with_the_meta_it_came_from() -> N
     assert notes.note_of(meta, "requests", "b", "r1") == {
         "completed": {"by": DANA, "response": "accept"}
     }
+
+
+def test_the_rest_of_the_meta_is_measured_whatever_its_shape() -> None:
+    assert notes.other_bytes(None) == notes.other_bytes({}) == 0
+    assert notes.other_bytes({"x": 1}) == len(b'{"x":1}')
+    assert notes.other_bytes({"huddle": "not ours"}) == len(b'{"huddle":"not ours"}')
+    noted = notes.completed({"x": 1}, "a", "r", DANA, "accept")
+    assert notes.other_bytes(noted) == len(b'{"x":1,"huddle":{}}')
+
+
+@pytest.mark.parametrize(
+    ("requests", "tool_calls", "merged"),
+    [
+        (["a", "c"], ["b", "a", "d", "c"], ["b", "a", "d", "c"]),  # each as noted
+        (["a", "c"], ["c", "a"], ["a", "c"]),  # out of step: the first family leads
+        (["a", "a"], ["a"], ["a"]),  # once each
+        ([], ["b"], ["b"]),
+    ],
+)
+def test_the_chats_of_both_families_least_recently_noted_first(
+    requests: list[str], tool_calls: list[str], merged: list[str]
+) -> None:
+    assert notes._merged(requests, tool_calls) == merged

@@ -391,6 +391,15 @@ class Commands:
             page, older = await self.host.sessions.older_turns(chat, cursor, fit)
         return page, older
 
+    def out_of_debt(self, grant: Grant) -> None:
+        """Refused as a command is (-32011) while the token's budget is in
+        debt: for a request that costs nothing up front but answers reads
+        charged afterwards (initialize, reconnect)."""
+        try:
+            self.budgets.out_of_debt(grant)
+        except ActionRejected as rejected:
+            raise refused(rejected, "$") from None
+
     def read_cost(self, grant: Grant) -> None:
         """Spend READ_COST of the token's budget for a read a socket asks
         (a page of older turns), refused as a command is (:func:`refused`)."""

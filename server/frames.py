@@ -94,19 +94,24 @@ def notification(method: str, params: Any) -> bytes:
 class Room:
     """What is left of one answer's budget as snapshots go into it (an
     answer naming many channels must still fit what its client may leave
-    unread)."""
+    unread). Once one does not fit, the answer is ``full``: no more are
+    loaded. ``read`` and ``count``: the bytes and the number of the
+    snapshots measured, the one left out too (what the token is charged)."""
 
     def __init__(self, budget: int) -> None:
         self.left = budget
-        self.taken = 0
+        self.read = 0
         self.count = 0
+        self.full = False
 
     def takes(self, snapshot: Snapshot) -> bool:
-        """Whether ``snapshot`` fits in what is left (then it is taken from it)."""
+        """Whether ``snapshot`` fits in what is left (then it is taken from
+        it; else the answer is full)."""
         size = len(encode(snapshot))
+        self.read += size
+        self.count += 1
         if size > self.left:
+            self.full = True
             return False
         self.left -= size
-        self.taken += size
-        self.count += 1
         return True

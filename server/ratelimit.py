@@ -173,6 +173,13 @@ class Budgets:
         known only once done)."""
         self._bucket(grant).charge(cost, self.clock())
 
+    def out_of_debt(self, grant: Grant) -> None:
+        """RateLimited while ``grant``'s budget is in debt (nothing taken):
+        for what costs nothing up front but may run up a debt."""
+        wait = self._bucket(grant).wait(0, self.clock())
+        if wait > 0:
+            raise RateLimited(self.budget_of(grant).rate, wait)
+
 
 class NewClientIds:
     """Which client ids people's tokens used lately here, and each token's

@@ -16,13 +16,15 @@ exists. Nothing is lost, nothing applied twice.
 one cursor per channel, answered per channel with ``replay``,
 ``snapshot`` or ``missing``.
 
-Each snapshot a reconnect answers is a read (half an action, and one more
-per whole 64 KiB), charged to the token's budget as a debt its next
-requests wait out, never refused: a client is not turned away as it comes
-back. Channels named twice are answered once, and what does not fit in
-one answer's budget (what the client may leave unread) is left out: no snapshot (a
-plain client's) or ``missing`` (cursors); the client may subscribe to it
-on its own.
+Each snapshot a reconnect answers is a read (half an action of the token's
+budget and one more per whole 64 KiB), charged as a debt its next requests
+wait out; while the token is in debt a reconnect (and an ``initialize``)
+is refused as ``rate-limited`` (-32011: try again later). Channels named twice are
+answered once; naming more than twice ``--max-subscriptions`` is refused
+before any is looked up; once a snapshot does not fit in one answer's budget
+(what the client may leave unread) it and the rest are left out: no
+snapshot (a plain client's) or ``missing`` (cursors); the client may
+subscribe to them on its own.
 
 Either way a reconnect is held to ``--max-subscriptions`` as ``subscribe``
 is: when the channels it would subscribe to (those it reaches, besides the
@@ -67,6 +69,7 @@ async def reconnect(
     rpc: Rpc, params: ReconnectParams
 ) -> ReconnectResult | ReconnectReplay | ReconnectSnapshots:
     """Answer ``reconnect`` on ``rpc``'s connection (see the module docstring)."""
+    rpc.commands.out_of_debt(rpc.grant)
     if params.cursors is not None:
         if rpc.client_id is None or rpc.numbering is not None:
             raise MalformedFrame(
@@ -75,6 +78,7 @@ async def reconnect(
                 "$.params.cursors",
             )
         _same_client(rpc, params)
+        _at_most(rpc, len({c.channel for c in params.cursors}))
         return await resume_channels(rpc, params.cursors)
     if params.last_seen_server_seq is None or params.subscriptions is None:
         raise MalformedFrame(
@@ -90,15 +94,30 @@ async def reconnect(
                 "this connection counts serverSeq per channel: reconnect with cursors",
                 "$.params.lastSeenServerSeq",
             )
-    reached = await reach_all(rpc, ((uri, "$.subscriptions") for uri in params.subscriptions))
+    _at_most(rpc, len(set(params.subscriptions)))
     if rpc.client_id is None:
         await rpc.commands.claim_client(rpc.grant, params.client_id)
+    reached = await reach_all(rpc, ((uri, "$.subscriptions") for uri in params.subscriptions))
+    if rpc.client_id is None:
         left = rpc.clients.numbering_of(params.client_id)
         rpc.label(params.client_id)
         rpc.extensions = frozenset()
     else:
         left = rpc.numbering
     return await resume_plain(rpc, left, params.last_seen_server_seq, params.subscriptions, reached)
+
+
+def _at_most(rpc: Rpc, named: int) -> None:
+    """CommandError (-32009) when a reconnect names more than twice the
+    channels a connection may subscribe to (it held at most that many, and
+    those gone since do not count against it): refused before any is
+    looked up (a frame may name 40,000)."""
+    limit = rpc.limits.max_subscriptions
+    if named > 2 * limit:
+        raise CommandError(
+            ErrorCode.PERMISSION_DENIED,
+            f"at most {limit} subscriptions per connection; this reconnect names {named:,}",
+        )
 
 
 def _same_client(rpc: Rpc, params: ReconnectParams) -> None:
@@ -176,10 +195,10 @@ async def resume_plain(
         if not room.takes(snapshot):  # beyond what one answer may take: left out
             rpc.host.core.unsubscribe(uri, rpc.connection)
             rpc.connection.unpark(uri)
-            continue
+            break
         rpc.add_subscription(uri)
         snapshots.append(snapshot)
-    rpc.commands.charge_snapshots(rpc.grant, room.count, room.taken)
+    rpc.commands.charge_snapshots(rpc.grant, room.count, room.read)
     return ReconnectSnapshots(snapshots=snapshots)
 
 
@@ -194,7 +213,7 @@ async def resume_channels(rpc: Rpc, cursors: list[ChannelCursor]) -> ReconnectRe
     room = Room(rpc.answer_budget)
     for cursor in cursors:
         uri = cursor.channel
-        if uri not in reached:
+        if uri not in reached or room.full:
             resumes.append(MissingResume(channel=uri))
             continue
         rpc.connection.park(uri)
@@ -211,5 +230,5 @@ async def resume_channels(rpc: Rpc, cursors: list[ChannelCursor]) -> ReconnectRe
             resume = SnapshotResume(channel=uri, snapshot=snapshot)
         rpc.add_subscription(uri)
         resumes.append(resume)
-    rpc.commands.charge_snapshots(rpc.grant, room.count, room.taken)
+    rpc.commands.charge_snapshots(rpc.grant, room.count, room.read)
     return ReconnectResult(channels=resumes)

@@ -319,6 +319,7 @@ class Rpc:
                 f"no protocol version in common; this server speaks {supported}",
                 {"supportedVersions": list(SUPPORTED_PROTOCOL_VERSIONS)},
             )
+        self.commands.out_of_debt(self.grant)
         await self.commands.claim_client(self.grant, params.client_id)
         capabilities = params.capabilities or {}
         asked = frozenset(capabilities.keys()) & EXTENSIONS.keys()
@@ -327,29 +328,29 @@ class Rpc:
             wanted_name = capabilities[IDENTITY]
             named = wanted_name.get("name") if isinstance(wanted_name, dict) else None
             self.identity = self.grant.identity_as(named if isinstance(named, str) else None)
+        # Beyond the limit, or once the answer is full, the rest is left out
+        # unread (a frame may name 40,000 channels).
         wanted = list(dict.fromkeys(params.initial_subscriptions or []))
-        share = min(len(wanted), self.limits.max_subscriptions)
+        wanted = wanted[: self.limits.max_subscriptions]
         snapshots: list[Snapshot] = []
         room = Room(self.answer_budget)
         try:
             for uri in wanted:
-                if len(self.subscriptions) >= self.limits.max_subscriptions:
-                    break  # the rest is beyond the limit: left out
                 with contextlib.suppress(CommandError):  # gone or not ours: no snapshot
-                    snapshot = await self.subscribe_to(uri, share=share)
+                    snapshot = await self.subscribe_to(uri, share=len(wanted))
                     if room.takes(snapshot):
                         snapshots.append(snapshot)
-                    else:  # beyond what one answer may take: left out
+                    else:
                         await self._unsubscribe(ChannelParams(channel=uri))
                         self.connection.unpark(uri)
+                        break
         except BaseException:
             # A failed initialize changes nothing: the client may try again.
             for uri in list(self.subscriptions):
                 await self._unsubscribe(ChannelParams(channel=uri))
             raise
-        # Each snapshot is a read; charged, not refused: a connection is
-        # never turned away at its start, its next requests wait it out.
-        self.commands.charge_snapshots(self.grant, room.count, room.taken)
+        # Each snapshot is a read too, charged (its next requests wait it out).
+        self.commands.charge_snapshots(self.grant, room.count, room.read)
         self.label(params.client_id)
         root = await self.host.view(ROOT_URI)
         extensions = {"huddle": self._announced(asked)} if asked else None

@@ -607,3 +607,59 @@ async def test_pages_of_sessions_asked_at_once_read_the_store_once() -> None:
     assert all(len(page["result"]["items"]) == 3 for page in pages)
     assert len(whole_reads) <= 2  # once, and again only if a second passed
     assert len(after["result"]["items"]) == 4
+
+
+async def test_initialize_is_refused_while_its_token_is_in_debt() -> None:
+    # Snapshots are charged after the answer: a loop of initialize naming
+    # large chats ran up a debt nothing ever refused (a core pinned).
+    limits = Limits(actions_per_second=0.001, action_burst=2)
+    running = await start_server(Settings(port=0, limits=limits))
+    try:
+        chat = await a_chat(running)
+        agent = running.clients[0]
+        for n in range(2):  # 120 KiB of chat: a snapshot costs 1.5
+            start = ChatTurnStarted(
+                turn_id=f"t{n}", started_at="2026-11-30T10:00:00Z", message=big("m")
+            )
+            await agent.dispatch_and_wait(chat, start)
+            await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id=f"t{n}", duration=1))
+        token = running.token(name="lee")
+        answers = []
+        for _ in range(3):
+            peer = await Peer.open(running.ws, token, "lee")
+            params = initialize_params("lee", extensions=()) | {"initialSubscriptions": [chat]}
+            answers.append(await peer.request("initialize", params))
+            await peer.ws.close()
+    finally:
+        await running.stop()
+
+    assert ["result" in answer for answer in answers] == [True, True, False]  # 2, 0.5, -1
+    assert answers[2]["error"]["code"] == -32011
+    assert "rate-limited" in answers[2]["error"]["message"]
+
+
+async def test_initialize_looks_at_no_more_channels_than_it_may_subscribe_to() -> None:
+    running = await start_server(Settings(port=0, limits=Limits(max_subscriptions=5)))
+    try:
+        chat = await a_chat(running)
+        gone = [f"ahp-chat:/gone-{n}" for n in range(5)]
+        peer = await Peer.open(running.ws, running.token(name="lee"), "lee")
+        params = initialize_params("lee", extensions=()) | {"initialSubscriptions": [*gone, chat]}
+        opened = await peer.request("initialize", params)
+        back = await Peer.open(running.ws, running.token(name="lee"), "lee-too")
+        many = [*(f"ahp-chat:/gone-{n}" for n in range(11)), chat]
+        refused = await back.request(
+            "reconnect",
+            {
+                "channel": ROOT_URI,
+                "clientId": "lee-too",
+                "lastSeenServerSeq": 0,
+                "subscriptions": many,
+            },
+        )
+    finally:
+        await running.stop()
+
+    assert opened["result"]["snapshots"] == []  # the chat came sixth: beyond what is read
+    assert refused["error"]["code"] == -32009
+    assert "this reconnect names 12" in refused["error"]["message"]

@@ -9,7 +9,9 @@ One hook of the channel core, acting on the actions this process accepted
   (its shadow) against the chat's latest state, one sync per chat at a
   time, so their order cannot go wrong (:func:`reducers.aggregate.
   derive_session_actions`); a summary's ``modifiedAt`` alone reaches the
-  catalog at most once per ``modified_at_interval``;
+  catalog at most once per ``modified_at_interval``; ``inputNeeded`` holds
+  at most INPUT_NEEDED_BYTES (an entry beyond is not listed, its chat
+  still holds it);
 - news in a chat (a turn, a question, a tool waiting) makes its session
   unread again;
 - after a session action, the session's entry in the sessions list is
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
@@ -33,6 +36,7 @@ from protocol.actions import (
     ChatInputRequested,
     ChatToolCallReady,
     ChatTurnStarted,
+    SessionInputNeededSet,
     SessionIsReadChanged,
     StateAction,
 )
@@ -43,16 +47,24 @@ from protocol.session import SessionState, SessionSummary
 from protocol.status import SessionStatus
 from protocol.uris import ROOT_URI
 from reducers.aggregate import derive_session_actions, session_summary, summary_diff
+from reducers.limits import json_bytes
 from server.cache import Lru
 from server.channels import Applied, ChannelCore
 from server.errors import ChannelGone
 from server.forms import chat_session
+
+log = logging.getLogger("huddle.aggregate")
 
 NEWS = (ChatTurnStarted, ChatInputRequested, ChatToolCallReady)
 """Chat actions that make the session unread again."""
 SESSION_RECORDS = "session"
 CACHED = 4096
 """Chats and sessions whose aggregate bookkeeping is kept in memory."""
+INPUT_NEEDED_BYTES = 256 << 10
+"""Bytes a session's ``inputNeeded`` may take: it mirrors every open
+request and pending tool call of every chat in full (AHP), so an agent or
+an MCP server asking large questions in many chats made the session too
+large to load. Beyond, an entry is not listed there (its chat holds it)."""
 LISTED_FOR = 1.0
 """Seconds the sessions list, as read from the store, serves pages."""
 
@@ -145,8 +157,26 @@ class SessionAggregate:
             self._schedule_flush(chat)
             self._shadows.put(chat, replace(current, modified_at=shadow.modified_at))
         for action in actions:
+            if isinstance(action, SessionInputNeededSet) and not self._room_for(session, action):
+                log.warning(
+                    "%s: %s is not listed in the session's inputNeeded: they take %d bytes",
+                    session,
+                    action.request.id,
+                    INPUT_NEEDED_BYTES,
+                )
+                continue
             with contextlib.suppress(ChannelGone):
                 await self.dispatch(session, action)
+
+    def _room_for(self, session: str, action: SessionInputNeededSet) -> bool:
+        """Whether the session's ``inputNeeded`` stays within
+        INPUT_NEEDED_BYTES with ``action``'s entry in it."""
+        view = self.core.cached(session)
+        if view is None or not isinstance(view.state, SessionState):
+            return True  # not here: the store's compare-and-set decides, as for any write
+        entry = action.request
+        others = [e for e in view.state.input_needed or [] if e.id != entry.id]
+        return json_bytes(others) + json_bytes(entry) <= INPUT_NEEDED_BYTES
 
     def _schedule_flush(self, chat: str) -> None:
         if chat in self._flushes:

@@ -222,3 +222,25 @@ async def test_notes_that_come_together_are_written_together(running: RunningSer
                 if drafted(envelope["action"]["_meta"]) == QUESTIONS:
                     break
     assert changes < QUESTIONS // 2  # the first at once, the rest a few at a time
+
+
+async def test_a_sessions_input_needed_stays_loadable_however_much_is_asked(
+    running: RunningServer,
+) -> None:
+    # inputNeeded mirrors every open request of every chat in full: an agent
+    # (or an MCP server through it) asking large questions in many chats
+    # made the session too large for anyone to load.
+    agent = await running.client("agent", name="agent")
+    await agent.create_session(SESSION)
+    await agent.subscribe(SESSION)
+    for n in range(6):  # about 100 KB a request: 600 KB unbounded
+        chat = await a_chat(agent, f"asking-{n}")
+        questions = [TextQuestion(id=f"q{q}", message="?" * 10_000) for q in range(10)]
+        request = InputRequest(id=f"r{n}", questions=questions)
+        await agent.dispatch_and_wait(chat, ChatInputRequested(request=request))
+    newcomer = await Peer.ready(running.ws, running.token(name="Lee"), "lee")
+    snapshot = await newcomer.subscribe(SESSION)
+
+    listed = snapshot["state"].get("inputNeeded") or []
+    assert len(encode(listed)) <= 256 << 10
+    assert 0 < len(listed) < 6  # the first ones, then no more

@@ -45,7 +45,7 @@ from protocol.actions import (
 )
 from protocol.chat import Message, Turn
 from protocol.codec import MalformedFrame
-from protocol.messages import ActionEnvelope, ActionOrigin, ErrorCode, ExpireParams
+from protocol.messages import ActionEnvelope, ActionOrigin, ChannelState, ErrorCode, ExpireParams
 from protocol.rejections import RejectionCode
 from protocol.session import ActiveClient, RootState, SessionState, SessionSummary
 from protocol.uris import ROOT_URI, BadChannelUri, channel_kind
@@ -250,23 +250,50 @@ class Commands:
         joined = None
         if active_client is not None:
             joined = SessionActiveClientSet(active_client=active_client)
-            problem = dispatch_refusal(grant, uri, joined, blank, client_id)
-            problem = problem or await self.host.check(uri, joined, blank)
-            if problem is not None:
-                raise refused(ActionRejected.of(problem), "$.activeClient")
+            await self._would_take(grant, uri, joined, blank, client_id, "$.activeClient")
         chat = await self.host.create_session(
             uri, provider=provider, title=title, working_directories=working_directories
         )
         if joined is not None:
-            try:
-                await self.dispatch(
-                    grant, uri, joined, client_id=client_id, sender=sender, admitted=True
-                )
-            except ActionRejected as rejected:
-                raise refused(rejected, "$.activeClient") from None
-            except ChannelGone as gone:
-                raise not_found(gone.channel) from None
+            await self._as_callers(grant, uri, joined, client_id, sender, "$.activeClient")
         return chat
+
+    async def _would_take(
+        self,
+        grant: Grant,
+        uri: str,
+        action: StateAction,
+        blank: ChannelState,
+        client_id: str | None,
+        path: str,
+    ) -> None:
+        """Refused (:func:`refused`, at ``path``) unless the policy and the
+        rules take ``action`` from ``grant`` on ``uri`` in ``blank``, the
+        state it will have when created: asked before anything is."""
+        refusal = dispatch_refusal(grant, uri, action, blank, client_id)
+        refusal = refusal or await self.host.check(uri, action, blank)
+        if refusal is not None:
+            raise refused(ActionRejected.of(refusal), path)
+
+    async def _as_callers(
+        self,
+        grant: Grant,
+        uri: str,
+        action: StateAction,
+        client_id: str | None,
+        sender: Identity | None,
+        path: str,
+    ) -> None:
+        """Dispatch ``action`` (already admitted) as the caller's own, just
+        after its channel was created; refused as a command is, at ``path``."""
+        try:
+            await self.dispatch(
+                grant, uri, action, client_id=client_id, sender=sender, admitted=True
+            )
+        except ActionRejected as rejected:
+            raise refused(rejected, path) from None
+        except ChannelGone as gone:
+            raise not_found(gone.channel) from None
 
     async def dispose_session(self, grant: Grant, uri: str) -> None:
         self.allow(grant, Command.DISPOSE_SESSION)
@@ -318,22 +345,17 @@ class Commands:
                 turn_id=secrets.token_hex(8), started_at=now, message=initial_message
             )
             blank = new_chat(session, chat, title or "", now, working_directories)
-            refusal = dispatch_refusal(grant, chat, started, blank, client_id)
-            refusal = refusal or await self.host.check(chat, started, blank)
-            if refusal is not None:
-                raise refused(ActionRejected.of(refusal), "$.initialMessage")
+            await self._would_take(grant, chat, started, blank, client_id, "$.initialMessage")
         try:
             await self.host.sessions.create_chat(
                 session, chat, title=title, working_directories=working_directories
             )
-            if started is not None:
-                await self.dispatch(
-                    grant, chat, started, client_id=client_id, sender=sender, admitted=True
-                )
         except ActionRejected as rejected:
             raise refused(rejected, "$.initialMessage") from None
         except ChannelGone as gone:
             raise not_found(gone.channel) from None
+        if started is not None:
+            await self._as_callers(grant, chat, started, client_id, sender, "$.initialMessage")
 
     def _spend(self, grant: Grant) -> None:
         """:meth:`admit`, refused as a command is (:func:`refused`)."""

@@ -61,16 +61,22 @@ def big(text: str) -> Message:
 async def a_long_chat(running: RunningServer) -> str:
     """A chat of 12 turns of 60 KiB (t0 .. t11): about three times the send
     buffer."""
+    chat = await a_chat_of(running, 12)
+    full = (await running.server.host.view(chat)).state
+    assert len(encode(full)) > SEND_BUFFER
+    return chat
+
+
+async def a_chat_of(running: RunningServer, turns: int) -> str:
+    """A chat of ``turns`` completed turns of 60 KiB each (t0, t1, ...)."""
     chat = await a_chat(running)
     agent = running.clients[0]
-    for n in range(12):
+    for n in range(turns):
         start = ChatTurnStarted(
             turn_id=f"t{n}", started_at="2026-11-30T10:00:00Z", message=big("x")
         )
         await agent.dispatch_and_wait(chat, start)
         await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id=f"t{n}", duration=1))
-    full = (await running.server.host.view(chat)).state
-    assert len(encode(full)) > SEND_BUFFER
     return chat
 
 
@@ -568,14 +574,7 @@ async def test_a_large_snapshot_costs_its_size_as_over_http() -> None:
     limits = Limits(actions_per_second=0.001, action_burst=2)
     running = await start_server(Settings(port=0, limits=limits))
     try:
-        chat = await a_chat(running)
-        agent = running.clients[0]
-        for n in range(2):  # 120 KiB of chat: one action more than half a read
-            start = ChatTurnStarted(
-                turn_id=f"t{n}", started_at="2026-11-30T10:00:00Z", message=big("m")
-            )
-            await agent.dispatch_and_wait(chat, start)
-            await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id=f"t{n}", duration=1))
+        chat = await a_chat_of(running, 2)  # 120 KiB of chat: one action more than half a read
         peer = await Peer.ready(running.ws, running.token(name="lee"), "lee")
         answers = [await peer.request("subscribe", {"channel": chat}) for _ in range(3)]
     finally:
@@ -615,14 +614,7 @@ async def test_initialize_is_refused_while_its_token_is_in_debt() -> None:
     limits = Limits(actions_per_second=0.001, action_burst=2)
     running = await start_server(Settings(port=0, limits=limits))
     try:
-        chat = await a_chat(running)
-        agent = running.clients[0]
-        for n in range(2):  # 120 KiB of chat: a snapshot costs 1.5
-            start = ChatTurnStarted(
-                turn_id=f"t{n}", started_at="2026-11-30T10:00:00Z", message=big("m")
-            )
-            await agent.dispatch_and_wait(chat, start)
-            await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id=f"t{n}", duration=1))
+        chat = await a_chat_of(running, 2)  # 120 KiB of chat: a snapshot costs 1.5
         token = running.token(name="lee")
         answers = []
         for _ in range(3):

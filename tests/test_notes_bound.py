@@ -236,7 +236,7 @@ async def test_a_sessions_input_needed_stays_loadable_however_much_is_asked(
     for n in range(6):  # about 100 KB a request: 600 KB unbounded
         chat = await a_chat(agent, f"asking-{n}")
         questions = [TextQuestion(id=f"q{q}", message="?" * 10_000) for q in range(10)]
-        request = InputRequest(id=f"r{n}", questions=questions)
+        request = InputRequest(id=f"r{n}", questions=list(questions))
         await agent.dispatch_and_wait(chat, ChatInputRequested(request=request))
     newcomer = await Peer.ready(running.ws, running.token(name="Lee"), "lee")
     snapshot = await newcomer.subscribe(SESSION)

@@ -284,9 +284,12 @@ class Connection:
         characters) of a malformed one, which weighs one and one more per
         ``MALFORMED_WEIGHT_CHARS`` it holds. A client whose malformed frames
         in a row weigh ``flood_close_after`` is closed (1008), as one whose
-        actions keep being rate-limited is (:meth:`count_action`)."""
+        actions keep being rate-limited is (:meth:`count_action`). A good
+        frame halves the weight rather than clearing it: a ping between
+        floods of malformed frames buys little, an occasional error in a
+        long life is soon forgotten."""
         if malformed_size is None:
-            self.malformed_in_a_row = 0
+            self.malformed_in_a_row //= 2
             return
         self.malformed_in_a_row += 1 + malformed_size // MALFORMED_WEIGHT_CHARS
         if self.malformed_in_a_row >= self.limits.flood_close_after:

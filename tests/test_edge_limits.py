@@ -203,13 +203,27 @@ async def test_a_good_frame_between_malformed_ones_keeps_the_connection(
 ) -> None:
     peer = await Peer.ready(limited.ws, limited.token(role="observer"), "clumsy")
 
-    for _ in range(3):
-        for _ in range(4):  # one short of flood_close_after
+    for _ in range(6):
+        for _ in range(2):  # a good frame halves the weight: 2, 1, 3, 1, 3, ...
             await peer.send(too_deep(1))
         assert "result" in await peer.request("ping", {"channel": ROOT_URI})
 
     errors = [frame["error"]["message"] for frame in peer.backlog]
     assert errors == ["JSON nested deeper than 64 levels"] * 12
+
+
+async def test_a_ping_between_floods_of_malformed_frames_buys_little(
+    limited: RunningServer,
+) -> None:
+    peer = await Peer.ready(limited.ws, limited.token(role="observer"), "flooder")
+
+    for _ in range(4):  # one short of flood_close_after
+        await peer.send(too_deep(1))
+    assert "result" in await peer.request("ping", {"channel": ROOT_URI})  # 4 -> 2
+    for _ in range(3):
+        await peer.send(too_deep(1))
+
+    assert await peer.close_code() == 1008
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@ A call runs only once it is allowed or approved, and then exactly once."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from server.runner.agent import (
@@ -13,7 +15,7 @@ from server.runner.agent import (
     require_approval_for,
 )
 from server.runner.events import EventType, RunnerEvent
-from server.runner.runner import Runner
+from server.runner.runner import ResumeRejected, Runner
 from server.runner.store import MemoryTurnStore
 from server.runner.turn import ResumeCommand, SuspensionType, ToolCall, Turn, TurnStatus
 from tests.runner_kit import Clock, Model, Runs, agent, call, say, scripted, use
@@ -129,3 +131,33 @@ async def test_nobody_is_asked_to_approve_a_call_beyond_the_tool_call_budget() -
     assert turn.status == TurnStatus.BUDGET_EXCEEDED
     assert turn.suspension is None
     assert runs.count("deploy") == 0
+
+
+async def test_arguments_edited_in_a_resume_must_fit_the_tools_input() -> None:
+    # The chat checks an edited tool input against the tool's schema; a
+    # resume made in code skipped it, and the tool ran with anything.
+    runs = Runs()
+    deploy = dataclasses.replace(
+        runs.tool("deploy", result="deployed"),
+        input_schema={
+            "type": "object",
+            "properties": {"env": {"enum": ["staging", "prod"]}},
+            "required": ["env"],
+        },
+    )
+    model = scripted(use(call("c1", "deploy", env="prod")), say("Done."))
+    helper = agent(model, deploy, approval_policy=ASK_BEFORE_DEPLOYING)
+    runner = Runner(MemoryTurnStore(), [helper], clock=Clock())
+    await runner.run(helper, "Deploy it", turn_id="t1")
+
+    with pytest.raises(ResumeRejected) as refused:
+        await runner.resume(
+            "t1", ResumeCommand.approve_tool("c1", edited_arguments={"env": "moon"})
+        )
+    done = await runner.resume(
+        "t1", ResumeCommand.approve_tool("c1", edited_arguments={"env": "staging"})
+    )
+
+    assert refused.value.errors == ["env: fails `enum`"]
+    assert done.status == TurnStatus.COMPLETED
+    assert runs.count("deploy") == 1

@@ -28,6 +28,8 @@ import dataclasses
 import msgspec
 
 from server.runner.agent import ALLOW, Agent, ApprovalDecision, Outcome, Tool
+from server.runner.errors import ResumeRejected
+from server.runner.forms import schema_errors
 from server.runner.turn import (
     PendingCall,
     Phase,
@@ -81,3 +83,16 @@ def answered(pending: PendingCall, command: ResumeCommand) -> PendingCall:
         return msgspec.structs.replace(pending, call=call, approved=True)
     status = "skipped" if command.skipped else "rejected"
     return pending.with_result({"status": status, "reason": command.reason or "denied by a person"})
+
+
+def check_edit(turn: Turn, tool: Tool | None, command: ResumeCommand) -> None:
+    """Raise ResumeRejected unless the arguments ``command`` approves the
+    call with, when edited, fit the tool's input schema (the chat's path
+    checks ``editedToolInput`` so; a resume made in code is held to the
+    same)."""
+    edited = command.edited_arguments
+    if not command.approved or edited is None or tool is None:
+        return
+    errors = schema_errors(tool.input_schema, edited)
+    if errors:
+        raise ResumeRejected(turn.id, "the edited arguments do not fit the tool's input", errors)

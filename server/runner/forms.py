@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
+
 from server.expiry import Expiry
 
 
@@ -26,3 +28,20 @@ class FormDefinition:
     description: str
     schema: dict[str, Any]
     expiry: Expiry | None = None
+
+
+def schema_errors(schema: dict[str, Any], data: dict[str, Any]) -> list[str]:
+    """Field errors of ``data`` against ``schema`` (a frozen form, a tool's
+    input schema), no values quoted."""
+    validator = jsonschema.Draft202012Validator(schema)
+    errors: dict[str, None] = {}
+    for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
+        path = [str(p) for p in error.absolute_path]
+        if error.validator == "required" and isinstance(error.instance, dict):
+            # A missing field fails on the object that lacks it: name the field.
+            for name in error.validator_value:
+                if name not in error.instance:
+                    errors["/".join([*path, str(name)]) + ": fails `required`"] = None
+            continue
+        errors[f"{'/'.join(path) or '(form)'}: fails `{error.validator}`"] = None
+    return list(errors)

@@ -60,6 +60,7 @@ from server.runner import approvals, user_input
 from server.runner.agent import Agent, Outcome, Tool
 from server.runner.context import ToolContext, enter, leave
 from server.runner.errors import (
+    AgentVersionGone,
     Fenced,
     FormRequired,
     ModelUnavailable,
@@ -306,6 +307,19 @@ class Runner:
                 refuse(f"the retry is not due for {due - self.clock():.1f} s")
         if command.type == SuspensionType.USER_INPUT:
             user_input.check_answer(turn, suspension, command)
+        if command.type == SuspensionType.TOOL_APPROVAL:
+            approvals.check_edit(turn, self._tool_of(turn, command.correlation_id), command)
+
+    def _tool_of(self, turn: Turn, call_id: str | None) -> Tool | None:
+        """The tool of ``turn``'s pending call ``call_id`` (None: no such
+        call, or its agent is gone: the resume fails on that later)."""
+        pending = next((p for p in turn.pending if p.call.id == call_id), None)
+        if pending is None:
+            return None
+        try:
+            return self.agent_for(turn).tool(pending.call.name)
+        except (UnknownAgent, AgentVersionGone):
+            return None
 
     def _resume_changes(self, turn: Turn, command: ResumeCommand) -> None:
         suspension = turn.suspension

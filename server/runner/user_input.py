@@ -32,15 +32,13 @@ the chat.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-import jsonschema
 import msgspec
 
 from server.expiry import Expiry
 from server.runner.agent import Agent, Tool
 from server.runner.errors import FormRequired, ResumeRejected
-from server.runner.forms import FormDefinition
+from server.runner.forms import FormDefinition, schema_errors
 from server.runner.model import ToolSpec
 from server.runner.turn import (
     FrozenForm,
@@ -146,7 +144,7 @@ def check_answer(turn: Turn, suspension: Suspension, command: ResumeCommand) -> 
             turn.id, f"the turn waits for form {form.key!r}, not a plain-text answer"
         )
     if command.response == "accept":
-        errors = _form_errors(form.schema, command.data or {})
+        errors = schema_errors(form.schema, command.data or {})
         if errors:
             raise ResumeRejected(turn.id, "the submitted data does not fit the form", errors)
 
@@ -166,19 +164,3 @@ def answered(pending: PendingCall, form: FrozenForm, command: ResumeCommand) -> 
 def plain_answer(command: ResumeCommand) -> ModelMessage:
     """The user message the answer to a plain-text question becomes."""
     return ModelMessage(role="user", content=command.content or "")
-
-
-def _form_errors(schema: dict[str, Any], data: dict[str, Any]) -> list[str]:
-    """Field errors of ``data`` against the frozen form (no values quoted)."""
-    validator = jsonschema.Draft202012Validator(schema)
-    errors: dict[str, None] = {}
-    for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
-        path = [str(p) for p in error.absolute_path]
-        if error.validator == "required" and isinstance(error.instance, dict):
-            # A missing field fails on the object that lacks it: name the field.
-            for name in error.validator_value:
-                if name not in error.instance:
-                    errors["/".join([*path, str(name)]) + ": fails `required`"] = None
-            continue
-        errors[f"{'/'.join(path) or '(form)'}: fails `{error.validator}`"] = None
-    return list(errors)

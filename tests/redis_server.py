@@ -162,6 +162,10 @@ class ClusterNodeProcess:
                 if "Address already in use" not in str(error):
                     raise
                 self.port, self.bus_port = free_port(), free_port()
+                if self._reader is not None:
+                    self._reader.join()
+                with self._seen:  # the attempt that failed says nothing of the next
+                    self.lines.clear()
         self._start(timeout)
 
     def _start(self, timeout: float) -> None:

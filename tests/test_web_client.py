@@ -167,6 +167,11 @@ async def open_client(
     if session is not None:
         await page.goto(base + session_href(session))
         await expect(page.get_by_label("Message to the agent")).to_be_enabled()
+        # Send is enabled once the chat itself is loaded, not only its session
+        # (an observer's page has none).
+        send = page.get_by_role("button", name="Send")
+        if await send.count():
+            await expect(send).to_be_enabled()
     return context, page
 
 

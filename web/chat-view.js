@@ -331,9 +331,11 @@ export class ChatView {
       this.help.textContent = 'The agent is still working. Wait for it, or press Stop.';
       return;
     }
-    this.ctx.startTurn(text);
+    // Cleared first: a turn refused on the spot (the chat still loading)
+    // puts the text back (restore), and must find the composer empty.
     this.input.value = '';
     this.grow();
+    this.ctx.startTurn(text);
   }
 
   /** Put text back into the composer (a turn the server refused), unless something new is typed. */

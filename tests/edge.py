@@ -41,6 +41,16 @@ HUDDLE = ("huddle.channelSeqs", "huddle.turnWindows", "huddle.titles")
 plain-AHP tests ask for none)."""
 
 
+def plain_reconnect(client_id: str, subscriptions: list[str]) -> Frame:
+    """AHP's reconnect params for ``client_id`` that has seen nothing yet."""
+    return {
+        "channel": ROOT_URI,
+        "clientId": client_id,
+        "lastSeenServerSeq": 0,
+        "subscriptions": subscriptions,
+    }
+
+
 def initialize_params(
     client_id: str,
     versions: tuple[str, ...] = (PROTOCOL_VERSION,),

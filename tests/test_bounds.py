@@ -21,7 +21,7 @@ from server.errors import ActionRejected
 from server.sessions import windowed
 from server.store.memory import KEPT_BYTES, MemoryStore
 from tests.conftest import AGENT_TOKEN, UNIT, RecordReads, RunningServer, start_server
-from tests.edge import HttpReply, Peer, http, initialize_params
+from tests.edge import HttpReply, Peer, http, initialize_params, plain_reconnect
 from tests.test_serve_cli import TOKEN, start
 
 SESSION = "ahp-session:/bounds"
@@ -504,12 +504,7 @@ async def test_the_snapshots_of_initialize_and_reconnect_are_charged_not_refused
         second = await Peer.open(running.ws, token, "lee-too")
         resumed = await second.request(
             "reconnect",
-            {
-                "channel": ROOT_URI,
-                "clientId": "lee-too",
-                "lastSeenServerSeq": 0,
-                "subscriptions": channels,
-            },
+            plain_reconnect("lee-too", channels),
         )
         after_reconnect = await second.request("listSessions", {"channel": ROOT_URI})
     finally:
@@ -547,12 +542,7 @@ async def test_initialize_and_reconnect_answer_each_channel_once_and_within_one_
         back = await Peer.open(running.ws, token, "lee-too")
         plain = await back.request(
             "reconnect",
-            {
-                "channel": ROOT_URI,
-                "clientId": "lee-too",
-                "lastSeenServerSeq": 0,
-                "subscriptions": named,
-            },
+            plain_reconnect("lee-too", named),
         )
         huddle = await Peer.ready(running.ws, token, "lee-three")
         cursors = [{"channel": uri, "lastSeenServerSeq": 0} for uri in named]
@@ -642,12 +632,7 @@ async def test_initialize_looks_at_no_more_channels_than_it_may_subscribe_to() -
         many = [*(f"ahp-chat:/gone-{n}" for n in range(11)), chat]
         refused = await back.request(
             "reconnect",
-            {
-                "channel": ROOT_URI,
-                "clientId": "lee-too",
-                "lastSeenServerSeq": 0,
-                "subscriptions": many,
-            },
+            plain_reconnect("lee-too", many),
         )
     finally:
         await running.stop()

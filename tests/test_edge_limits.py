@@ -33,6 +33,7 @@ from tests.edge import (
     assert_still_serving,
     http,
     initialize_params,
+    plain_reconnect,
     rpc,
 )
 
@@ -603,15 +604,6 @@ async def test_unsubscribing_frees_a_subscription(limited: RunningServer) -> Non
 def subscriptions_of(running: RunningServer, name: str) -> set[str]:
     (connection,) = [c for c in running.server.connections if c.grant.name == name]
     return connection.subscriptions
-
-
-def plain_reconnect(client_id: str, subscriptions: list[str]) -> Frame:
-    return {
-        "channel": ROOT_URI,
-        "clientId": client_id,
-        "lastSeenServerSeq": 0,
-        "subscriptions": subscriptions,
-    }
 
 
 async def test_a_plain_reconnect_beyond_the_limit_is_refused_and_subscribes_nothing(

@@ -167,11 +167,12 @@ async def open_client(
     if session is not None:
         await page.goto(base + session_href(session))
         await expect(page.get_by_label("Message to the agent")).to_be_enabled()
-        # Send is enabled once the chat itself is loaded, not only its session
-        # (an observer's page has none).
-        send = page.get_by_role("button", name="Send")
-        if await send.count():
-            await expect(send).to_be_enabled()
+        # The chat itself loaded, not only its session: its turns, or its
+        # empty state, are shown.
+        conversation = page.get_by_role("region", name="Conversation")
+        empty = conversation.get_by_text("Nothing here yet")
+        shown = conversation.get_by_role("article").or_(empty)
+        await expect(shown.first).to_be_visible()
     return context, page
 
 

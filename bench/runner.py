@@ -27,9 +27,15 @@ Set-ups, each a ``huddle`` command in child processes, as deployed:
 (2) ``huddle serve --store unix://... --workers 0`` and ``huddle worker
     --store unix://...``: the Redis stores, the turn resumed by the server
     and run by the worker process, to which the resume's script hands it
-    (the worker's BLPOP on its inbox returns it).
+    (the worker's BLPOP on its inbox returns it);
+(3) the floor (:mod:`bench.floor`): the crossings of (2) with nothing at
+    the stops, a bare websockets server that makes (2)'s server's two Redis
+    calls and a bare worker that BLPOPs and, after a form, makes its one
+    more call before it stamps. No Huddle code runs in it: (2) over (3) is
+    what Huddle adds; (3) over a paused PING is the least a resume through
+    this topology costs on this machine, in round trips.
 
-Both serve with the per-connection action rate limit lifted, so that it is
+(1) and (2) serve with the per-connection action rate limit lifted, so that it is
 not what gets measured. The redis-server is the benchmark's own (unix
 socket in a temporary directory, ``appendonly yes``, ``appendfsync
 everysec`` as the README advises). Baseline: one bare Redis round trip,
@@ -41,10 +47,12 @@ every process on the resume's path (the server, Redis, the worker) has
 slept through the pause, and on a virtual machine a round trip that wakes
 sleeping processes costs several times one that does not (here a paused
 PING is about 7 back-to-back ones); a back-to-back PING measures Redis with
-everything awake. Rounds alternate the order of (1), (2) and the pings so
+everything awake. Rounds alternate the order of (1), (2), (3) and the pings so
 that machine noise hits all alike; every figure is over all rounds.
 Printed: p50 and p99 of each kind in each set-up, of both PINGs, and the
-ratios of the p50s: (2) over each PING (in round trips) and (2) over (1).
+ratios of the p50s: (2) over each PING (in round trips), (2) over (1),
+(2) over (3) and (3) over the paused PING, and (2) minus (3): the time
+Huddle's own work at the stops takes.
 
 Before its tool starts a resume crosses between processes five times (the
 participant to the server, the server's append to Redis and back, its
@@ -88,6 +96,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlparse
 
 import redis.asyncio as aioredis
+from websockets.asyncio.client import ClientConnection, connect
 
 from bench.redis_store import own_redis
 from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed, ChatTurnStarted
@@ -128,6 +137,7 @@ STARTUP_TIMEOUT = 60.0
 WARMUP_TURNS = 3
 MEMORY_LABEL = "(1) memory, worker task in the server"
 REDIS_LABEL = "(2) redis, serve --workers 0 + huddle worker"
+FLOOR_LABEL = "(3) floor: (2)'s crossings, nothing else"
 DROPPED = "not waiting: a duplicate resume?"
 """What a server logs when it drops a resume because the turn is not
 waiting (yet): ``ResumeRejected`` from ``Runner._check_resume``."""
@@ -265,14 +275,16 @@ class Child:
                 await self.drainer
 
 
-async def spawn(name: str, stamps_url: str, stamps_key: str, *args: str) -> Child:
-    """``python -m server <args>``, with only the bench's HUDDLE_ variables."""
+async def spawn(
+    name: str, stamps_url: str, stamps_key: str, *args: str, module: str = "server"
+) -> Child:
+    """``python -m <module> <args>``, with only the bench's HUDDLE_ variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUDDLE_")}
     env |= {"HUDDLE_TOKEN": AGENT_TOKEN, STAMPS_URL: stamps_url, STAMPS_KEY: stamps_key}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "server",
+        module,
         *args,
         cwd=ROOT,
         env=env,
@@ -344,6 +356,26 @@ async def serve(
     return Setup(name, label, children, f"ws://127.0.0.1:{parsed.port}/ahp", token)
 
 
+async def floor(name: str, label: str, url: str, stamps: tuple[str, str]) -> Setup:
+    """:mod:`bench.floor`'s relay and worker on ``url``: the resume's
+    crossings with nothing else. Returns once they are ready."""
+    inbox = f"{stamps[1]}:floor-inbox"
+    relay = await spawn(f"{name} relay", *stamps, "relay", url, inbox, module="bench.floor")
+    children = [relay]
+    try:
+        port = (await relay.read_until("listening on")).split()[-1]
+        relay.drain()
+        args = ("worker", url, inbox, stamps[1])
+        children.append(await spawn(f"{name} worker", *stamps, *args, module="bench.floor"))
+        await children[-1].read_until("bench.floor worker: ready")
+        children[-1].drain()
+    except BaseException:
+        for child in children:
+            await child.stop()
+        raise
+    return Setup(name, label, children, f"ws://127.0.0.1:{port}", "")
+
+
 # ─── The participant ─────────────────────────────────────────────────────────
 
 
@@ -373,13 +405,11 @@ def turn_done(state: ChannelState) -> bool:
     return isinstance(state, ChatState) and state.active_turn is None and bool(state.turns)
 
 
-class Participant:
-    """Plays turns against one set-up and reads the bench agent's stamps."""
+class Player:
+    """Plays turns against one set-up and reads the stamps of its tools."""
 
-    def __init__(
-        self, setup: Setup, client: HuddleClient, stamps: aioredis.Redis, key: str, think: float
-    ) -> None:
-        self.setup, self.client, self.stamps, self.key = setup, client, stamps, key
+    def __init__(self, setup: Setup, stamps: aioredis.Redis, key: str, think: float) -> None:
+        self.setup, self.stamps, self.key = setup, stamps, key
         self.think = think
         """Seconds the participant looks at a prompt before answering it."""
         self.sent: dict[str, int] = {}
@@ -403,6 +433,21 @@ class Participant:
         if (found, turn) != (tool, turn_id):
             raise SystemExit(f"expected a {tool} stamp of {turn_id}, got {stamp!r}")
         return int(at)
+
+    async def play(self, session: str) -> dict[str, int]:
+        """One turn in ``session``: each tool's latency (ns), by tool."""
+        raise NotImplementedError
+
+
+class Participant(Player):
+    """A person in a Huddle set-up: a HuddleClient that answers the form
+    and approves the call in its mirror of the chat."""
+
+    def __init__(
+        self, setup: Setup, client: HuddleClient, stamps: aioredis.Redis, key: str, think: float
+    ) -> None:
+        super().__init__(setup, stamps, key, think)
+        self.client = client
 
     async def play(self, session: str) -> dict[str, int]:
         """One turn in a new session; returns its latency by tool (ns)."""
@@ -452,8 +497,28 @@ class Participant:
         return latency
 
 
+class FloorPlayer(Player):
+    """The participant of set-up (3): for each tool, after the same pause,
+    one text frame to the relay naming it, and its stamp read back."""
+
+    def __init__(
+        self, setup: Setup, ws: ClientConnection, stamps: aioredis.Redis, key: str, think: float
+    ) -> None:
+        super().__init__(setup, stamps, key, think)
+        self.ws = ws
+
+    async def play(self, session: str) -> dict[str, int]:
+        latency: dict[str, int] = {}
+        for tool in KINDS:
+            await asyncio.sleep(self.think)
+            self.sent[tool] = time.time_ns()
+            await self.ws.send(f"{tool} {session}")
+            latency[tool] = await self._stamp(tool, session) - self.sent[tool]
+        return latency
+
+
 async def play_round(
-    participant: Participant, tag: str, first: int, turns: int, counted: bool
+    participant: Player, tag: str, first: int, turns: int, counted: bool
 ) -> dict[str, list[int]]:
     """``turns`` turns one after another, their samples added to the
     set-up's when ``counted``."""
@@ -521,7 +586,7 @@ def _round_line(name: str, samples: dict[str, list[int]]) -> str:
 
 
 def print_summary(setups: list[Setup], pings: list[int], paused: list[int], think: float) -> None:
-    memory, redis = setups
+    memory, redis, bare = setups
     turns = memory.turns
     print(
         f"resume latency, dispatch to the resumed tool's first statement "
@@ -539,9 +604,12 @@ def print_summary(setups: list[Setup], pings: list[int], paused: list[int], thin
     for tool in KINDS:
         resume = _percentile(redis.samples[tool], 0.5)
         over_memory = resume / _percentile(memory.samples[tool], 0.5)
+        least = _percentile(bare.samples[tool], 0.5)
         print(
             f"  {KINDS[tool]:<17}  (2) / PING {resume / ping:6.1f}   (2) / paused PING "
-            f"{resume / paused_ping:5.1f}   (2) / (1) {over_memory:5.2f}"
+            f"{resume / paused_ping:5.1f}   (2) / (1) {over_memory:5.2f}   (2) / (3) "
+            f"{resume / least:5.2f}   (3) / paused PING {least / paused_ping:5.1f}   "
+            f"(2) - (3) {resume - least:5.2f} ms"
         )
 
 
@@ -549,7 +617,7 @@ def print_summary(setups: list[Setup], pings: list[int], paused: list[int], thin
 
 
 async def measure_rounds(
-    participants: list[Participant], client: aioredis.Redis, tag: str, args: argparse.Namespace
+    participants: Sequence[Player], client: aioredis.Redis, tag: str, args: argparse.Namespace
 ) -> tuple[list[int], list[int]]:
     """The counted rounds; returns the PING samples of all of them: back
     to back, and each after the participant's pause."""
@@ -566,7 +634,7 @@ async def measure_rounds(
         paused.extend(samples)
         return f"paused PING p50 {_percentile(samples, 0.5):6.3f} ms"
 
-    async def play_step(participant: Participant, index: int) -> str:
+    async def play_step(participant: Player, index: int) -> str:
         first = WARMUP_TURNS + index * args.turns
         samples = await play_round(participant, tag, first, args.turns, True)
         return _round_line(participant.setup.name, samples)
@@ -682,28 +750,34 @@ async def run(args: argparse.Namespace) -> int:
         started = await asyncio.gather(
             serve("memory", MEMORY_LABEL, "memory", (url, key), worker=False),
             serve("redis", REDIS_LABEL, url, (url, key), worker=True),
+            floor("floor", FLOOR_LABEL, url, (url, key)),
             return_exceptions=True,
         )
         setups += [s for s in started if isinstance(s, Setup)]
         for failed in started:
             if isinstance(failed, BaseException):
                 raise failed
-        participants = []
-        for setup in setups:
+        memory, redis, bare = setups
+        participants: list[Player] = []
+        for setup in (memory, redis):
             huddle = await HuddleClient.connect(
                 setup.url, setup.token, client_id=f"bench-{setup.name}"
             )
             stack.push_async_callback(huddle.close)
             participants.append(Participant(setup, huddle, blocking, key, args.think))
+        ws = await stack.enter_async_context(connect(bare.url, compression=None))
+        participants.append(FloorPlayer(bare, ws, blocking, key, args.think))
         for participant in participants:  # warm-up, not counted
             await play_round(participant, tag, 0, WARMUP_TURNS, False)
         await ping_round(client, 100)
         pings, paused = await measure_rounds(participants, client, tag, args)
         print_summary(setups, pings, paused, args.think)
+        huddle_redis = participants[1]
+        assert isinstance(huddle_redis, Participant)
         if args.race_turns:
-            await probe_race(participants[1], tag, args.race_turns)
+            await probe_race(huddle_redis, tag, args.race_turns)
         if args.trace:
-            await trace_turn(participants[1], url, tag)
+            await trace_turn(huddle_redis, url, tag)
         print(f"  load average at the end {_loadavg()}")
     return 0
 

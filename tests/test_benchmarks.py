@@ -53,4 +53,7 @@ async def test_the_resume_benchmark_runs_quick_with_both_baselines() -> None:
     assert "(2) redis, serve --workers 0 + huddle worker toolCallConfirmed p50" in text
     assert "back to back" in text
     assert "each 25 ms after the last" in text
-    assert text.count("/ paused PING") == 2
+    assert text.count("(2) / paused PING") == 2
+    # The floor (the same crossings with nothing at the stops) ran too.
+    assert "(3) floor: (2)'s crossings, nothing else     toolCallConfirmed p50" in text
+    assert text.count("(2) / (3)") == 2

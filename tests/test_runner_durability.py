@@ -13,9 +13,9 @@ from server.runner.agent import Agent, Tool
 from server.runner.context import ToolContext
 from server.runner.errors import TurnNotFound
 from server.runner.events import EventType, RunnerEvent
-from server.runner.runner import Runner, TurnBusy
+from server.runner.runner import ResumeRejected, Runner, TurnBusy
 from server.runner.store import Fenced, MemoryTurnStore
-from server.runner.turn import ParentLink, SuspensionType, Turn, TurnStatus
+from server.runner.turn import ParentLink, ResumeCommand, SuspensionType, Turn, TurnStatus
 from server.runner.worker import Worker
 from tests.runner_kit import (
     WITHIN,
@@ -188,6 +188,20 @@ async def test_a_parent_resumes_with_its_childs_output_when_a_worker_ran_the_chi
     done = await runner.store.load("p")
     assert (done.status, done.output) == (TurnStatus.COMPLETED, "Found 3 papers.")
     assert model.tool_results() == {"c1": {"status": "COMPLETED", "output": "3 papers."}}
+
+
+async def test_a_childs_completion_resumes_only_the_call_that_started_it() -> None:
+    # A parent whose record says it waits for a child that no call of it
+    # waits for (its call has a result already) refuses the completion; it
+    # raised StopIteration inside the resume before.
+    parent, _ = family()
+    runner = Runner(MemoryTurnStore(), [parent], clock=Clock())
+    waiting = await runner.run(parent, "Find papers", turn_id="p")
+    waiting.pending = [p.with_result("done") for p in waiting.pending]
+    await runner.store.save(waiting)
+    with pytest.raises(ResumeRejected, match=r"no call of the turn waits for child turn 'p\.c1'"):
+        await runner.submit_resume("p", ResumeCommand.child_completed("p.c1", "COMPLETED", "x"))
+    assert (await runner.store.load("p")).status == TurnStatus.WAITING_FOR_CHILD
 
 
 async def test_a_child_turn_counts_against_its_parents_tool_call_budget() -> None:

@@ -309,6 +309,8 @@ class Runner:
             user_input.check_answer(turn, suspension, command)
         if command.type == SuspensionType.TOOL_APPROVAL:
             approvals.check_edit(turn, self._tool_of(turn, command.correlation_id), command)
+        if command.type == SuspensionType.CHILD_AGENT:
+            _child_call(turn, command.correlation_id)
 
     def _tool_of(self, turn: Turn, call_id: str | None) -> Tool | None:
         """The tool of ``turn``'s pending call ``call_id`` (None: no such
@@ -344,7 +346,7 @@ class Runner:
         elif command.type == SuspensionType.TOOL_APPROVAL:
             _set_call(turn, approvals.answered(_require_call(turn, call_id), command))
         elif command.type == SuspensionType.CHILD_AGENT:
-            pending = next(p for p in turn.pending if p.result is None)
+            pending = _child_call(turn, call_id)
             finished = {"status": command.child_status, "output": command.child_output}
             _set_call(turn, pending.with_result(finished))
         turn.unblock()
@@ -919,6 +921,16 @@ def _require_call(turn: Turn, call_id: str | None) -> PendingCall:
     if pending is None:
         raise ResumeRejected(turn.id, f"the turn has no pending tool call {call_id!r}")
     return pending
+
+
+def _child_call(turn: Turn, child_id: str | None) -> PendingCall:
+    """The pending call of ``turn`` that started child turn ``child_id``
+    and waits for its result; ResumeRejected when there is none (a record
+    that says it waits for a child no call of it waits for)."""
+    for pending in turn.pending:
+        if pending.result is None and child_turn_id(turn.id, pending.call.id) == child_id:
+            return pending
+    raise ResumeRejected(turn.id, f"no call of the turn waits for child turn {child_id!r}")
 
 
 def _set_call(turn: Turn, updated: PendingCall) -> None:

@@ -262,10 +262,12 @@ class ChatBridge:
     async def _mark_interrupted(self, turn: Turn) -> None:
         """Mark the text of this iteration's earlier attempts as cut off
         (once): a crash or a transient failure ended its stream."""
+        attempt = turn.attempts + turn.retry_attempts
+        if attempt == 0:
+            return  # the first attempt: nothing earlier to mark (no scan of the turn's parts)
         state = await self._chat(turn)
         if state is None or state.active_turn is None:
             return
-        attempt = turn.attempts + turn.retry_attempts
         for part in state.active_turn.response_parts:
             ref = parse_markdown_part_id(part.id) if isinstance(part, MarkdownPart) else None
             if ref is None or ref.iteration != turn.iterations or ref.attempt >= attempt:

@@ -586,21 +586,24 @@ class Working:
     started: asyncio.Event
     seen: list[bool]
     """Whether ``deploy`` saw the cancel, once it was requested."""
+    go_on: asyncio.Event
+    """With ``progress``: set it for ``deploy`` to report its progress."""
 
 
 def working(store: CancelSeen, *, progress: bool = False) -> Working:
-    """An agent whose ``deploy`` starts (after reporting progress, with
-    ``progress``), waits for a cancel to be requested, then says whether
-    it sees it; then the model would say "Done."."""
+    """An agent whose ``deploy`` starts (and, with ``progress``, reports
+    progress once ``go_on`` is set), waits for a cancel to be requested,
+    then says whether it sees it; then the model would say "Done."."""
     seen: list[bool] = []
-    started = asyncio.Event()
+    started, go_on = asyncio.Event(), asyncio.Event()
 
     async def deploy(arguments: dict[str, Any]) -> str:
         context = ToolContext.current()
-        if progress:
-            context.emit_progress("halfway")
         started.set()
         async with asyncio.timeout(WITHIN):
+            if progress:
+                await go_on.wait()
+                context.emit_progress("halfway")
             await store.requested.wait()
         seen.append(context.cancellation_requested)
         return "stopped" if seen[-1] else "deployed"
@@ -608,7 +611,7 @@ def working(store: CancelSeen, *, progress: bool = False) -> Working:
     model = scripted(use(call("c1", "deploy")), say("Done."))
     tools = (Tool(name="deploy", description="Deploy", function=deploy),)
     helper = Agent(name="helper", instructions="Help.", model=model, tools=tools)
-    return Working(helper, model, started, seen)
+    return Working(helper, model, started, seen, go_on)
 
 
 def agent_ends(how: str) -> ChatError | ChatTurnComplete:
@@ -651,6 +654,7 @@ async def test_a_turn_whose_chat_turn_ended_unheard_is_cancelled_when_it_next_sh
         async with asyncio.timeout(WITHIN):
             await work.started.wait()
         await served.huddle.server.host.dispatch(chat, agent_ends("error"))
+        work.go_on.set()  # the progress comes after the chat turn ended
         await served.ends.of(runner_turn_id(chat, "t1"))
         turn = await served.turn(chat)
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.runner [--quick] [--turns N] [--rounds N] [--pings N]
                                      [--think S] [--race-turns N] [--trace]
+                                     [--against CHECKOUT]
 
 Scenario: the bench agent (:func:`bench_agent`, loaded by the servers and
 the worker with ``--agent bench.runner:bench_agent``) asks a form with
@@ -69,6 +70,15 @@ are played after the rounds with no pause, where the answer can race both
 (the resume is then queued and claimed, or loads the turn first): their
 median and max, and the resumes the server dropped as not waiting (none is
 expected: a question shows only once its turn is saved waiting).
+
+``--against CHECKOUT`` serves (2) a second time from another checkout
+of Huddle (a clone at another commit, say), as (2'), in the same rounds,
+and prints (2) over (2'): a change to the resume path measured against
+what it changes, with the noise of this machine on both alike (runs apart
+differ by 10 to 15 % here). (2') has a database of its own on the same
+Redis, so that no resume is handed to the other's worker. An A/A run (this
+checkout against a clone of it) read 1.04 to 1.07 here: read less than
+about 7 % as noise.
 
 ``--trace`` plays one more turn of (2) with Redis MONITOR on and prints the
 commands on each resume's path, in order, with their times at Redis: where
@@ -138,6 +148,7 @@ WARMUP_TURNS = 3
 MEMORY_LABEL = "(1) memory, worker task in the server"
 REDIS_LABEL = "(2) redis, serve --workers 0 + huddle worker"
 FLOOR_LABEL = "(3) floor: (2)'s crossings, nothing else"
+AGAINST_LABEL = "(2') as (2), from the --against checkout"
 DROPPED = "not waiting: a duplicate resume?"
 """What a server logs when it drops a resume because the turn is not
 waiting (yet): ``ResumeRejected`` from ``Runner._check_resume``."""
@@ -276,9 +287,15 @@ class Child:
 
 
 async def spawn(
-    name: str, stamps_url: str, stamps_key: str, *args: str, module: str = "server"
+    name: str,
+    stamps_url: str,
+    stamps_key: str,
+    *args: str,
+    module: str = "server",
+    root: Path = ROOT,
 ) -> Child:
-    """``python -m <module> <args>``, with only the bench's HUDDLE_ variables."""
+    """``python -m <module> <args>`` in checkout ``root``, with only the
+    bench's HUDDLE_ variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUDDLE_")}
     env |= {"HUDDLE_TOKEN": AGENT_TOKEN, STAMPS_URL: stamps_url, STAMPS_KEY: stamps_key}
     process = await asyncio.create_subprocess_exec(
@@ -286,7 +303,7 @@ async def spawn(
         "-m",
         module,
         *args,
-        cwd=ROOT,
+        cwd=root,
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
@@ -319,12 +336,18 @@ class Setup:
 
 
 async def serve(
-    name: str, label: str, store: str, stamps: tuple[str, str], *, worker: bool
+    name: str,
+    label: str,
+    store: str,
+    stamps: tuple[str, str],
+    *,
+    worker: bool,
+    root: Path = ROOT,
 ) -> Setup:
     """``huddle serve`` on a loopback port with the bench agent: its turns
     run by a worker task in the server, or, with ``worker``, by a ``huddle
-    worker`` process beside a server with ``--workers 0``. Returns once
-    they are ready."""
+    worker`` process beside a server with ``--workers 0``; both from the
+    checkout ``root``. Returns once they are ready."""
     server = await spawn(
         f"{name} server",
         *stamps,
@@ -334,6 +357,7 @@ async def serve(
         # One participant plays turn after turn: lift the per-connection
         # action rate limit so that it is not what gets measured.
         *("--actions-per-second", "100000", "--action-burst", "100000"),
+        root=root,
     )
     children = [server]
     try:
@@ -342,7 +366,10 @@ async def serve(
         if worker:
             children.append(
                 await spawn(
-                    f"{name} worker", *stamps, "worker", "--store", store, "--agent", AGENT_SPEC
+                    f"{name} worker",
+                    *stamps,
+                    *("worker", "--store", store, "--agent", AGENT_SPEC),
+                    root=root,
                 )
             )
             await children[-1].read_until("huddle worker:")
@@ -586,7 +613,7 @@ def _round_line(name: str, samples: dict[str, list[int]]) -> str:
 
 
 def print_summary(setups: list[Setup], pings: list[int], paused: list[int], think: float) -> None:
-    memory, redis, bare = setups
+    memory, redis, bare, *against = setups
     turns = memory.turns
     print(
         f"resume latency, dispatch to the resumed tool's first statement "
@@ -611,6 +638,12 @@ def print_summary(setups: list[Setup], pings: list[int], paused: list[int], thin
             f"{resume / least:5.2f}   (3) / paused PING {least / paused_ping:5.1f}   "
             f"(2) - (3) {resume - least:5.2f} ms"
         )
+    for other in against:
+        ratios = []
+        for tool in KINDS:
+            ratio = _percentile(redis.samples[tool], 0.5) / _percentile(other.samples[tool], 0.5)
+            ratios.append(f"{KINDS[tool]} {ratio:5.3f}")
+        print("  (2) / (2'), the same set-up from the other checkout: " + "   ".join(ratios))
 
 
 # ─── Main ────────────────────────────────────────────────────────────────────
@@ -747,26 +780,44 @@ async def run(args: argparse.Namespace) -> int:
                 await setup.stop()
 
         stack.push_async_callback(stop_setups)
+        # Its own database of the same Redis: its turns and workers apart
+        # from (2)'s (a resume must not be handed to the other's worker).
+        other_store = f"{url}{'&' if '?' in url else '?'}db=1"
+        against = (
+            [
+                serve(
+                    "against",
+                    AGAINST_LABEL,
+                    other_store,
+                    (url, key),
+                    worker=True,
+                    root=args.against,
+                )
+            ]
+            if args.against
+            else []
+        )
         started = await asyncio.gather(
             serve("memory", MEMORY_LABEL, "memory", (url, key), worker=False),
             serve("redis", REDIS_LABEL, url, (url, key), worker=True),
             floor("floor", FLOOR_LABEL, url, (url, key)),
+            *against,
             return_exceptions=True,
         )
         setups += [s for s in started if isinstance(s, Setup)]
         for failed in started:
             if isinstance(failed, BaseException):
                 raise failed
-        memory, redis, bare = setups
+        memory, redis, bare, *others = setups
         participants: list[Player] = []
-        for setup in (memory, redis):
+        for setup in (memory, redis, *others):
             huddle = await HuddleClient.connect(
                 setup.url, setup.token, client_id=f"bench-{setup.name}"
             )
             stack.push_async_callback(huddle.close)
             participants.append(Participant(setup, huddle, blocking, key, args.think))
         ws = await stack.enter_async_context(connect(bare.url, compression=None))
-        participants.append(FloorPlayer(bare, ws, blocking, key, args.think))
+        participants.insert(2, FloorPlayer(bare, ws, blocking, key, args.think))
         for participant in participants:  # warm-up, not counted
             await play_round(participant, tag, 0, WARMUP_TURNS, False)
         await ping_round(client, 100)
@@ -797,7 +848,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trace", action="store_true", help="print the Redis commands of one turn of (2)"
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also serve (2) from this other checkout of Huddle, as (2'), in the same rounds",
+    )
     args = parser.parse_args(argv)
+    if args.against is not None and not (args.against / "server" / "__main__.py").is_file():
+        parser.error(f"--against {args.against}: not a checkout of Huddle (no server/__main__.py)")
+    if args.against is not None:
+        args.against = args.against.resolve()
     args.turns = args.turns or (10 if args.quick else 50)
     args.rounds = args.rounds or (1 if args.quick else 4)
     args.pings = args.pings or (200 if args.quick else 1000)

@@ -22,7 +22,7 @@ from protocol.session import SessionState
 from server.app import Server, create_app
 from server.auth import Role, TokenAuthority
 from server.build import build
-from server.client import HuddleClient
+from server.client import HuddleClient, Mirror
 from server.config import Limits, Settings
 from server.runner.agent import Agent
 from server.runner.store import TurnStore
@@ -139,14 +139,30 @@ def user_message(text: str) -> Message:
     return Message(text=text, origin=MessageOrigin(kind="user"))
 
 
-async def session_chat_with_turn(agent: HuddleClient, session: str, turn: ChatTurnStarted) -> str:
-    """Create ``session`` as ``agent`` (subscribed) and start ``turn`` in its
-    default chat; returns the chat's URI."""
-    await agent.create_session(session)
-    mirror = await agent.subscribe(session)
+async def new_session_chat(client: HuddleClient, session: str, *, title: str | None = None) -> str:
+    """Create ``session`` as ``client`` (subscribed to it); returns its
+    default chat's URI."""
+    await client.create_session(session, title=title)
+    mirror = await client.subscribe(session)
     assert isinstance(mirror.state, SessionState)
     chat = mirror.state.default_chat
     assert chat is not None
+    return chat
+
+
+async def watched_chat(
+    client: HuddleClient, session: str, *, title: str | None = None
+) -> tuple[str, Mirror]:
+    """As :func:`new_session_chat`, then subscribed to the chat too: its URI
+    and its live mirror (which sees the chat's first turn start)."""
+    chat = await new_session_chat(client, session, title=title)
+    return chat, await client.subscribe(chat)
+
+
+async def session_chat_with_turn(agent: HuddleClient, session: str, turn: ChatTurnStarted) -> str:
+    """Create ``session`` as ``agent`` (subscribed) and start ``turn`` in its
+    default chat; returns the chat's URI."""
+    chat = await new_session_chat(agent, session)
     await agent.dispatch_and_wait(chat, turn)
     return chat
 

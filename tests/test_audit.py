@@ -32,7 +32,6 @@ from protocol.chat import (
     TextQuestion,
     TextValue,
 )
-from protocol.session import SessionState
 from server.audit import (
     FIELD_BYTES,
     GENESIS,
@@ -54,6 +53,7 @@ from tests.conftest import (
     session_chat_with_turn,
     start_server,
     user_message,
+    watched_chat,
 )
 from tests.edge import Peer, http, initialize_params
 from tests.redis_server import RedisServer
@@ -110,12 +110,7 @@ async def with_demo() -> AsyncIterator[RunningServer]:
 
 async def test_the_demo_story_is_on_record_with_who_did_what(with_demo: RunningServer) -> None:
     alice = await with_demo.client(name="Alice")
-    await alice.create_session("ahp-session:/story")
-    session = await alice.subscribe("ahp-session:/story")
-    assert isinstance(session.state, SessionState)
-    chat = session.state.default_chat
-    assert chat is not None
-    mirror = await alice.subscribe(chat)
+    chat, mirror = await watched_chat(alice, "ahp-session:/story")
     await alice.dispatch_and_wait(
         chat,
         ChatTurnStarted(

@@ -33,7 +33,7 @@ from server.runner.runner import Runner
 from server.runner.store import MemoryTurnStore
 from server.runner.turn import ModelMessage, Suspension, TurnStatus
 from server.store.memory import MemoryStore
-from tests.conftest import UNIT, RunningServer, start_server, user_message
+from tests.conftest import UNIT, RunningServer, start_server, user_message, watched_chat
 from tests.edge import http
 from tests.mcp_kit import input_parts, submitted
 from tests.runner_kit import Runs, call, say, scripted, use
@@ -67,12 +67,7 @@ def pending(state: ChatState) -> ToolCallPendingConfirmation | None:
 async def open_chat(huddle: RunningServer, ask: str) -> tuple[HuddleClient, str, Mirror]:
     """Alice's session, whose default chat has just started turn ``t1``."""
     alice = await huddle.client(name="alice")
-    await alice.create_session("ahp-session:/faults", title="Faults")
-    session = await alice.subscribe("ahp-session:/faults")
-    assert isinstance(session.state, SessionState)
-    chat = session.state.default_chat
-    assert chat is not None
-    mirror = await alice.subscribe(chat)
+    chat, mirror = await watched_chat(alice, "ahp-session:/faults", title="Faults")
     started = ChatTurnStarted(
         turn_id="t1", started_at="2027-01-10T10:00:00.000Z", message=user_message(ask)
     )
@@ -303,12 +298,7 @@ async def test_a_turn_started_over_http_runs_the_agent() -> None:
     huddle = await start_server(agent=agent)
     try:
         alice = await huddle.client(name="alice")
-        await alice.create_session("ahp-session:/http")
-        session = await alice.subscribe("ahp-session:/http")
-        assert isinstance(session.state, SessionState)
-        chat = session.state.default_chat
-        assert chat is not None
-        mirror = await alice.subscribe(chat)
+        chat, mirror = await watched_chat(alice, "ahp-session:/http")
         started = ChatTurnStarted(
             turn_id="t1", started_at="2027-01-10T10:00:00.000Z", message=user_message("Hi")
         )

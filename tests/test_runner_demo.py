@@ -24,13 +24,12 @@ from protocol.chat import (
     ToolCallPart,
     ToolCallPendingConfirmation,
 )
-from protocol.session import SessionState
 from server.client import Mirror
 from server.errors import ActionRejected
 from server.runner.demo import agent
 from server.runner.ids import runner_turn_id
 from server.runner.turn import TurnStatus
-from tests.conftest import UNIT, RunningServer, start_server, user_message
+from tests.conftest import UNIT, RunningServer, start_server, user_message, watched_chat
 from tests.test_runner_expiry import Ends
 
 
@@ -81,12 +80,7 @@ async def test_the_demo_agent_asks_waits_for_approval_and_reports_the_ticket(
     with_demo: RunningServer,
 ) -> None:
     alice = await with_demo.client(name="alice")
-    await alice.create_session("ahp-session:/demo", title="Login outage")
-    session = await alice.subscribe("ahp-session:/demo")
-    assert isinstance(session.state, SessionState)
-    chat = session.state.default_chat
-    assert chat is not None
-    mirror = await alice.subscribe(chat)
+    chat, mirror = await watched_chat(alice, "ahp-session:/demo", title="Login outage")
     await alice.dispatch_and_wait(
         chat,
         ChatTurnStarted(
@@ -140,12 +134,7 @@ async def test_truncating_a_waiting_turn_is_refused_to_people_and_cancels_it_for
     ends = Ends()
     service.runner.listeners.append(ends)
     mallory = await with_demo.client(name="Mallory")
-    await mallory.create_session("ahp-session:/cut")
-    session = await mallory.subscribe("ahp-session:/cut")
-    assert isinstance(session.state, SessionState)
-    chat = session.state.default_chat
-    assert chat is not None
-    mirror = await mallory.subscribe(chat)
+    chat, mirror = await watched_chat(mallory, "ahp-session:/cut")
     started = ChatTurnStarted(
         turn_id="t1", started_at="2026-12-01T10:00:00.000Z", message=user_message("Login")
     )

@@ -27,12 +27,11 @@ from protocol.chat import (
     ToolCallRunning,
 )
 from protocol.messages import ActionEnvelope
-from protocol.session import SessionState
 from protocol.uris import channel_id
 from server.client import HuddleClient, Mirror
 from server.runner.bridge import INTERRUPTED
 from server.runner.ids import parse_mcp_request_id
-from tests.conftest import UNIT, user_message
+from tests.conftest import UNIT, user_message, watched_chat
 from tests.fault_agents import runs
 from tests.mcp_kit import input_parts, submitted
 from tests.redis_server import RedisServer
@@ -118,12 +117,7 @@ async def start_turn(deployment: Deployment, ask: str) -> tuple[HuddleClient, st
     person = await HuddleClient.connect(
         f"ws://127.0.0.1:{deployment.server.port}/ahp", TOKEN, client_id="alice"
     )
-    await person.create_session("ahp-session:/faults")
-    session = await person.subscribe("ahp-session:/faults")
-    assert isinstance(session.state, SessionState)
-    chat = session.state.default_chat
-    assert chat is not None
-    mirror = await person.subscribe(chat)
+    chat, mirror = await watched_chat(person, "ahp-session:/faults")
     started = ChatTurnStarted(
         turn_id="t1", started_at="2027-01-10T10:00:00.000Z", message=user_message(ask)
     )

@@ -21,7 +21,6 @@ import pytest
 from protocol.actions import ChatToolCallConfirmed, ChatTurnStarted
 from protocol.chat import ChatState, MarkdownPart, ToolCallPart, ToolCallPendingConfirmation
 from protocol.rejections import RejectionCode
-from protocol.session import SessionState
 from server.client import HuddleClient, Mirror
 from server.config import Settings
 from server.errors import ActionRejected
@@ -29,7 +28,7 @@ from server.runner.agent import Agent, Tool, require_approval_for
 from server.runner.context import ToolContext
 from server.runner.redis_store import RedisTurnStore
 from server.store.redis import RedisStore
-from tests.conftest import UNIT, RunningServer, start_server, user_message
+from tests.conftest import UNIT, RunningServer, start_server, user_message, watched_chat
 from tests.redis_server import RedisServer
 from tests.runner_kit import call, say, scripted, use
 
@@ -88,12 +87,7 @@ async def on_redis(redis_server: RedisServer, agent: Agent) -> AsyncIterator[Run
 
 async def open_chat(huddle: RunningServer) -> tuple[HuddleClient, str, Mirror]:
     alice = await huddle.client(name="alice")
-    await alice.create_session("ahp-session:/till", title="Till")
-    session = await alice.subscribe("ahp-session:/till")
-    assert isinstance(session.state, SessionState)
-    chat = session.state.default_chat
-    assert chat is not None
-    mirror = await alice.subscribe(chat)
+    chat, mirror = await watched_chat(alice, "ahp-session:/till", title="Till")
     started = ChatTurnStarted(
         turn_id="t1", started_at="2027-01-10T10:00:00.000Z", message=user_message("Charge 5")
     )

@@ -64,6 +64,7 @@ from server.policy import (
     admission_refusal,
     command_refusal,
     dispatch_refusal,
+    new_turn_stamp,
     reaches,
     session_cap_refusal,
     stamped,
@@ -589,14 +590,16 @@ def refused(rejected: ActionRejected, path: str) -> CommandError | MalformedFram
 def _as_sent_by(grant: Grant, who: Identity, action: StateAction) -> StateAction:
     """``action`` as the server records it from ``who``: a person's entry in
     the session's active clients carries the name the server knows them by,
-    never one they chose; a person's message says which token sent it
-    (server.policy.stamped: whose turn it is)."""
+    never one they chose; a person's message says which token sent it, and
+    a turn's which of the turns its id ever named it is (server.policy.stamped)."""
     if grant.role == "agent":
         return action
     if isinstance(action, SessionActiveClientSet):
         entry = replace(action.active_client, display_name=who.display)
         return replace(action, active_client=entry)
-    if isinstance(action, ChatTurnStarted | ChatPendingMessageSet):
+    if isinstance(action, ChatTurnStarted):
+        return replace(action, message=stamped(action.message, grant, turn=new_turn_stamp()))
+    if isinstance(action, ChatPendingMessageSet):
         return replace(action, message=stamped(action.message, grant))
     return action
 

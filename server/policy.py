@@ -72,6 +72,8 @@ that removes nothing is refused rather than recorded.
 
 from __future__ import annotations
 
+import re
+import secrets
 from enum import StrEnum
 
 from msgspec.structs import replace
@@ -97,6 +99,8 @@ from protocol.uris import channel_kind
 from reducers.chat import select_tool_call
 from reducers.notes import HUDDLE, huddle_meta
 from server.auth import Grant
+
+_STAMP = re.compile(r"[0-9a-f]{8}")
 
 
 class Command(StrEnum):
@@ -189,14 +193,34 @@ def dispatch_refusal(
     return _speaks_for_another(state, action, client_id)
 
 
-def stamped(message: Message, grant: Grant) -> Message:
+def stamped(message: Message, grant: Grant, *, turn: str | None = None) -> Message:
     """``message`` as ``grant``'s person sent it: ``_meta.huddle.by`` names
-    the token (the server's word: whatever the client put there is
-    replaced), so that a turn says whose it is (:func:`starter`)."""
+    the token, so that a turn says whose it is (:func:`starter`), and, for
+    a turn's message, ``_meta.huddle.turn`` is ``turn``, which of the turns
+    that ever bore its id it is (:func:`turn_stamp`). Both are the server's
+    word: whatever the client put there is replaced, or dropped."""
     meta = dict(message.meta or {})
     huddle = meta.get(HUDDLE)
-    meta[HUDDLE] = {**(huddle if isinstance(huddle, dict) else {}), "by": grant.token_id}
+    ours = {k: v for k, v in (huddle if isinstance(huddle, dict) else {}).items() if k != "turn"}
+    ours["by"] = grant.token_id
+    if turn is not None:
+        ours["turn"] = turn
+    meta[HUDDLE] = ours
     return replace(message, meta=meta)
+
+
+def new_turn_stamp() -> str:
+    """A fresh ``_meta.huddle.turn`` for a person's ``chat/turnStarted``."""
+    return secrets.token_hex(4)
+
+
+def turn_stamp(message: Message) -> str | None:
+    """The server's stamp on a turn's ``message`` (:func:`stamped`): AHP turn
+    ids are the client's choice, and one truncated away may be used again;
+    the stamp tells the turns that bore it apart. None on a turn the server
+    did not stamp (the agent's own, or one from before stamps)."""
+    stamp = huddle_meta(message.meta, "turn")
+    return stamp if isinstance(stamp, str) and _STAMP.fullmatch(stamp) else None
 
 
 def starter(message: Message) -> str | None:

@@ -741,13 +741,14 @@ async def test_an_action_that_keeps_the_rule_is_accepted_and_broadcast(
 
 
 def unstamped(action: Any) -> Any:
-    """``action`` without the token a person's message is stamped with
-    (server.policy.stamped), as its sender sent it."""
+    """``action`` without what the server stamps a person's message with
+    (server.policy.stamped: the token, and a turn's stamp), as its sender
+    sent it."""
     message = getattr(action, "message", None)
     if message is None or not message.meta:
         return action
     meta = {k: v for k, v in message.meta.items() if k != "huddle"}
-    huddle = {k: v for k, v in message.meta["huddle"].items() if k != "by"}
+    huddle = {k: v for k, v in message.meta["huddle"].items() if k not in ("by", "turn")}
     if huddle:
         meta["huddle"] = huddle
     return replace(action, message=replace(message, meta=meta or None))

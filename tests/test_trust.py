@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 
 from msgspec.structs import replace
@@ -17,6 +18,7 @@ from msgspec.structs import replace
 from protocol.actions import (
     ChatInputCompleted,
     ChatInputRequested,
+    ChatPendingMessageSet,
     ChatToolCallComplete,
     ChatToolCallReady,
     ChatToolCallStart,
@@ -400,6 +402,33 @@ async def test_a_persons_turn_says_whose_it_is_and_only_they_may_truncate_it(
     assert refused["rejectionReason"].startswith("forbidden: turn 'l1' was started by someone else")
     assert "rejectionReason" not in accepted
     assert [t.id for t in state.state.turns] == ["t1"]  # type: ignore[union-attr]
+
+
+async def test_which_turn_of_an_id_a_turn_is_is_the_servers_word(huddle: RunningServer) -> None:
+    # A turn id may come back after a truncation; the server's stamp tells
+    # the turns that bore it apart (server.runner.bridge matches the agent's
+    # turns by it), so a client's own "turn" there is replaced, or dropped.
+    chat = await chat_of(huddle)
+    agent = huddle.clients[0]
+    await agent.dispatch_and_wait(chat, ChatTurnComplete(turn_id="t1", duration=1))
+    lee = await Peer.ready(huddle.ws, huddle.token(name="Lee"), "lee")
+    await lee.subscribe(chat)
+    forged = replace(user_message("mine"), meta={"huddle": {"turn": "0badcafe"}})
+    queued = ChatPendingMessageSet(kind="queued", id="q1", message=forged)
+    await lee.dispatch(chat, queued)
+    assert "rejectionReason" not in await lee.envelope()
+    started = ChatTurnStarted(turn_id="l1", started_at="2026-12-01T10:00:00Z", message=forged)
+    await lee.dispatch(chat, started)
+    assert "rejectionReason" not in await lee.envelope()
+
+    state = (await huddle.server.host.view(chat)).state
+    assert isinstance(state, ChatState)
+    assert state.active_turn is not None
+    stamp = state.active_turn.message.meta["huddle"]["turn"]  # type: ignore[index]
+    assert re.fullmatch("[0-9a-f]{8}", stamp)
+    assert stamp != "0badcafe"
+    assert state.queued_messages is not None
+    assert "turn" not in state.queued_messages[0].message.meta["huddle"]  # type: ignore[index]
 
 
 async def eventually_envelope(peer: Peer, mine: Callable[[Frame], bool]) -> Frame:

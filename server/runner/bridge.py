@@ -30,7 +30,12 @@ its chat never showed is asked again.
 
 A turn's AHP turn is ``runner_turn_id(chat, chatTurn)`` for a turn people
 started; a child turn's AHP turn in its own chat has the child's id (see
-:meth:`ChatBridge.turn_of`).
+:meth:`ChatBridge.turn_of`). AHP turn ids are the client's: one a truncation
+took away may come back. The server stamps each person's turn
+(``_meta.huddle.turn``, server.policy.turn_stamp), the runner's turn keeps
+the stamp of the AHP turn it shows (a turn id used again gets the stamped
+``runner_turn_id``), and the bridge matches the two by id and stamp: the
+earlier turn, still winding down, reaches nothing of the later one.
 
 A resume costs the chat's append and one save: when a question of a turn
 shows in a chat this process holds (``chat/inputRequested``, a call waiting
@@ -77,6 +82,7 @@ from protocol.actions import (
     StateAction,
 )
 from protocol.chat import (
+    ActiveTurn,
     ChatState,
     ConfirmationOption,
     InputRequest,
@@ -93,7 +99,7 @@ from protocol.chat import (
     ToolCallResult,
 )
 from protocol.chat import Turn as ChatTurn
-from protocol.messages import ActionEnvelope
+from protocol.messages import ActionEnvelope, ChannelState
 from protocol.session import SessionState, ToolDefinition
 from protocol.uris import chat_uri
 from protocol.wire import ErrorInfo, Markdown
@@ -106,8 +112,9 @@ from server.channels import Applied
 from server.errors import ActionRejected, ChannelGone, HuddleError
 from server.expiry import Expiry
 from server.host import Host
+from server.policy import turn_stamp
 from server.runner.agent import Agent, ApprovalDecision, Tool
-from server.runner.errors import TurnNotFound
+from server.runner.errors import TurnExists, TurnNotFound
 from server.runner.ids import (
     input_request_id,
     markdown_part_id,
@@ -186,9 +193,9 @@ class ChatBridge:
             return None
         if not isinstance(state, ChatState):
             return None
-        if state.active_turn is not None and state.active_turn.id == turn.chat_turn:
+        if state.active_turn is not None and _shows(turn, state.active_turn):
             return state
-        if not turn.is_terminal and _ended_turn(state, turn.chat_turn) is not None:
+        if not turn.is_terminal and _ended_turn(state, turn) is not None:
             self._stop_later(turn)
         return None
 
@@ -538,7 +545,7 @@ class ChatBridge:
             # or an expiry that settled one of our waits (server.expiry),
             # which resumes it.
             if _expired(action) is not None or _expired_request(action):
-                return self.accepted(event.uri, action, EXPIRY_AUDIT)
+                return self.accepted(event.uri, action, EXPIRY_AUDIT, event.view.state)
             return None
         if isinstance(
             action,
@@ -549,60 +556,58 @@ class ChatBridge:
             | ChatError
             | ChatTurnComplete,
         ):
-            return self.accepted(event.uri, action, _audit(event.sender, event.envelope))
+            audit = _audit(event.sender, event.envelope)
+            return self.accepted(event.uri, action, audit, event.view.state)
         if isinstance(action, ChatTruncated) and isinstance(event.before, ChatState):
             dropped = event.before.active_turn
             if dropped is not None:  # AHP: always dropped, never kept
                 audit = _audit(event.sender, event.envelope)
-                return self._truncated(event.uri, dropped.id, audit)
+                return self._truncated(event.uri, dropped, audit)
         return None
 
-    async def _truncated(self, uri: str, chat_turn: str, audit: dict[str, Any]) -> None:
-        """Chat ``uri`` was truncated, its active turn ``chat_turn`` with it
+    async def _truncated(self, uri: str, dropped: ActiveTurn, audit: dict[str, Any]) -> None:
+        """Chat ``uri`` was truncated, its active turn ``dropped`` with it
         (AHP drops it silently): the runner's turn it showed can show
         nothing any more, so it is cancelled, as when an agent ends it."""
         try:
-            turn = await self._turn_of(uri, chat_turn)
+            turn = await self._turn_of(uri, dropped.id, turn_stamp(dropped.message))
             if turn is not None:
                 await self._chat_turn_ended(turn, None, audit)
         except HuddleError as error:
             log.warning("could not end the turn truncated away: %s", error)
 
-    async def accepted(self, uri: str, action: StateAction, audit: dict[str, Any]) -> None:
-        """React to a client's action on chat ``uri``; ``audit`` says who."""
+    async def accepted(
+        self, uri: str, action: StateAction, audit: dict[str, Any], state: ChannelState
+    ) -> None:
+        """React to a client's action on chat ``uri`` (``state`` the chat
+        after it); ``audit`` says who."""
         assert self.runner is not None
+        assert isinstance(state, ChatState)
         try:
             if isinstance(action, ChatTurnStarted):
-                await self.runner.start(
-                    self.agent,
-                    action.message.text,
-                    turn_id=runner_turn_id(uri, action.turn_id),
-                    chat=uri,
-                    chat_turn=action.turn_id,
-                )
+                await self._start(uri, action)
             elif isinstance(action, ChatInputCompleted):
-                state = (await self.host.view(uri)).state
-                assert isinstance(state, ChatState)
                 settled = select_input_settlement(state, action.request_id)
                 if settled.status == "resolved" and settled.part is not None:
-                    await self._input_resolved(uri, settled.part, audit)
+                    await self._input_resolved(uri, settled.part, audit, state=state)
             elif isinstance(action, ChatToolCallConfirmed):
                 # Only the server's own confirmation is the expiry's: a
                 # person's _meta saying so proves nothing.
                 expired = audit is EXPIRY_AUDIT and _expired(action) is not None
                 command = _decision(action, expired=expired)
-                turn = await self._turn_of(uri, action.turn_id, read_ahead=True)
+                stamp = _stamp_in(state, action.turn_id)
+                turn = await self._turn_of(uri, action.turn_id, stamp, read_ahead=True)
                 if turn is not None:
                     await self.runner.submit_resume(
                         turn.id, command.with_metadata(**audit), loaded=turn
                     )
             elif isinstance(action, ChatTurnCancelled):
-                turn_id = await self.turn_of(uri, action.turn_id)
+                turn_id = await self.turn_of(uri, action.turn_id, state)
                 if turn_id is not None:
                     await self.runner.cancel(turn_id)
             elif isinstance(action, ChatError | ChatTurnComplete):
                 # An agent ended the chat turn a runner's turn shows.
-                turn = await self._turn_of(uri, action.turn_id)
+                turn = await self._turn_of(uri, action.turn_id, _stamp_in(state, action.turn_id))
                 if turn is not None:
                     error = action.error.message if isinstance(action, ChatError) else None
                     await self._chat_turn_ended(turn, error, audit)
@@ -615,29 +620,66 @@ class ChatBridge:
         # follow-ups (the session's bookkeeping) run.
         await asyncio.sleep(0)
 
-    async def turn_of(self, uri: str, chat_turn: str) -> str | None:
+    async def _start(self, uri: str, action: ChatTurnStarted) -> None:
+        """Start the agent's turn for a person's chat turn ``action``: under
+        ``runner_turn_id(uri, turnId)``, or, when a turn of that id was
+        truncated away before (AHP lets a client use it again), under the
+        stamped one. A start heard twice starts one turn."""
+        assert self.runner is not None
+        stamp = turn_stamp(action.message)
+        turn_id = runner_turn_id(uri, action.turn_id)
+        for attempt in (turn_id, runner_turn_id(uri, action.turn_id, stamp)):
+            try:
+                await self.runner.start(
+                    self.agent,
+                    action.message.text,
+                    turn_id=attempt,
+                    chat=uri,
+                    chat_turn=action.turn_id,
+                    chat_turn_stamp=stamp,
+                )
+                return
+            except TurnExists:
+                earlier = await self.runner.store.load(attempt)
+                if stamp is None or earlier.chat_turn_stamp == stamp:
+                    raise
+        raise TurnExists(turn_id)
+
+    async def turn_of(self, uri: str, chat_turn: str, state: ChatState | None = None) -> str | None:
         """The runner's turn that AHP turn ``chat_turn`` of chat ``uri``
-        shows, or None (no such turn: the chat's own, or an agent's that is
-        not ours). A turn people started is ``runner_turn_id(uri,
-        chatTurn)``; a child turn shows in a chat of its own under its own
-        id, which is checked against the chat so that no chat's people can
-        reach another chat's turn."""
-        turn = await self._turn_of(uri, chat_turn)
+        (whose state is ``state``, read when not given) shows, or None (no such turn: the chat's
+        own, or an agent's that is not ours). A turn people started is
+        ``runner_turn_id(uri, chatTurn)``, or the stamped one for a turn id
+        used again (:meth:`_start`); a child turn shows in a chat of its own
+        under its own id. Each is checked against the chat, its turn and
+        the turn's stamp, so that no chat's people can reach another chat's
+        turn, nor a chat turn the turn of an earlier one of its id."""
+        if state is None:
+            read = (await self.host.view(uri)).state
+            assert isinstance(read, ChatState)
+            state = read
+        turn = await self._turn_of(uri, chat_turn, _stamp_in(state, chat_turn))
         return None if turn is None else turn.id
 
-    async def _turn_of(self, uri: str, chat_turn: str, *, read_ahead: bool = False) -> Turn | None:
-        """The turn :meth:`turn_of` names, loaded (with ``read_ahead``, the
-        copy read ahead when there is one: it may be stale)."""
+    async def _turn_of(
+        self, uri: str, chat_turn: str, stamp: str | None, *, read_ahead: bool = False
+    ) -> Turn | None:
+        """The turn :meth:`turn_of` names, for the chat turn stamped
+        ``stamp``, loaded (with ``read_ahead``, the copy read ahead when
+        there is one: it may be stale)."""
         assert self.runner is not None
         store = self.runner.store
-        for candidate in (runner_turn_id(uri, chat_turn), chat_turn):
+        candidates = [runner_turn_id(uri, chat_turn), chat_turn]
+        if stamp is not None:
+            candidates.insert(1, runner_turn_id(uri, chat_turn, stamp))
+        for candidate in candidates:
             turn = self._read_ahead.pop(candidate) if read_ahead else None
             if turn is None:
                 try:
                     turn = await store.load(candidate)
                 except TurnNotFound:
                     continue
-            if turn.chat == uri and turn.chat_turn == chat_turn:
+            if (turn.chat, turn.chat_turn, turn.chat_turn_stamp) == (uri, chat_turn, stamp):
                 return turn
         return None
 
@@ -655,9 +697,12 @@ class ChatBridge:
         if chat_turn is None:
             return
 
+        state = event.view.state
+        stamp = _stamp_in(state, chat_turn) if isinstance(state, ChatState) else None
+
         async def read(uri: str, chat_turn: str) -> None:
             try:
-                turn = await self._turn_of(uri, chat_turn)
+                turn = await self._turn_of(uri, chat_turn, stamp)
             except HuddleError as error:
                 log.info("could not read ahead the turn of %s in %s: %s", chat_turn, uri, error)
                 return
@@ -669,10 +714,17 @@ class ChatBridge:
         task.add_done_callback(self._tasks.discard)
 
     async def _input_resolved(
-        self, uri: str, part: InputRequestPart, audit: dict[str, Any], loaded: Turn | None = None
+        self,
+        uri: str,
+        part: InputRequestPart,
+        audit: dict[str, Any],
+        *,
+        loaded: Turn | None = None,
+        state: ChatState | None = None,
     ) -> None:
-        """Resume the turn that asked ``part``'s request (if the runner did;
-        ``loaded`` when the caller has it)."""
+        """Resume the turn that asked ``part``'s request (if the runner did):
+        ``loaded`` when the caller has it, else the one its chat turn in
+        ``state`` shows."""
         assert self.runner is not None
         assert part.response is not None
         opened = parse_input_request_id(part.request.id)
@@ -691,8 +743,9 @@ class ChatBridge:
         else:
             command = ResumeCommand.user_input(call, None, response=part.response)
         turn = loaded
-        if turn is None:
-            turn = await self._turn_of(uri, opened.chat_turn, read_ahead=True)
+        if turn is None and state is not None:
+            stamp = _stamp_in(state, opened.chat_turn)
+            turn = await self._turn_of(uri, opened.chat_turn, stamp, read_ahead=True)
         if turn is not None:
             await self.runner.submit_resume(turn.id, command.with_metadata(**audit), loaded=turn)
 
@@ -758,10 +811,11 @@ class ChatBridge:
         cancelled. False while the chat turn is active."""
         assert self.runner is not None
         active = state.active_turn
-        if turn.chat_turn is None or (active is not None and active.id == turn.chat_turn):
+        if turn.chat_turn is None or (active is not None and _shows(turn, active)):
             return False
-        # Over, or truncated away (then it is in no turn of the chat).
-        ended = _ended_turn(state, turn.chat_turn)
+        # Over, or truncated away (then it is in no turn of the chat, or in
+        # one of its id that is not its own).
+        ended = _ended_turn(state, turn)
         error = ended.error.message if ended is not None and ended.error is not None else None
         await self._chat_turn_ended(turn, error, audit)
         return True
@@ -771,7 +825,7 @@ class ChatBridge:
         (the worker died between saving the suspension and asking)."""
         suspension = turn.suspension
         active = state.active_turn
-        if suspension is None or active is None or active.id != turn.chat_turn:
+        if suspension is None or active is None or not _shows(turn, active):
             return
         assert self.runner is not None
         if self.runner.clock() - turn.updated_at < self.ask_again_after:
@@ -816,6 +870,10 @@ class ChatBridge:
         assert turn.chat is not None
         assert self.runner is not None
         suspension = turn.suspension
+        if turn.chat_turn is not None and _ended_turn(state, turn) is None:
+            active = state.active_turn
+            if active is None or not _shows(turn, active):
+                return False  # its chat turn is gone: the answers are another's
         if suspension.type == SuspensionType.USER_INPUT:
             if turn.chat_turn is None:
                 return False
@@ -824,7 +882,7 @@ class ChatBridge:
             if settled.status != "resolved" or settled.part is None:
                 return False
             try:
-                await self._input_resolved(turn.chat, settled.part, audit, turn)
+                await self._input_resolved(turn.chat, settled.part, audit, loaded=turn)
             except ResumeRejected as error:
                 log.info("%s", error)
             return True
@@ -855,11 +913,31 @@ class ChatBridge:
         return True
 
 
-def _ended_turn(state: ChatState, chat_turn: str | None) -> ChatTurn | None:
-    """AHP turn ``chat_turn`` of ``state`` if it is over (not the active one)."""
-    if state.active_turn is not None and state.active_turn.id == chat_turn:
+def _shows(turn: Turn, chat_turn: ChatTurn | ActiveTurn) -> bool:
+    """Whether ``chat_turn`` is the AHP turn the runner's ``turn`` shows: its
+    id, and its stamp (a turn id used again after a truncation names
+    another chat turn, which the earlier runner's turn must not reach)."""
+    return chat_turn.id == turn.chat_turn and turn_stamp(chat_turn.message) == turn.chat_turn_stamp
+
+
+def _stamp_in(state: ChatState, chat_turn: str) -> str | None:
+    """The stamp of AHP turn ``chat_turn`` of ``state`` (active or over), if
+    it has one."""
+    active = state.active_turn
+    found: ChatTurn | ActiveTurn | None = (
+        active
+        if active is not None and active.id == chat_turn
+        else next((t for t in state.turns if t.id == chat_turn), None)
+    )
+    return None if found is None else turn_stamp(found.message)
+
+
+def _ended_turn(state: ChatState, turn: Turn) -> ChatTurn | None:
+    """The AHP turn of ``state`` the runner's ``turn`` shows, if it is over
+    (not the active one)."""
+    if state.active_turn is not None and _shows(turn, state.active_turn):
         return None
-    return next((t for t in state.turns if t.id == chat_turn), None)
+    return next((t for t in state.turns if _shows(turn, t)), None)
 
 
 def _expired_request(action: StateAction) -> bool:

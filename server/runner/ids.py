@@ -8,9 +8,10 @@ a turn's input request         ``<chatTurn>:input:<callId>``,   :func:`input_req
                                for a plain-text question
 a plain-text question's        ``text:<8 hex digits>``          :func:`plain_question_id`
 correlation id                                                  :func:`parse_plain_question_id`
-the runner's turn for an AHP   ``<chatId>.<chatTurn>``          :func:`runner_turn_id`
-turn (AHP turn ids are unique                                   :func:`parse_runner_turn_id`
-per chat only)
+the runner's turn for an AHP   ``<chatId>.<chatTurn>``, and     :func:`runner_turn_id`
+turn (AHP turn ids are unique  ``<chatId>.<chatTurn>~<stamp>``  (not parsed: the turn's
+per chat only)                 for a turn id used again         record says its chat,
+                               after a truncation               turn and stamp)
 a child turn                   ``<parentTurnId>.<callId>``      :func:`child_turn_id`
                                                                 :func:`parse_child_turn_id`
 a tool call's idempotency key  ``<turnId>:<toolCallId>``        :func:`idempotency_key`
@@ -31,7 +32,8 @@ the call id of an input request (split at the first ``:input:``; a call id
 ``text``, or one starting ``text:``, reads as a plain-text question), the
 chat id of a runner turn id (at the first ``.``), the call id of a child
 turn id or idempotency key (at the last ``.`` or ``:``). Markdown part and
-MCP request ids always round-trip.
+MCP request ids always round-trip. A runner turn id is looked up from its
+chat and AHP turn, never parsed (an AHP turn id may hold any character).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import re
 import secrets
 from typing import NamedTuple
 
-from protocol.uris import BadChannelUri, channel_id, channel_kind, chat_uri
+from protocol.uris import BadChannelUri, channel_id, channel_kind
 
 _INPUT = ":input:"
 _TEXT = "text"
@@ -105,32 +107,15 @@ def parse_plain_question_id(correlation_id: str) -> str | None:
 # ─── Turns ───────────────────────────────────────────────────────────────────
 
 
-class ChatTurnRef(NamedTuple):
-    chat: str
-    """The chat's URI."""
-    chat_turn: str
-
-
-def runner_turn_id(chat: str, chat_turn: str) -> str:
+def runner_turn_id(chat: str, chat_turn: str, stamp: str | None = None) -> str:
     """The runner's turn id for the AHP turn ``chat_turn`` of the chat whose
-    URI is ``chat``; raises BadChannelUri for a URI that names no chat."""
+    URI is ``chat``: the first turn of that id, or (with its ``stamp``, see
+    server.policy.turn_stamp) a later one, after a truncation took the
+    first away. Raises BadChannelUri for a URI that names no chat."""
     if channel_kind(chat) != "chat":
         raise BadChannelUri(chat)
-    return f"{channel_id(chat)}.{chat_turn}"
-
-
-def parse_runner_turn_id(turn_id: str) -> ChatTurnRef | None:
-    """The chat URI and AHP turn a runner turn id was made of; None for a
-    turn id that is not one (a random one, a child's may look like one)."""
-    chat, dot, chat_turn = turn_id.partition(".")
-    if not dot or not chat_turn:
-        return None
-    try:
-        uri = chat_uri(chat)
-        channel_kind(uri)
-    except BadChannelUri:
-        return None
-    return ChatTurnRef(uri, chat_turn)
+    again = "" if stamp is None else f"~{stamp}"
+    return f"{channel_id(chat)}.{chat_turn}{again}"
 
 
 class CallRef(NamedTuple):

@@ -171,6 +171,7 @@ class Runner:
         turn_id: str | None = None,
         chat: str | None = None,
         chat_turn: str | None = None,
+        chat_turn_stamp: str | None = None,
         parent: ParentLink | None = None,
     ) -> Turn:
         agent = agent if isinstance(agent, Agent) else self.agent(agent)
@@ -181,6 +182,7 @@ class Runner:
             agent_version=agent.version,
             chat=chat,
             chat_turn=chat_turn,
+            chat_turn_stamp=chat_turn_stamp,
             messages=[
                 ModelMessage(role="system", content=agent.instructions),
                 ModelMessage(role="user", content=message),
@@ -198,9 +200,17 @@ class Runner:
         turn_id: str | None = None,
         chat: str | None = None,
         chat_turn: str | None = None,
+        chat_turn_stamp: str | None = None,
     ) -> Turn:
         """Create a turn and queue it for a worker; returns at once."""
-        new = self.new_turn(agent, message, turn_id=turn_id, chat=chat, chat_turn=chat_turn)
+        new = self.new_turn(
+            agent,
+            message,
+            turn_id=turn_id,
+            chat=chat,
+            chat_turn=chat_turn,
+            chat_turn_stamp=chat_turn_stamp,
+        )
         turn = await self.store.create(new)
         await self.store.make_runnable(turn.id, self.clock())
         return turn

@@ -395,6 +395,10 @@ class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
     chat: str | None = None
     chat_turn: str | None = None
     """The AHP turn id in ``chat`` this turn answers (unique per chat only)."""
+    chat_turn_stamp: str | None = None
+    """The server's stamp on that AHP turn (``_meta.huddle.turn``: see
+    server.policy.turn_stamp), when it has one: a chat truncated back may
+    see its turn id again, and this turn shows only the chat turn stamped so."""
     status: TurnStatus = TurnStatus.READY
     phase: Phase = Phase.MODEL
     messages: list[ModelMessage] = msgspec.field(default_factory=list)

@@ -62,11 +62,11 @@ from server.metrics import Metrics
 from server.policy import (
     Command,
     admission_refusal,
+    cap_refusal,
     command_refusal,
     dispatch_refusal,
     new_turn_stamp,
     reaches,
-    session_cap_refusal,
     stamped,
 )
 from server.ratelimit import Budgets, NewClientIds
@@ -229,7 +229,7 @@ class Commands:
         default chat. Spends one action of the token's budget (:meth:`admit`
         first, unless the caller did); CommandError (-32011) when the server
         holds as many sessions as this token may create
-        (server.policy.session_cap_refusal). The directories and the entry
+        (server.policy.cap_refusal). The directories and the entry
         are checked by the policy and the rules as those actions are, before
         anything is created (MalformedFrame naming the field)."""
         self.allow(grant, Command.CREATE_SESSION)
@@ -239,7 +239,7 @@ class Commands:
             self._spend(grant)
         root = (await self.host.view(ROOT_URI)).state
         held = (root.active_sessions if isinstance(root, RootState) else None) or 0
-        if (refusal := session_cap_refusal(grant, held, self.max_sessions)) is not None:
+        if (refusal := cap_refusal(grant, held, self.max_sessions)) is not None:
             raise CommandError(ErrorCode.CONFLICT, refusal)
         blank = new_session(self.host.sessions.agent(provider).provider, title)
         for directory in dict.fromkeys(working_directories or []):
@@ -322,7 +322,8 @@ class Commands:
         by ``initial_message`` as ``sender`` (the token's identity when None)
         dispatches it from ``client_id``. Spends one action of the token's
         budget. Raises CommandError or MalformedFrame (:func:`refused`) for
-        a budget spent, a session full of chats, a chat URI that is taken
+        a budget spent, a session full of chats (its last tenth is the
+        agent's: server.policy.cap_refusal), a chat URI that is taken
         (AlreadyExists: the same answer whichever session holds it, seen by
         this token or not), a working directory the session does not have
         (AHP: MUST reject), an initial message the policy or the rules
@@ -333,9 +334,17 @@ class Commands:
         self._check_title(title)
         self._spend(grant)
         await self.reach(grant, session)
-        if working_directories is not None:
+        try:
             held = (await self.host.view(session)).state
-            assert isinstance(held, SessionState)
+        except ChannelGone as gone:
+            raise not_found(gone.channel) from None
+        assert isinstance(held, SessionState)
+        chats, most = len(held.chats), self.host.sizes.chats
+        if chats < most:  # when full, the catalog's rule says so, to everyone alike
+            full = cap_refusal(grant, chats, most, holder="the session", what="chats")
+            if full is not None:
+                raise CommandError(ErrorCode.CONFLICT, f"{RejectionCode.TOO_MANY}: {full}")
+        if working_directories is not None:
             refusal = working_directories_problem(held, working_directories)
             if refusal is not None:
                 raise refused(ActionRejected.of(refusal), "$.workingDirectories")

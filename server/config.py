@@ -30,7 +30,7 @@ class Limits:
     flood_close_after: int = 1000
     """Consecutive rate-limited actions after which the client is closed."""
     max_sessions: int = 10_000
-    """Sessions the server holds at most (server.policy.session_cap_refusal:
+    """Sessions the server holds at most (server.policy.cap_refusal:
     a participant token creates them only below nine tenths of it)."""
 
 

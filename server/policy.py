@@ -24,9 +24,11 @@ Commands::
     create-session   agent; participant with an unscoped token, while
                      the server holds fewer than nine tenths of its
                      sessions at most (the agent's while fewer than all
-                     of them: :func:`session_cap_refusal`)
+                     of them: :func:`cap_refusal`)
     dispose-session  agent
-    create-chat      agent, participant (reaching the session)
+    create-chat      agent, participant (reaching the session), while
+                     the session holds fewer than nine tenths of its chats
+                     at most (the agent's while fewer than all of them)
     dispose-chat     agent
     mint-token       agent
 
@@ -278,15 +280,19 @@ def _messages(action: StateAction) -> list[Message]:
     return []
 
 
-def session_cap_refusal(grant: Grant, held: int, max_sessions: int) -> str | None:
-    """Why ``grant`` may not create a session while the server holds
-    ``held`` of at most ``max_sessions``, or None. The last tenth is the
-    agent's: a person's token filling the server cannot lock the agent out."""
-    cap = max_sessions if grant.role == "agent" else max_sessions - max_sessions // 10
+def cap_refusal(
+    grant: Grant, held: int, most: int, *, holder: str = "the server", what: str = "sessions"
+) -> str | None:
+    """Why ``grant`` may not create one more of ``what`` while ``holder``
+    holds ``held`` of at most ``most`` (the server its sessions, a session
+    its chats), or None. The last tenth is the agent's: a person's token
+    filling the server, or a session, cannot lock the agent out (its child
+    agents open chats of their own)."""
+    cap = most if grant.role == "agent" else most - most // 10
     if held < cap:
         return None
     return (
-        f"the server holds {held:,} sessions; {grant.role} tokens may create one "
+        f"{holder} holds {held:,} {what}; {grant.role} tokens may create one "
         f"while it holds fewer than {cap:,}"
     )
 

@@ -153,6 +153,39 @@ async def test_a_session_holds_at_most_max_chats(small: RunningServer) -> None:
     assert not await exists(small, "ahp-chat:/fourth")
 
 
+@pytest.fixture
+async def tenfold() -> AsyncIterator[RunningServer]:
+    """A server whose sessions hold 10 chats."""
+    async for running in serving(Settings(port=0, sizes=SizeLimits(chats=10))):
+        yield running
+
+
+async def test_a_persons_token_leaves_the_last_tenth_of_a_sessions_chats_to_the_agent(
+    tenfold: RunningServer,
+) -> None:
+    # A participant filling a session would leave the agent no room for the
+    # chats its child agents open: a person's token stops at nine tenths.
+    main = await a_session(tenfold)
+    peer = await Peer.ready(tenfold.ws, tenfold.token(name="Mallory"), "mallory")
+    for n in range(8):
+        assert "result" in await create_chat(peer, f"ahp-chat:/p{n}")
+
+    mine = await create_chat(peer, "ahp-chat:/ninth")
+    agent = await Peer.ready(tenfold.ws, AGENT_TOKEN, "agent-peer")
+    theirs = await create_chat(agent, "ahp-chat:/agents")
+
+    refused(
+        mine,
+        CONFLICT,
+        "too-many: the session holds 9 chats; participant tokens may create one while it "
+        "holds fewer than 9",
+    )
+    assert "result" in theirs
+    held = await catalog(tenfold)
+    assert held == [main, *(f"ahp-chat:/p{n}" for n in range(8)), "ahp-chat:/agents"]
+    assert not await exists(tenfold, "ahp-chat:/ninth")
+
+
 async def test_two_processes_racing_never_pass_the_chat_cap(redis_server: RedisServer) -> None:
     settings = Settings(port=0, sizes=SizeLimits(chats=3))
     a = await start_server(settings, RedisStore(redis_server.url))

@@ -40,10 +40,10 @@ from protocol.status import SessionStatus
 from server.auth import Grant, Role
 from server.policy import (
     Command,
+    cap_refusal,
     command_refusal,
     dispatch_refusal,
     reaches,
-    session_cap_refusal,
     stamped,
 )
 
@@ -431,4 +431,14 @@ def test_commands_by_role(who: Grant, command: Command, allowed: bool) -> None:
     ],
 )
 def test_sessions_a_token_may_create(who: Grant, held: int, refusal: str | None) -> None:
-    assert session_cap_refusal(who, held, 10) == refusal
+    assert cap_refusal(who, held, 10) == refusal
+
+
+def test_the_last_tenth_of_a_sessions_chats_is_the_agents() -> None:
+    chats = {"holder": "the session", "what": "chats"}
+    assert cap_refusal(PARTICIPANT, 899, 1000, **chats) is None
+    assert cap_refusal(PARTICIPANT, 900, 1000, **chats) == (
+        "the session holds 900 chats; participant tokens may create one while it holds "
+        "fewer than 900"
+    )
+    assert cap_refusal(AGENT, 999, 1000, **chats) is None

@@ -40,7 +40,7 @@ from reducers.validation import working_directories_problem
 from server.config import Limits, Settings
 from server.errors import ActionRejected, ChannelGone
 from server.sessions import new_chat
-from tests.conftest import UNIT, RunningServer, start_server
+from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
 from tests.edge import Frame, Peer
 
 SESSION = "ahp-session:/workspace"
@@ -254,7 +254,8 @@ async def test_a_session_at_its_caps_with_every_chat_in_every_directory_still_lo
     for directory in held:  # the session's, then the default chat's
         await lee.dispatch_and_wait(SESSION, SessionWorkingDirectorySet(directory=directory))
         await lee.dispatch_and_wait(main, ChatWorkingDirectorySet(directory=directory))
-    people = [await Peer.ready(roomy.ws, roomy.token(name=f"p{n}"), f"p{n}") for n in range(8)]
+    # The agent's tokens: a person's stop at nine tenths of the chats.
+    people = [await Peer.ready(roomy.ws, AGENT_TOKEN, f"agent-{n}") for n in range(8)]
 
     async def fill(peer: Peer, start: int) -> None:
         for n in range(start, sizes.chats - 1, len(people)):

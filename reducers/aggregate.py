@@ -12,6 +12,14 @@ AHP asks hosts to keep three aggregates current:
 - the sessions list shows a summary whose status, activity and modifiedAt
   are aggregated over the session's chats (:func:`session_summary`).
 
+Decision: an ``inputNeeded`` entry's id is its chat's URI, its kind and
+the request's or tool call's id (:func:`input_entry_id`). AHP asks for an
+id unique within the session and lets the host derive it; request and tool
+call ids are unique per chat only (a model chooses call ids, the built-in
+runner derives request ids from the chat's turn id, and a client that
+numbers its turns uses the same ids in every chat), so two chats asking
+alike would share one entry, and the first answer would take both away.
+
 Decision where AHP is silent: the mirrored input request leaves out
 ``answers``. Drafts change on every keystroke batch; the queue only says
 that a request is open, and the chat holds the answers.
@@ -70,29 +78,43 @@ SUMMARY_FIELDS = tuple(
 """The chat's fields its catalog entry mirrors (see the module docstring)."""
 
 
+def input_entry_id(chat: str, kind: str, key: str) -> str:
+    """The id of chat ``chat``'s ``inputNeeded`` entry for its open block
+    ``key``: a request's id (``kind`` ``input``) or a tool call's (``tool``).
+    Opaque to clients (AHP), unique within the session."""
+    return f"{chat}#{kind}/{key}"
+
+
+def entry_key(entry: SessionInputRequest) -> str:
+    """The id of the request or tool call an ``inputNeeded`` entry lists."""
+    return entry.request.id if isinstance(entry, ChatInputNeeded) else entry.tool_call.tool_call_id
+
+
 def select_input_needed(chat: ChatState) -> dict[str, SessionInputRequest]:
-    """Every open block of the chat's active turn, by entry id: input
-    requests by request id, tool calls by tool call id."""
+    """Every open block of the chat's active turn, by entry id
+    (:func:`input_entry_id`)."""
     turn = chat.active_turn
     if turn is None:
         return {}
+    uri = chat.resource
     found: dict[str, SessionInputRequest] = {}
     for part in turn.response_parts:
         if type(part) is InputRequestPart:
             if part.response is None:
                 request = replace(part.request, answers=None)
-                found[request.id] = ChatInputNeeded(
-                    id=request.id, chat=chat.resource, request=request
-                )
+                entry_id = input_entry_id(uri, "input", request.id)
+                found[entry_id] = ChatInputNeeded(id=entry_id, chat=uri, request=request)
         elif type(part) is ToolCallPart:
             call = part.tool_call
             if isinstance(call, ToolCallPendingConfirmation | ToolCallPendingResultConfirmation):
-                found[call.tool_call_id] = ToolConfirmationNeeded(
-                    id=call.tool_call_id, chat=chat.resource, turn_id=turn.id, tool_call=call
+                entry_id = input_entry_id(uri, "tool", call.tool_call_id)
+                found[entry_id] = ToolConfirmationNeeded(
+                    id=entry_id, chat=uri, turn_id=turn.id, tool_call=call
                 )
             elif isinstance(call, ToolCallAuthRequired):
-                found[call.tool_call_id] = ToolAuthenticationNeeded(
-                    id=call.tool_call_id, chat=chat.resource, turn_id=turn.id, tool_call=call
+                entry_id = input_entry_id(uri, "tool", call.tool_call_id)
+                found[entry_id] = ToolAuthenticationNeeded(
+                    id=entry_id, chat=uri, turn_id=turn.id, tool_call=call
                 )
     return found
 

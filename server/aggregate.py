@@ -36,6 +36,8 @@ from protocol.actions import (
     ChatInputRequested,
     ChatToolCallReady,
     ChatTurnStarted,
+    SessionAction,
+    SessionInputNeededRemoved,
     SessionInputNeededSet,
     SessionIsReadChanged,
     StateAction,
@@ -46,7 +48,13 @@ from protocol.messages import SessionSummaryChangedParams
 from protocol.session import SessionState, SessionSummary
 from protocol.status import SessionStatus
 from protocol.uris import ROOT_URI
-from reducers.aggregate import derive_session_actions, session_summary, summary_diff
+from reducers.aggregate import (
+    derive_session_actions,
+    entry_key,
+    select_input_needed,
+    session_summary,
+    summary_diff,
+)
 from reducers.limits import json_bytes
 from server.cache import Lru
 from server.channels import Applied, ChannelCore
@@ -156,6 +164,7 @@ class SessionAggregate:
             # The summary's modifiedAt lags by at most one interval.
             self._schedule_flush(chat)
             self._shadows.put(chat, replace(current, modified_at=shadow.modified_at))
+        actions += self._unlisted_before(session, chat, shadow, actions)
         for action in actions:
             if isinstance(action, SessionInputNeededSet) and not self._room_for(session, action):
                 log.warning(
@@ -167,6 +176,25 @@ class SessionAggregate:
                 continue
             with contextlib.suppress(ChannelGone):
                 await self.dispatch(session, action)
+
+    def _unlisted_before(
+        self, session: str, chat: str, shadow: ChatState, actions: list[SessionAction]
+    ) -> list[SessionAction]:
+        """The removals of entries listed before their ids named their chat
+        (by the request's or tool call's id alone: a session saved by an
+        earlier Huddle), for the blocks ``actions`` take off the list: left
+        there, an answered request would stay listed for good."""
+        gone = {a.id for a in actions if isinstance(a, SessionInputNeededRemoved)}
+        view = self.core.cached(session) if gone else None
+        if view is None or not isinstance(view.state, SessionState):
+            return []
+        listed = select_input_needed(shadow)
+        keys = {entry_key(listed[entry_id]) for entry_id in gone if entry_id in listed}
+        return [
+            SessionInputNeededRemoved(id=entry.id)
+            for entry in view.state.input_needed or []
+            if entry.chat == chat and entry.id in keys
+        ]
 
     def _room_for(self, session: str, action: SessionInputNeededSet) -> bool:
         """Whether the session's ``inputNeeded`` stays within

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
 from protocol.actions import (
     ChatDraftChanged,
@@ -20,6 +21,8 @@ from protocol.actions import (
     ChatTurnCancelled,
     ChatTurnComplete,
     ChatTurnStarted,
+    SessionInputNeededRemoved,
+    SessionInputNeededSet,
     SessionIsReadChanged,
 )
 from protocol.chat import (
@@ -36,6 +39,7 @@ from protocol.messages import ActionOrigin
 from protocol.session import RootState, SessionState
 from protocol.status import ACTIVITY_MASK, SessionStatus
 from protocol.uris import ROOT_URI
+from reducers.aggregate import entry_key
 from server.auth import Identity
 from server.build import default_agents
 from server.errors import ActionRejected, CommandError, InputAbandoned
@@ -327,7 +331,7 @@ async def test_session_mirrors_open_requests_and_the_chat_status(host: Host) -> 
     await wait_until_open(host, chat, "q")
     session = (await host.view(SESSION)).state
     assert isinstance(session, SessionState)
-    assert [r.id for r in session.input_needed or []] == ["q"]
+    assert [entry_key(r) for r in session.input_needed or []] == ["q"]
     assert session.status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
     assert session.chats[0].status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
     summary = (await host.aggregate.summaries())[0]
@@ -340,6 +344,60 @@ async def test_session_mirrors_open_requests_and_the_chat_status(host: Host) -> 
     assert isinstance(session, SessionState)
     assert session.input_needed is None
     assert session.chats[0].status & ACTIVITY_MASK == SessionStatus.IN_PROGRESS
+
+
+async def test_two_chats_asking_alike_are_two_entries_of_their_session(host: Host) -> None:
+    # Request and tool call ids are unique per chat only (a client numbering
+    # its turns and a model's fixed call ids make them alike across chats):
+    # an inputNeeded entry's id names its chat, so answering one chat's
+    # question leaves the other's listed.
+    first = await host.create_session(SESSION)
+    second = "ahp-chat:/second"
+    await host.create_chat(SESSION, second)
+    asking = []
+    for chat in (first, second):
+        await start_turn(host, chat)
+        asking.append(asyncio.create_task(host.request_input(chat, NOTE)))
+        await wait_until_open(host, chat, "q")
+    session = (await host.view(SESSION)).state
+    assert isinstance(session, SessionState)
+    assert sorted((r.chat, entry_key(r)) for r in session.input_needed or []) == sorted(
+        [(first, "q"), (second, "q")]
+    )
+
+    await host.dispatch(first, ChatInputCompleted(request_id="q", response="cancel"))
+    await asking[0]
+
+    session = (await host.view(SESSION)).state
+    assert isinstance(session, SessionState)
+    assert [(r.chat, entry_key(r)) for r in session.input_needed or []] == [(second, "q")]
+    assert session.status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
+    asking[1].cancel()
+
+
+async def test_an_entry_listed_by_an_earlier_huddle_goes_when_its_request_is_answered(
+    host: Host,
+) -> None:
+    # Before entry ids named their chat, an entry's id was the request's:
+    # a session saved then still lists one so, and it must not outlive the
+    # request.
+    chat = await host.create_session(SESSION)
+    await start_turn(host, chat)
+    asking = asyncio.create_task(host.request_input(chat, NOTE))
+    await wait_until_open(host, chat, "q")
+    session = (await host.view(SESSION)).state
+    assert isinstance(session, SessionState)
+    assert session.input_needed is not None
+    listed = session.input_needed[0]
+    await host.dispatch(SESSION, SessionInputNeededRemoved(id=listed.id))
+    await host.dispatch(SESSION, SessionInputNeededSet(request=replace(listed, id="q")))
+
+    await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+    await asking
+
+    session = (await host.view(SESSION)).state
+    assert isinstance(session, SessionState)
+    assert session.input_needed is None
 
 
 async def test_answer_drafts_do_not_flood_the_session(host: Host) -> None:

@@ -85,11 +85,6 @@ def input_entry_id(chat: str, kind: str, key: str) -> str:
     return f"{chat}#{kind}/{key}"
 
 
-def entry_key(entry: SessionInputRequest) -> str:
-    """The id of the request or tool call an ``inputNeeded`` entry lists."""
-    return entry.request.id if isinstance(entry, ChatInputNeeded) else entry.tool_call.tool_call_id
-
-
 def select_input_needed(chat: ChatState) -> dict[str, SessionInputRequest]:
     """Every open block of the chat's active turn, by entry id
     (:func:`input_entry_id`)."""

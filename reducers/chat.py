@@ -161,6 +161,36 @@ def select_tool_call(state: ChatState, tool_call_id: str) -> ToolCallState | Non
     return None
 
 
+def select_truncated(state: ChatState, action: ChatTruncated) -> list[ActiveTurn | Turn]:
+    """The turns ``action`` takes away from ``state``: those after its
+    ``turnId`` (all of them without one) and the active turn; none for a
+    ``turnId`` the chat does not have (the reducer then changes nothing)."""
+    if action.turn_id is None:
+        kept = 0
+    else:
+        kept = next((i + 1 for i, t in enumerate(state.turns) if t.id == action.turn_id), -1)
+        if kept < 0:
+            return []
+    away: list[ActiveTurn | Turn] = list(state.turns[kept:])
+    if state.active_turn is not None:
+        away.append(state.active_turn)
+    return away
+
+
+def select_waits(turns: list[ActiveTurn | Turn]) -> tuple[list[str], list[str]]:
+    """The ids of the input requests and of the tool calls of ``turns``:
+    what a wait on them (its notes, its expiry) is keyed by."""
+    requests: list[str] = []
+    calls: list[str] = []
+    for turn in turns:
+        for part in turn.response_parts:
+            if type(part) is InputRequestPart:
+                requests.append(part.request.id)
+            elif type(part) is ToolCallPart:
+                calls.append(part.tool_call.tool_call_id)
+    return requests, calls
+
+
 _BLOCKING = (ToolCallPendingConfirmation, ToolCallPendingResultConfirmation, ToolCallAuthRequired)
 
 

@@ -153,6 +153,31 @@ def expiry_of(meta: Meta | None, family: str, chat: str, key: str) -> tuple[int,
     return note["expiresAt"], str(note.get("onExpiry", "cancel"))
 
 
+def forgotten(meta: Meta | None, chat: str, requests: list[str], calls: list[str]) -> Meta | None:
+    """The notes of ``chat``'s ``requests`` and tool ``calls`` dropped (their
+    turns were truncated away: a later turn may use their ids again, and
+    must not inherit their answers' authors or their expiries), or None
+    when there are none."""
+    ours = dict(_mapping((meta or {}).get(HUDDLE)))
+    dropped = False
+    for family, keys in zip(FAMILIES, (requests, calls), strict=True):
+        chats = dict(_mapping(ours.get(family)))
+        chat_notes = dict(_mapping(chats.get(chat)))
+        for key in keys:
+            dropped = chat_notes.pop(key, None) is not None or dropped
+        if chat_notes:
+            chats[chat] = chat_notes
+        else:
+            chats.pop(chat, None)
+        if chats:
+            ours[family] = chats
+        else:
+            ours.pop(family, None)
+    if not dropped:
+        return None
+    return {**(meta or {}), HUDDLE: ours}
+
+
 def _changed(
     meta: Meta | None,
     family: str,

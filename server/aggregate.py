@@ -50,7 +50,6 @@ from protocol.status import SessionStatus
 from protocol.uris import ROOT_URI
 from reducers.aggregate import (
     derive_session_actions,
-    entry_key,
     select_input_needed,
     session_summary,
     summary_diff,
@@ -152,7 +151,8 @@ class SessionAggregate:
         session = chat_session(current)
         if session is None:
             return
-        shadow = self._shadows.get(chat) or before
+        heard = self._shadows.get(chat)
+        shadow = heard or before
         self._shadows.put(chat, current)
         now = self.clock()
         eager = now - (self._last_push.get(chat) or 0.0) >= self.modified_at_interval
@@ -164,7 +164,8 @@ class SessionAggregate:
             # The summary's modifiedAt lags by at most one interval.
             self._schedule_flush(chat)
             self._shadows.put(chat, replace(current, modified_at=shadow.modified_at))
-        actions += self._unlisted_before(session, chat, shadow, actions)
+        if heard is None:
+            actions = await self._listed_anew(session, chat, current, actions)
         for action in actions:
             if isinstance(action, SessionInputNeededSet) and not self._room_for(session, action):
                 log.warning(
@@ -177,24 +178,35 @@ class SessionAggregate:
             with contextlib.suppress(ChannelGone):
                 await self.dispatch(session, action)
 
-    def _unlisted_before(
-        self, session: str, chat: str, shadow: ChatState, actions: list[SessionAction]
+    async def _listed_anew(
+        self, session: str, chat: str, current: ChatState, actions: list[SessionAction]
     ) -> list[SessionAction]:
-        """The removals of entries listed before their ids named their chat
-        (by the request's or tool call's id alone: a session saved by an
-        earlier Huddle), for the blocks ``actions`` take off the list: left
-        there, an answered request would stay listed for good."""
-        gone = {a.id for a in actions if isinstance(a, SessionInputNeededRemoved)}
-        view = self.core.cached(session) if gone else None
-        if view is None or not isinstance(view.state, SessionState):
-            return []
-        listed = select_input_needed(shadow)
-        keys = {entry_key(listed[entry_id]) for entry_id in gone if entry_id in listed}
-        return [
-            SessionInputNeededRemoved(id=entry.id)
-            for entry in view.state.input_needed or []
-            if entry.chat == chat and entry.id in keys
+        """``actions`` with the chat's ``inputNeeded`` entries brought in line
+        with what the session lists, when this process has no shadow of the
+        chat (it started since, or forgot it): the action's ``before`` may
+        already miss a request another follow-up settled, so an entry left
+        listed would stay for good, as would one an earlier Huddle listed
+        under another id."""
+        try:
+            state = (await self.core.view(session)).state
+        except ChannelGone:
+            return actions
+        if not isinstance(state, SessionState):
+            return actions
+        listed = {e.id: e for e in state.input_needed or [] if e.chat == chat}
+        wanted = select_input_needed(current)
+        fresh: list[SessionAction] = [
+            SessionInputNeededSet(request=entry)
+            for entry_id, entry in wanted.items()
+            if listed.get(entry_id) != entry
         ]
+        fresh += [SessionInputNeededRemoved(id=entry_id) for entry_id in listed.keys() - wanted]
+        others = [
+            a
+            for a in actions
+            if not isinstance(a, SessionInputNeededSet | SessionInputNeededRemoved)
+        ]
+        return fresh + others
 
     def _room_for(self, session: str, action: SessionInputNeededSet) -> bool:
         """Whether the session's ``inputNeeded`` stays within

@@ -91,7 +91,7 @@ from protocol.actions import (
     action_type,
 )
 from protocol.chat import ChatState, ToolCallPendingConfirmation
-from reducers.chat import select_open_input_part, select_tool_call
+from reducers.chat import select_open_input_part, select_tool_call, select_truncated
 from reducers.clock import iso_time
 from server.auth import Identity
 from server.cache import Lru
@@ -553,13 +553,9 @@ def _context(before: ChatState, action: StateAction) -> Record:
             if isinstance(call, ToolCallPendingConfirmation):
                 return {"asked": msgspec.to_builtins(call)}
         case ChatTruncated():
-            if action.turn_id is None:
-                kept = 0
-            else:
-                ids = [turn.id for turn in before.turns]
-                kept = ids.index(action.turn_id) + 1 if action.turn_id in ids else len(ids)
-            removed: Record = {"turns": [turn.id for turn in before.turns[kept:]]}
-            if active is not None:
+            away = select_truncated(before, action)
+            removed: Record = {"turns": [turn.id for turn in away if turn is not active]}
+            if active is not None and away and away[-1] is active:
                 removed["activeTurn"] = active.id
             return {"removed": removed}
     return {}

@@ -46,7 +46,7 @@ from protocol.actions import (
 from protocol.chat import Message, Turn
 from protocol.codec import MalformedFrame
 from protocol.messages import ActionEnvelope, ActionOrigin, ChannelState, ErrorCode, ExpireParams
-from protocol.rejections import RejectionCode
+from protocol.rejections import Rejection, RejectionCode
 from protocol.session import ActiveClient, RootState, SessionState, SessionSummary
 from protocol.uris import ROOT_URI, BadChannelUri, channel_kind
 from protocol.wire import quoted
@@ -270,9 +270,11 @@ class Commands:
     ) -> None:
         """Refused (:func:`refused`, at ``path``) unless the policy and the
         rules take ``action`` from ``grant`` on ``uri`` in ``blank``, the
-        state it will have when created: asked before anything is."""
+        state it will have when created: asked before anything is, of the
+        action as it will be recorded (stamped: its size is what counts)."""
         refusal = dispatch_refusal(grant, uri, action, blank, client_id)
-        refusal = refusal or await self.host.check(uri, action, blank)
+        recorded = _as_sent_by(grant, grant.identity, action)
+        refusal = refusal or await self.host.check(uri, recorded, blank)
         if refusal is not None:
             raise refused(ActionRejected.of(refusal), path)
 
@@ -334,17 +336,12 @@ class Commands:
         self._check_title(title)
         self._spend(grant)
         await self.reach(grant, session)
-        try:
-            held = (await self.host.view(session)).state
-        except ChannelGone as gone:
-            raise not_found(gone.channel) from None
-        assert isinstance(held, SessionState)
-        chats, most = len(held.chats), self.host.sizes.chats
-        if chats < most:  # when full, the catalog's rule says so, to everyone alike
-            full = cap_refusal(grant, chats, most, holder="the session", what="chats")
-            if full is not None:
-                raise CommandError(ErrorCode.CONFLICT, f"{RejectionCode.TOO_MANY}: {full}")
         if working_directories is not None:
+            try:
+                held = (await self.host.view(session)).state
+            except ChannelGone as gone:
+                raise not_found(gone.channel) from None
+            assert isinstance(held, SessionState)
             refusal = working_directories_problem(held, working_directories)
             if refusal is not None:
                 raise refused(ActionRejected.of(refusal), "$.workingDirectories")
@@ -356,9 +353,15 @@ class Commands:
             )
             blank = new_chat(session, chat, title or "", now, working_directories)
             await self._would_take(grant, chat, started, blank, client_id, "$.initialMessage")
+
+        def cap(state: SessionState) -> Rejection | None:
+            most = self.host.sizes.chats
+            full = cap_refusal(grant, len(state.chats), most, holder="the session", what="chats")
+            return None if full is None else Rejection(RejectionCode.TOO_MANY, full)
+
         try:
             await self.host.sessions.create_chat(
-                session, chat, title=title, working_directories=working_directories
+                session, chat, title=title, working_directories=working_directories, cap=cap
             )
         except ActionRejected as rejected:
             raise refused(rejected, "$.initialMessage") from None
@@ -600,8 +603,11 @@ def _as_sent_by(grant: Grant, who: Identity, action: StateAction) -> StateAction
     """``action`` as the server records it from ``who``: a person's entry in
     the session's active clients carries the name the server knows them by,
     never one they chose; a person's message says which token sent it, and
-    a turn's which of the turns its id ever named it is (server.policy.stamped)."""
+    a turn's (the agent's too) which of the turns its id ever named it is
+    (server.policy.stamped)."""
     if grant.role == "agent":
+        if isinstance(action, ChatTurnStarted):
+            return replace(action, message=stamped(action.message, None, turn=new_turn_stamp()))
         return action
     if isinstance(action, SessionActiveClientSet):
         entry = replace(action.active_client, display_name=who.display)

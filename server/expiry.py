@@ -37,6 +37,7 @@ from protocol.actions import (
     ChatInputCompleted,
     ChatToolCallConfirmed,
     ChatToolCallReady,
+    ChatTruncated,
     StateAction,
 )
 from protocol.chat import ChatState, ToolCallPendingConfirmation
@@ -44,7 +45,7 @@ from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
 from protocol.wire import ErrorInfo, quoted
 from reducers import notes
-from reducers.chat import select_open_input_part, select_tool_call
+from reducers.chat import select_open_input_part, select_tool_call, select_truncated, select_waits
 from reducers.clock import iso_ms
 from server.channels import Applied, ChannelCore
 from server.errors import ActionRejected, ChannelGone, StoreError
@@ -183,9 +184,18 @@ class Expiries:
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
         """A tool call made ready with ``_meta.huddle.expiry`` gets it (one
-        that is not an expiry was refused: expiry_problem)."""
+        that is not an expiry was refused: expiry_problem); the waits of
+        turns truncated away expire no more (a later turn may use their
+        ids again)."""
         action = event.action
-        if not event.local or not isinstance(action, ChatToolCallReady):
+        if not event.local:
+            return None
+        if isinstance(action, ChatTruncated) and isinstance(event.before, ChatState):
+            requests, calls = select_waits(select_truncated(event.before, action))
+            names = [_record(event.uri, "requests", key) for key in requests]
+            names += [_record(event.uri, "toolCalls", key) for key in calls]
+            return self._forget(names) if names else None
+        if not isinstance(action, ChatToolCallReady):
             return None
         raw = _asked_expiry(action)
         if raw is None or action.confirmed is not None:
@@ -196,6 +206,10 @@ class Expiries:
             log.warning("%s: tool call %s: %s", event.uri, action.tool_call_id, error)
             return None
         return self._expire_quietly(event.uri, action.tool_call_id, expiry)
+
+    async def _forget(self, names: list[str]) -> None:
+        for name in names:
+            await self.store.delete_record(EXPIRY_RECORDS, name)
 
     async def _expire_quietly(self, chat: str, key: str, expiry: Expiry) -> None:
         with contextlib.suppress(ActionRejected, ChannelGone):
@@ -232,7 +246,12 @@ class Expiries:
 
 
 def _name(due: Due) -> str:
-    return f"{due.chat} {due.family} {due.key}"
+    return _record(due.chat, due.family, due.key)
+
+
+def _record(chat: str, family: Family, key: str) -> str:
+    """The name of the expiry record of wait ``key`` of ``chat``."""
+    return f"{chat} {family} {key}"
 
 
 def _open(state: ChatState, family: Family, key: str) -> Any:

@@ -36,7 +36,7 @@ from protocol.actions import (
     RootAgentsChanged,
     StateAction,
 )
-from protocol.chat import ChatState, InputAnswer, InputRequest
+from protocol.chat import ActiveTurn, ChatState, InputAnswer, InputRequest
 from protocol.codec import encode
 from protocol.messages import ActionEnvelope, ActionOrigin, ChannelState, ErrorCode
 from protocol.rejections import Rejection, RejectionCode
@@ -204,14 +204,17 @@ class Host:
         origin: ActionOrigin | None = None,
         sender: Identity | None = None,
         validate: bool = True,
+        provided: Callable[[ChannelState], Rejection | None] | None = None,
     ) -> ActionEnvelope:
         """Validate, reduce, append and broadcast ``action`` on ``uri``, then
-        run its side effects. ``sender`` is who sent it (None: the server).
+        run its side effects. ``sender`` is who sent it (None: the server);
+        ``provided``, a condition on the channel's state checked with the
+        rules, under its lock.
 
         Returns the accepted envelope. Raises ActionRejected (nothing
         changed, no seq used), ChannelGone, or StoreUnavailable.
         """
-        validator = await self._validator(uri, action) if validate else None
+        validator = await self._validator(uri, action, provided) if validate else None
         try:
             event = await self.core.write(
                 uri, action, origin=origin, sender=sender, validate=validator
@@ -219,7 +222,7 @@ class Host:
         except _FormUnread:
             # The request opened after we looked (an append of another
             # process this one caught up on): read its form, check again.
-            validator = await self._validator(uri, action, read_form=True)
+            validator = await self._validator(uri, action, provided, read_form=True)
             event = await self.core.write(
                 uri, action, origin=origin, sender=sender, validate=validator
             )
@@ -236,7 +239,12 @@ class Host:
         return await self.core.write(uri, action)
 
     async def _validator(
-        self, uri: str, action: StateAction, *, read_form: bool = False
+        self,
+        uri: str,
+        action: StateAction,
+        provided: Callable[[ChannelState], Rejection | None] | None = None,
+        *,
+        read_form: bool = False,
     ) -> Validator:
         """The limits and the validation rules for ``action``, with what
         their schema checks read loaded first (outside the channel's lock).
@@ -275,6 +283,8 @@ class Host:
                 return Rejection(RejectionCode.NO_CHANGE, "the root channel already holds that")
             if answering and (late := self._too_late(uri, state, action)):
                 return late
+            if provided is not None and (unmet := provided(state)) is not None:
+                return unmet
             return limit_problem(state, action, self.sizes, view.size) or reject_reason(
                 state,
                 action,
@@ -360,10 +370,13 @@ class Host:
         *,
         schema: dict[str, Any] | None = None,
         expiry: Expiry | None = None,
+        in_turn: Callable[[ActiveTurn], bool] | None = None,
     ) -> InputOutcome:
         """Ask the people in ``chat``: dispatch ``chat/inputRequested`` (with
         questions derived from ``schema`` when one is given and the request
-        has none) and wait for the outcome.
+        has none) and wait for the outcome; with ``in_turn``, only while the
+        chat's active turn is one it accepts (a tool of a turn that is over
+        asks in no later one).
 
         The schema is frozen with the request: an accept is validated
         against it and ``outcome.data`` carries the data with its types.
@@ -373,13 +386,13 @@ class Host:
         ActionRejected when there is no active turn.
         """
         state = (await self.core.view(chat)).state
-        if not isinstance(state, ChatState) or state.active_turn is None:
-            raise ActionRejected(
-                RejectionCode.NO_ACTIVE_TURN, f"{chat} has no active turn to ask in"
-            )
+        if (unmet := _asking_in(chat, in_turn)(state)) is not None:
+            raise ActionRejected.of(unmet)
+        assert isinstance(state, ChatState)
+        assert state.active_turn is not None
         waiter = await self.waiters.expect_input(chat, request.id, state.active_turn.id)
         try:
-            await self.ask(chat, request, schema=schema, expiry=expiry)
+            await self.ask(chat, request, schema=schema, expiry=expiry, in_turn=in_turn)
         except BaseException:
             self.waiters.discard(waiter)
             raise
@@ -392,6 +405,7 @@ class Host:
         *,
         schema: dict[str, Any] | None = None,
         expiry: Expiry | None = None,
+        in_turn: Callable[[ActiveTurn], bool] | None = None,
     ) -> ActionEnvelope:
         """Open ``request`` in ``chat`` without waiting (see
         :meth:`request_input`); the form, when given, is frozen with it."""
@@ -399,7 +413,8 @@ class Host:
             form = await self.forms.freeze(chat, request.id, schema)
             if request.questions is None:
                 request = replace(request, questions=form.spec.questions)
-        envelope = await self.dispatch(chat, ChatInputRequested(request=request))
+        asked = ChatInputRequested(request=request)
+        envelope = await self.dispatch(chat, asked, provided=_asking_in(chat, in_turn))
         if expiry is not None:
             await self.expiries.expire(chat, "requests", request.id, expiry)
         return envelope
@@ -440,3 +455,23 @@ def _is_open(state: object, request_id: str) -> bool:
     return (
         isinstance(state, ChatState) and select_input_settlement(state, request_id).status == "open"
     )
+
+
+def _asking_in(
+    chat: str, in_turn: Callable[[ActiveTurn], bool] | None
+) -> Callable[[ChannelState], Rejection | None]:
+    """Why ``chat`` as it is takes no question now: it has no active turn,
+    or (``in_turn``) not one the asker may ask in."""
+
+    def unmet(state: ChannelState) -> Rejection | None:
+        active = state.active_turn if isinstance(state, ChatState) else None
+        if active is None:
+            return Rejection(RejectionCode.NO_ACTIVE_TURN, f"{chat} has no active turn to ask in")
+        if in_turn is not None and not in_turn(active):
+            return Rejection(
+                RejectionCode.NO_ACTIVE_TURN,
+                f"the turn that asks is over in {chat}: the active one is another",
+            )
+        return None
+
+    return unmet

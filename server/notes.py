@@ -30,6 +30,7 @@ from protocol.actions import (
     ChatInputAnswerChanged,
     ChatInputCompleted,
     ChatToolCallConfirmed,
+    ChatTruncated,
     SessionMetaChanged,
     StateAction,
 )
@@ -38,7 +39,7 @@ from protocol.messages import ChannelState
 from protocol.rejections import Rejection
 from protocol.session import SessionState
 from reducers import notes
-from reducers.chat import select_open_input_part
+from reducers.chat import select_open_input_part, select_truncated, select_waits
 from reducers.limits import SizeLimits, limit_problem
 from server.auth import Identity
 from server.cache import Lru
@@ -67,6 +68,8 @@ class _Batch:
     changes: list[Note]
     chat: str
     written: asyncio.Future[None]
+    taken: bool = False
+    """Written before the interval passed, with a note that cannot wait."""
 
 
 class SessionNotes:
@@ -90,7 +93,10 @@ class SessionNotes:
         changes = _notes_of(event.uri, event.action, event.sender, event.before)
         if session is None or not changes:
             return None
-        return self._offer(session, event.uri, changes)
+        # A truncation's notes are written at once: until they are, the
+        # waits it took away would refuse a turn that uses their ids again.
+        now = isinstance(event.action, ChatTruncated)
+        return self._offer(session, event.uri, changes, now=now)
 
     async def note(self, session: str, chat: str, *changes: Note) -> None:
         """Apply ``changes`` (notes on ``chat``) to the session's notes,
@@ -101,12 +107,22 @@ class SessionNotes:
         elif (waiting := self._waiting.get(session)) is not None:
             await asyncio.shield(waiting.written)
 
-    def _offer(self, session: str, chat: str, changes: list[Note]) -> Awaitable[None] | None:
+    def _offer(
+        self, session: str, chat: str, changes: list[Note], *, now: bool = False
+    ) -> Awaitable[None] | None:
         """The write of ``changes`` now, when the session's notes were not
-        written within ``interval``; else None: they join the notes waiting
-        for it to pass (written together by one background task)."""
+        written within ``interval`` (or ``now``: with the notes waiting, if
+        any, first); else None: they join the notes waiting for it to pass
+        (written together by one background task)."""
         loop = asyncio.get_running_loop()
         waiting = self._waiting.get(session)
+        if now:
+            if waiting is not None:
+                waiting.taken = True
+                del self._waiting[session]
+                changes = [*waiting.changes, *changes]
+            self._written.put(session, loop.time())
+            return self._write_taken(session, chat, changes, waiting)
         if waiting is not None:
             waiting.changes.extend(changes)
             waiting.chat = chat
@@ -124,14 +140,26 @@ class SessionNotes:
     async def _later(self, session: str, batch: _Batch, wait: float) -> None:
         try:
             await asyncio.sleep(wait)
+            if batch.taken:
+                return
             del self._waiting[session]
             self._written.put(session, asyncio.get_running_loop().time())
             await self._write(session, batch.chat, batch.changes)
         finally:
             if self._waiting.get(session) is batch:  # cancelled while it waited
                 del self._waiting[session]
-            if not batch.written.done():
+            if not batch.taken and not batch.written.done():
                 batch.written.set_result(None)
+
+    async def _write_taken(
+        self, session: str, chat: str, changes: list[Note], taken: _Batch | None
+    ) -> None:
+        """:meth:`_write`, then the notes of ``taken`` are written too."""
+        try:
+            await self._write(session, chat, changes)
+        finally:
+            if taken is not None and not taken.written.done():
+                taken.written.set_result(None)
 
     async def _write(self, session: str, chat: str, changes: list[Note]) -> None:
         """``changes`` in one action; nothing when even ``chat``'s newest
@@ -187,6 +215,10 @@ def _notes_of(chat: str, action: StateAction, sender: Identity, before: ChannelS
         case ChatToolCallConfirmed():
             call, approved = action.tool_call_id, action.approved
             return [lambda m: notes.decided(m, chat, call, who, approved)]
+        case ChatTruncated() if isinstance(before, ChatState):
+            requests, calls = select_waits(select_truncated(before, action))
+            if requests or calls:
+                return [lambda m: notes.forgotten(m, chat, requests, calls)]
     return []
 
 

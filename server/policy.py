@@ -94,11 +94,11 @@ from protocol.actions import (
     action_type,
     is_client_dispatchable,
 )
-from protocol.chat import ChatState, ClientContributor, Message
+from protocol.chat import ActiveTurn, ChatState, ClientContributor, Message, Turn
 from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import channel_kind
-from reducers.chat import select_tool_call
+from reducers.chat import select_tool_call, select_truncated
 from reducers.notes import HUDDLE, huddle_meta
 from server.auth import Grant
 
@@ -195,16 +195,18 @@ def dispatch_refusal(
     return _speaks_for_another(state, action, client_id)
 
 
-def stamped(message: Message, grant: Grant, *, turn: str | None = None) -> Message:
-    """``message`` as ``grant``'s person sent it: ``_meta.huddle.by`` names
-    the token, so that a turn says whose it is (:func:`starter`), and, for
-    a turn's message, ``_meta.huddle.turn`` is ``turn``, which of the turns
-    that ever bore its id it is (:func:`turn_stamp`). Both are the server's
-    word: whatever the client put there is replaced, or dropped."""
+def stamped(message: Message, grant: Grant | None, *, turn: str | None = None) -> Message:
+    """``message`` as the server records it: ``_meta.huddle.by`` names the
+    token of ``grant``'s person (None: the agent, whose word it keeps), so
+    that a turn says whose it is (:func:`starter`), and, for a turn's
+    message, ``_meta.huddle.turn`` is ``turn``, which of the turns that ever
+    bore its id it is (:func:`turn_stamp`). Both are the server's word:
+    whatever a person's client put there is replaced, or dropped."""
     meta = dict(message.meta or {})
     huddle = meta.get(HUDDLE)
     ours = {k: v for k, v in (huddle if isinstance(huddle, dict) else {}).items() if k != "turn"}
-    ours["by"] = grant.token_id
+    if grant is not None:
+        ours["by"] = grant.token_id
     if turn is not None:
         ours["turn"] = turn
     meta[HUDDLE] = ours
@@ -225,6 +227,12 @@ def turn_stamp(message: Message) -> str | None:
     return stamp if isinstance(stamp, str) and _STAMP.fullmatch(stamp) else None
 
 
+def same_turn(chat_turn: Turn | ActiveTurn, turn_id: str | None, stamp: str | None) -> bool:
+    """Whether ``chat_turn`` is the AHP turn ``turn_id`` stamped ``stamp``
+    (None: unstamped), not another that bore its id (:func:`turn_stamp`)."""
+    return chat_turn.id == turn_id and turn_stamp(chat_turn.message) == stamp
+
+
 def starter(message: Message) -> str | None:
     """The token that started a turn with ``message``, if a person's did
     (:func:`stamped`)."""
@@ -241,13 +249,7 @@ def _truncation_refusal(state: ChatState, action: ChatTruncated, grant: Grant) -
             RejectionCode.TURN_IN_PROGRESS,
             f"turn '{active.id}' is active; cancel it (chat/turnCancelled) before truncating",
         )
-    ids = [turn.id for turn in state.turns]
-    if action.turn_id is None:
-        removed = state.turns
-    elif action.turn_id in ids:
-        removed = state.turns[ids.index(action.turn_id) + 1 :]
-    else:
-        removed = []
+    removed = select_truncated(state, action)  # the active turn is none of them here
     if not removed:
         return _refusal(RejectionCode.NO_CHANGE, "no turn would be truncated")
     agents = next((turn for turn in removed if turn.message.origin.kind != "user"), None)

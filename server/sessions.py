@@ -125,15 +125,25 @@ class Sessions:
         *,
         title: str | None = None,
         working_directories: list[str] | None = None,
+        cap: Callable[[SessionState], Rejection | None] | None = None,
     ) -> None:
         """Create chat ``chat`` in ``session`` and add it to the catalog; it
         works in ``working_directories`` (None: the session's, as AHP says),
         which the caller checked are the session's
-        (:func:`reducers.validation.working_directories_problem`).
+        (:func:`reducers.validation.working_directories_problem`). ``cap``
+        is the creator's own bound, if any: why the session as it is may not
+        take one more chat from them (asked with the catalog's, under the
+        session's lock: creators racing cannot pass it).
 
         Raises CommandError (-32010) when the URI is taken, ActionRejected
         (``too-many``) when the session holds as many chats as it may (no
         chat is left behind)."""
+
+        def refusal(view: ChannelView, action: StateAction) -> Rejection | None:
+            assert isinstance(view.state, SessionState)
+            full = limit_problem(view.state, action, self.sizes)
+            return full or (cap(view.state) if cap is not None else None)
+
         view = await self.core.view(session)
         assert isinstance(view.state, SessionState)
         number = len(view.state.chats) + 1
@@ -145,8 +155,8 @@ class Sessions:
             working_directories,
         )
         added = SessionChatAdded(summary=chat_summary(state))
-        if (refusal := self._catalog_refusal(view, added)) is not None:
-            raise ActionRejected.of(refusal)
+        if (refused := refusal(view, added)) is not None:
+            raise ActionRejected.of(refused)
         if not await self.core.create(chat, state):
             # Chat URIs are one namespace for every session: whoever holds
             # it, the answer is the same and says nothing about its chat.
@@ -155,16 +165,10 @@ class Sessions:
                 f"the chat URI {chat} is taken: choose another (ahp-chat:/<uuid>)",
             )
         try:
-            await self.core.write(session, added, validate=self._catalog_refusal)
+            await self.core.write(session, added, validate=refusal)
         except ActionRejected:
             await self._drop(chat, "the session holds as many chats as it may")
             raise
-
-    def _catalog_refusal(self, view: ChannelView, action: StateAction) -> Rejection | None:
-        """Whether the session's catalog may take one more chat (asked
-        before the chat is created, and again under the session's lock)."""
-        assert isinstance(view.state, SessionState)
-        return limit_problem(view.state, action, self.sizes)
 
     async def dispose_session(self, session: str) -> None:
         """Remove the session and its chats; subscribers hear no more."""

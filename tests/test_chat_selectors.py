@@ -10,6 +10,7 @@ from protocol.actions import (
     ChatToolCallConfirmed,
     ChatToolCallReady,
     ChatToolCallStart,
+    ChatTruncated,
     ChatTurnComplete,
     ChatTurnStarted,
 )
@@ -28,6 +29,8 @@ from reducers.chat import (
     select_input_settlement,
     select_latest_input_part,
     select_latest_tool_call,
+    select_truncated,
+    select_waits,
 )
 
 ASK = Message(text="Open a ticket", origin=MessageOrigin(kind="user"))
@@ -108,3 +111,22 @@ def test_the_latest_input_part_is_found_open_or_resolved_in_any_turn() -> None:
     part = select_latest_input_part(chat(*ASKED, done, ENDED), "details")
     assert part is not None
     assert part.response == "accept"
+
+
+# ─── What a truncation takes away ────────────────────────────────────────────
+
+
+def test_a_truncation_takes_the_turns_after_its_turn_and_the_active_one() -> None:
+    start = ChatToolCallStart(turn_id="t2", tool_call_id="c1", tool_name="run", display_name="Run")
+    state = chat(
+        *ASKED,
+        ENDED,
+        started("t2"),
+        start,
+        ChatTurnComplete(turn_id="t2", duration=1),
+        started("t3"),
+    )
+    assert [t.id for t in select_truncated(state, ChatTruncated(turn_id="t1"))] == ["t2", "t3"]
+    assert [t.id for t in select_truncated(state, ChatTruncated())] == ["t1", "t2", "t3"]
+    assert select_truncated(state, ChatTruncated(turn_id="unknown")) == []  # the reducer keeps all
+    assert select_waits(select_truncated(state, ChatTruncated())) == (["details"], ["c1"])

@@ -36,10 +36,9 @@ from protocol.chat import (
     TextValue,
 )
 from protocol.messages import ActionOrigin
-from protocol.session import RootState, SessionState
+from protocol.session import ChatInputNeeded, RootState, SessionInputRequest, SessionState
 from protocol.status import ACTIVITY_MASK, SessionStatus
 from protocol.uris import ROOT_URI
-from reducers.aggregate import entry_key
 from server.auth import Identity
 from server.build import default_agents
 from server.errors import ActionRejected, CommandError, InputAbandoned
@@ -346,6 +345,11 @@ async def test_session_mirrors_open_requests_and_the_chat_status(host: Host) -> 
     assert session.chats[0].status & ACTIVITY_MASK == SessionStatus.IN_PROGRESS
 
 
+def entry_key(entry: SessionInputRequest) -> str:
+    """The id of the request or tool call an ``inputNeeded`` entry lists."""
+    return entry.request.id if isinstance(entry, ChatInputNeeded) else entry.tool_call.tool_call_id
+
+
 async def test_two_chats_asking_alike_are_two_entries_of_their_session(host: Host) -> None:
     # Request and tool call ids are unique per chat only (a client numbering
     # its turns and a model's fixed call ids make them alike across chats):
@@ -375,12 +379,11 @@ async def test_two_chats_asking_alike_are_two_entries_of_their_session(host: Hos
     asking[1].cancel()
 
 
-async def test_an_entry_listed_by_an_earlier_huddle_goes_when_its_request_is_answered(
-    host: Host,
-) -> None:
-    # Before entry ids named their chat, an entry's id was the request's:
-    # a session saved then still lists one so, and it must not outlive the
-    # request.
+async def test_a_process_new_to_a_chat_lists_its_requests_as_they_are(host: Host) -> None:
+    # A process that has not followed a chat (it started since, or forgot
+    # it) brings the session's entries of that chat in line with the chat
+    # at its first change: none outlives its request, and none an earlier
+    # Huddle listed under the request's id alone (ids did not name chats).
     chat = await host.create_session(SESSION)
     await start_turn(host, chat)
     asking = asyncio.create_task(host.request_input(chat, NOTE))
@@ -391,13 +394,24 @@ async def test_an_entry_listed_by_an_earlier_huddle_goes_when_its_request_is_ans
     listed = session.input_needed[0]
     await host.dispatch(SESSION, SessionInputNeededRemoved(id=listed.id))
     await host.dispatch(SESSION, SessionInputNeededSet(request=replace(listed, id="q")))
+    host.aggregate.forget(chat)  # as after a restart
 
+    draft = ChatInputAnswerChanged(
+        request_id="q",
+        question_id="x",
+        answer=InputAnswer(state="draft", value=TextValue(value="a")),
+    )
+    await host.dispatch(chat, draft, origin=PARTICIPANT, sender=ALICE)
+    relisted = (await host.view(SESSION)).state
+    host.aggregate.forget(chat)
     await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
     await asking
+    settled = (await host.view(SESSION)).state
 
-    session = (await host.view(SESSION)).state
-    assert isinstance(session, SessionState)
-    assert session.input_needed is None
+    assert isinstance(relisted, SessionState)
+    assert [e.id for e in relisted.input_needed or []] == [listed.id]
+    assert isinstance(settled, SessionState)
+    assert settled.input_needed is None
 
 
 async def test_answer_drafts_do_not_flood_the_session(host: Host) -> None:

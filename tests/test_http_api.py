@@ -8,6 +8,7 @@ over the WebSocket, as the web client does.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
@@ -34,6 +35,16 @@ SESSION = "ahp-session:/http-1"
 
 def action_json(action: StateAction) -> Any:
     return to_builtins(action)
+
+
+def turn_json(action: ChatTurnStarted, recorded: Any) -> Any:
+    """``action`` as JSON, with the stamp the server gave its turn (the one
+    in ``recorded``, the action as the server recorded it: 8 hex digits)."""
+    stamp = recorded["message"]["_meta"]["huddle"]["turn"]
+    assert re.fullmatch("[0-9a-f]{8}", stamp)
+    expected = action_json(action)
+    expected["message"]["_meta"] = {"huddle": {"turn": stamp}}
+    return expected
 
 
 async def post(huddle: RunningServer, path: str, body: Any, token: str = AGENT_TOKEN) -> HttpReply:
@@ -137,7 +148,12 @@ async def test_dispatch_returns_the_envelope(huddle: RunningServer) -> None:
     reply = await dispatch(huddle, chat, TURN)
 
     assert reply.status == 200
-    assert reply.json() == {"channel": chat, "action": action_json(TURN), "serverSeq": seq + 1}
+    recorded = reply.json()["action"]
+    assert reply.json() == {
+        "channel": chat,
+        "action": turn_json(TURN, recorded),
+        "serverSeq": seq + 1,
+    }
 
 
 async def test_dispatch_reaches_websocket_subscribers(huddle: RunningServer) -> None:
@@ -149,7 +165,7 @@ async def test_dispatch_reaches_websocket_subscribers(huddle: RunningServer) -> 
 
     envelope = await watcher.envelope()
     assert envelope["serverSeq"] == seq + 1
-    assert envelope["action"] == action_json(TURN)
+    assert envelope["action"] == turn_json(TURN, envelope["action"])
 
 
 async def test_rejected_dispatch_is_409_with_the_reason(huddle: RunningServer) -> None:

@@ -290,3 +290,25 @@ def test_the_chats_of_both_families_least_recently_noted_first(
     requests: list[str], tool_calls: list[str], merged: list[str]
 ) -> None:
     assert notes._merged(requests, tool_calls) == merged
+
+
+def test_the_notes_of_waits_truncated_away_are_forgotten_and_the_rest_kept() -> None:
+    meta = notes.completed({"other": 1}, CHAT, "r1", DANA, "accept")
+    meta = notes.completed(meta, CHAT, "r2", DANA, "accept")
+    meta = notes.decided(meta, CHAT, "c1", LEE, True)
+    meta = notes.decided(meta, "ahp-chat:/other", "c1", LEE, True)
+
+    kept = notes.forgotten(meta, CHAT, ["r1"], ["c1"])
+
+    assert kept is not None
+    assert kept["other"] == 1
+    assert notes.note_of(kept, "requests", CHAT, "r1") is None
+    assert notes.note_of(kept, "requests", CHAT, "r2") is not None
+    assert notes.note_of(kept, "toolCalls", CHAT, "c1") is None
+    assert notes.note_of(kept, "toolCalls", "ahp-chat:/other", "c1") is not None
+    gone = notes.forgotten(kept, CHAT, ["r2"], [])
+    assert gone is not None
+    assert "requests" not in gone["huddle"]  # no chat has request notes left
+    assert notes.forgotten(gone, CHAT, ["r2"], ["c9"]) is None  # nothing of them is left
+    alone = notes.forgotten(notes.completed(None, CHAT, "r1", DANA, "accept"), CHAT, ["r1"], [])
+    assert alone == {"huddle": {}}

@@ -25,13 +25,17 @@ from protocol.actions import (
     ChatError,
     ChatInputAnswerChanged,
     ChatToolCallConfirmed,
+    ChatTruncated,
+    ChatTurnCancelled,
     ChatTurnComplete,
+    ChatTurnStarted,
 )
 from protocol.chat import InputAnswer, TextValue, ToolCallCancelled
 from protocol.session import SessionState
 from protocol.wire import ErrorInfo
 from reducers import notes
 from reducers.chat import select_latest_tool_call
+from server.client import HuddleClient
 from server.config import Settings
 from server.errors import ActionRejected
 from server.expiry import Expiry
@@ -46,7 +50,7 @@ from server.runner.store import MemoryTurnStore, TurnStore
 from server.runner.turn import ResumeCommand, Suspension, SuspensionType, Turn, TurnStatus
 from server.store.base import ChannelStore
 from server.store.redis import RedisStore
-from tests.conftest import UNIT, RunningServer, WallClock, start_server
+from tests.conftest import UNIT, RunningServer, WallClock, start_server, user_message
 from tests.edge import http
 from tests.mcp_kit import (
     LEGACY,
@@ -265,6 +269,66 @@ async def test_a_late_answer_to_an_expired_form_is_refused_as_expired() -> None:
 
     assert refused.value.code == "expired"
     assert done.turns[-1].state == "complete"
+
+
+async def rewind_and_ask_again(alice: HuddleClient, chat: str) -> str:
+    """Alice truncates the chat (its turn over) and starts turn ``t1``
+    again; returns the request id the agent asks with again."""
+    await alice.dispatch_and_wait(chat, ChatTruncated())
+    again = ChatTurnStarted(
+        turn_id="t1", started_at="2027-01-10T11:00:00.000Z", message=user_message("Again")
+    )
+    await alice.dispatch_and_wait(chat, again)
+    return (await next_request(alice.mirrors[chat])).request.id
+
+
+async def test_a_wait_truncated_away_never_expires_the_turn_that_uses_its_id_again() -> None:
+    # A request id derives from the turn id, which a client may use again
+    # once a truncation took the turn away: its expiry goes with it.
+    clock = WallClock()
+    helper, model = asking()
+    async with serving(helper, clock) as served:
+        alice, chat, mirror = await open_chat(served.huddle, "Fix it")
+        rid = (await next_request(mirror)).request.id
+        await served.huddle.server.host.expiries.expire(chat, "requests", rid, Expiry(60))
+        await noted(served, chat, "requests", rid)
+        await alice.dispatch_and_wait(chat, ChatTurnCancelled(turn_id="t1", duration=1))
+        await served.ends.of(runner_turn_id(chat, "t1"))
+
+        assert await rewind_and_ask_again(alice, chat) == rid
+        clock.now += 60
+        swept = await served.sweep()
+        room = Room(alice, chat, mirror)
+        await reply(room, rid, "accept", submitted(system=TextValue(value="SSO")))
+        done = await until(mirror, ended)
+
+    assert swept == 0
+    assert done.turns[-1].state == "complete"
+    assert model.tool_results()["c1"]["data"] == {"system": "SSO"}
+
+
+async def test_a_wait_that_expired_and_was_truncated_away_leaves_its_id_answerable() -> None:
+    clock = WallClock()
+    helper, model = asking(input_expiry=Expiry(30))
+    async with serving(helper, clock) as served:
+        alice, chat, mirror = await open_chat(served.huddle, "Fix it")
+        rid = await asked_form(served, chat)
+        clock.now += 30
+        assert await served.sweep() == 1
+        await until(mirror, ended)
+
+        assert await rewind_and_ask_again(alice, chat) == rid
+        room = Room(alice, chat, mirror)
+        await reply(room, rid, "accept", submitted(system=TextValue(value="SSO")))
+        done = await until(mirror, lambda s: ended(s) and s.turns[-1].id == "t1")
+        session = (await served.huddle.server.host.view("ahp-session:/faults")).state
+
+    assert done.turns[-1].state == "complete"
+    assert model.tool_results()["c1"]["data"] == {"system": "SSO"}
+    assert isinstance(session, SessionState)
+    note = notes.note_of(session.meta, "requests", chat, rid)
+    assert note is not None
+    assert "expired" not in note
 
 
 async def test_a_question_answered_in_time_is_not_expired() -> None:

@@ -12,11 +12,16 @@ chat turn that now bears its id: the server stamps each person's turn
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import pytest
+
 from protocol.actions import ChatInputCompleted, ChatTruncated, ChatTurnCancelled, ChatTurnStarted
-from protocol.chat import ChatState, MarkdownPart, TextValue
+from protocol.chat import ChatState, InputRequest, InputRequestPart, MarkdownPart, TextValue
+from server.auth import Role
+from server.errors import InputAbandoned
+from server.mcp.tools import people_of_current_call
 from server.policy import turn_stamp
 from server.runner.agent import Agent, Tool
 from server.runner.ids import runner_turn_id
@@ -32,6 +37,7 @@ from tests.test_runner_chat_faults import ended, until
 from tests.test_runner_chat_resume import SYSTEM, open_form
 
 WITHIN = 10 * UNIT
+ToolFunction = Callable[[dict[str, Any]], Awaitable[str]]
 
 
 class SlowTool:
@@ -47,8 +53,9 @@ class SlowTool:
         return "done"
 
 
-def slow_or_asking(slow: SlowTool) -> Agent:
-    """Works slowly when told to; otherwise asks which system, then thanks."""
+def slow_or_asking(slow: ToolFunction) -> Agent:
+    """Works slowly when told to (``slow``); otherwise asks which system,
+    then thanks."""
 
     def script(messages: Sequence[ModelMessage]) -> ModelReply:
         asked = next(m.content for m in messages if m.role == "user") or ""
@@ -76,13 +83,16 @@ async def chat_state(huddle: RunningServer, chat: str) -> ChatState:
     return state
 
 
-async def test_a_turn_id_used_again_after_a_truncation_gets_a_turn_the_first_cannot_reach() -> None:
+@pytest.mark.parametrize("role", ["participant", "agent"])
+async def test_a_turn_id_used_again_after_a_truncation_gets_a_turn_the_first_cannot_reach(
+    role: Role,
+) -> None:
     slow = SlowTool()
     huddle = await start_server(agent=slow_or_asking(slow), workers=0)
     service = huddle.server.parts.service
     assert isinstance(service, AgentService)
     try:
-        alice = await huddle.client(name="alice")
+        alice = await huddle.client(role, name="alice")
         chat, mirror = await watched_chat(alice, "ahp-session:/again", title="Again")
         await alice.dispatch_and_wait(chat, started("Work on it"))
         first_run = asyncio.create_task(Worker(service.runner).step())
@@ -149,5 +159,56 @@ async def test_a_turn_started_twice_under_its_stamp_starts_one_agent_turn() -> N
         assert not await Worker(service.runner).step()  # nothing else to run
         turn = await service.store.load(runner_turn_id(chat, "t1"))
         assert turn.chat_turn_stamp == turn_stamp(state.active_turn.message) is not None
+    finally:
+        await huddle.stop()
+
+
+async def test_a_tool_of_a_turn_that_is_over_asks_in_no_later_turn() -> None:
+    # A tool still running once its turn was cancelled and truncated away
+    # (as an MCP server's elicitation would) must not ask in the turn that
+    # now bears its id.
+    slow = SlowTool()
+    asked: list[str] = []
+
+    async def late_question(arguments: dict[str, Any]) -> str:
+        await slow(arguments)
+        people = people_of_current_call()
+        assert people is not None
+        try:
+            await people.ask(InputRequest(id="late", message="Still there?"), None)
+        except InputAbandoned as error:
+            asked.append(f"abandoned: {error}")
+        return "done"
+
+    huddle = await start_server(agent=slow_or_asking(late_question), workers=0)
+    service = huddle.server.parts.service
+    assert isinstance(service, AgentService)
+    try:
+        alice = await huddle.client(name="alice")
+        chat, mirror = await watched_chat(alice, "ahp-session:/late", title="Late")
+        await alice.dispatch_and_wait(chat, started("Work on it"))
+        first_run = asyncio.create_task(Worker(service.runner).step())
+        async with asyncio.timeout(WITHIN):
+            await slow.started.wait()
+        await alice.dispatch_and_wait(chat, ChatTurnCancelled(turn_id="t1", duration=1))
+        await alice.dispatch_and_wait(chat, ChatTruncated())
+        await alice.dispatch_and_wait(chat, started("Ask me"))
+        assert await Worker(service.runner).step()
+        await until(mirror, lambda s: open_form(s) is not None)
+
+        slow.release.set()
+        async with asyncio.timeout(WITHIN):
+            assert await first_run
+
+        state = await chat_state(huddle, chat)
+        assert state.active_turn is not None
+        ids = [
+            p.request.id
+            for p in state.active_turn.response_parts
+            if isinstance(p, InputRequestPart)
+        ]
+        assert "late" not in ids
+        assert len(asked) == 1
+        assert asked[0].startswith("abandoned: ")
     finally:
         await huddle.stop()

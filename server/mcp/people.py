@@ -15,11 +15,19 @@ policy is ``fail``). With an expiry whose policy is ``cancel`` or
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from protocol.actions import ChatInputCompleted
-from protocol.chat import ChatState, InputAnswer, InputRequest, InputRequestPart, InputResponseKind
+from protocol.chat import (
+    ActiveTurn,
+    ChatState,
+    InputAnswer,
+    InputRequest,
+    InputRequestPart,
+    InputResponseKind,
+)
 from server.client import HuddleClient, ProtocolError
 from server.errors import ActionRejected, ChannelGone, HuddleError, InputAbandoned
 from server.expiry import Expiry
@@ -71,16 +79,20 @@ class HostChat:
 
     schema_enforced = True
 
-    def __init__(self, host: Host, chat: str) -> None:
+    def __init__(
+        self, host: Host, chat: str, in_turn: Callable[[ActiveTurn], bool] | None = None
+    ) -> None:
         self.host = host
         self.chat = chat
+        self.in_turn = in_turn
+        """The chat turns it may ask in (None: the active one, whichever)."""
 
     async def ask(
         self, request: InputRequest, schema: dict[str, Any] | None, expiry: Expiry | None = None
     ) -> Reply:
         try:
             outcome = await self.host.request_input(
-                self.chat, request, schema=schema, expiry=expiry
+                self.chat, request, schema=schema, expiry=expiry, in_turn=self.in_turn
             )
         except (ActionRejected, ChannelGone) as error:
             raise InputAbandoned(str(error)) from None

@@ -67,6 +67,7 @@ from server.mcp.elicitation import ChatElicitation, UrlCompletions
 from server.mcp.errors import McpBridgeError, McpToolFailed
 from server.mcp.people import HostChat, People
 from server.mcp.sampling import ChatSampling, Roots
+from server.policy import same_turn
 from server.runner.agent import Tool
 from server.runner.bridge import ChatBridge
 from server.runner.context import ToolContext
@@ -506,7 +507,12 @@ def people_of_current_call() -> People | None:
     port = context.port
     if context.chat is None or not isinstance(port, ChatBridge):
         return None
-    return HostChat(port.host, context.chat)
+    chat_turn, stamp = context.chat_turn, context.chat_turn_stamp
+    if chat_turn is None:
+        return HostChat(port.host, context.chat)
+    # Only in its own chat turn: one the tool's turn lost (cancelled, then
+    # truncated away) may bear its id again, or the next one may be active.
+    return HostChat(port.host, context.chat, lambda active: same_turn(active, chat_turn, stamp))
 
 
 def tool_output(name: str, result: types.CallToolResult) -> Any:

@@ -31,11 +31,14 @@ its chat never showed is asked again.
 A turn's AHP turn is ``runner_turn_id(chat, chatTurn)`` for a turn people
 started; a child turn's AHP turn in its own chat has the child's id (see
 :meth:`ChatBridge.turn_of`). AHP turn ids are the client's: one a truncation
-took away may come back. The server stamps each person's turn
+took away may come back. The server stamps each turn a client starts
 (``_meta.huddle.turn``, server.policy.turn_stamp), the runner's turn keeps
 the stamp of the AHP turn it shows (a turn id used again gets the stamped
 ``runner_turn_id``), and the bridge matches the two by id and stamp: the
-earlier turn, still winding down, reaches nothing of the later one.
+earlier turn, still winding down, reaches nothing of the later one (its
+tools' questions neither: server.mcp.tools.people_of_current_call), and
+the waits truncated away lose their notes and expiries (server.notes,
+server.expiry).
 
 A resume costs the chat's append and one save: when a question of a turn
 shows in a chat this process holds (``chat/inputRequested``, a call waiting
@@ -112,7 +115,7 @@ from server.channels import Applied
 from server.errors import ActionRejected, ChannelGone, HuddleError
 from server.expiry import Expiry
 from server.host import Host
-from server.policy import turn_stamp
+from server.policy import same_turn, turn_stamp
 from server.runner.agent import Agent, ApprovalDecision, Tool
 from server.runner.errors import TurnExists, TurnNotFound
 from server.runner.ids import (
@@ -917,7 +920,7 @@ def _shows(turn: Turn, chat_turn: ChatTurn | ActiveTurn) -> bool:
     """Whether ``chat_turn`` is the AHP turn the runner's ``turn`` shows: its
     id, and its stamp (a turn id used again after a truncation names
     another chat turn, which the earlier runner's turn must not reach)."""
-    return chat_turn.id == turn.chat_turn and turn_stamp(chat_turn.message) == turn.chat_turn_stamp
+    return same_turn(chat_turn, turn.chat_turn, turn.chat_turn_stamp)
 
 
 def _stamp_in(state: ChatState, chat_turn: str) -> str | None:

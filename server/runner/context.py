@@ -40,6 +40,10 @@ class ToolContext:
     even with nothing filled in: ask this, not whether the data is empty."""
     chat: str | None = None
     """The AHP chat the turn shows in (None: a turn without a chat)."""
+    chat_turn: str | None = None
+    """The AHP turn of ``chat`` the turn shows."""
+    chat_turn_stamp: str | None = None
+    """That AHP turn's stamp (server.policy.turn_stamp), if it has one."""
     port: ChatPort | None = None
     """Where the turn shows itself (in a server: its chat bridge, whose host
     lets a tool ask the chat's people, as MCP tools do for elicitations)."""

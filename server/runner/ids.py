@@ -30,8 +30,8 @@ already hold; a parser splits at the separator a part is least likely to
 contain, and the round trip holds as long as that part does not contain it:
 the call id of an input request (split at the first ``:input:``; a call id
 ``text``, or one starting ``text:``, reads as a plain-text question), the
-chat id of a runner turn id (at the first ``.``), the call id of a child
-turn id or idempotency key (at the last ``.`` or ``:``). Markdown part and
+call id of a child turn id or idempotency key (at the last ``.`` or ``:``).
+Markdown part and
 MCP request ids always round-trip. A runner turn id is looked up from its
 chat and AHP turn, never parsed (an AHP turn id may hold any character).
 """

@@ -751,6 +751,8 @@ class Runner:
             submitted_form_data=dict(pending.form_data or {}),
             form_submitted=pending.form_data is not None,
             chat=turn.chat,
+            chat_turn=turn.chat_turn,
+            chat_turn_stamp=turn.chat_turn_stamp,
             port=self.port,
             model=agent.model,
             input_expiry=agent.input_expiry,

@@ -20,6 +20,7 @@ import pytest
 from protocol.actions import ChatInputCompleted, ChatTruncated, ChatTurnCancelled, ChatTurnStarted
 from protocol.chat import ChatState, InputRequest, InputRequestPart, MarkdownPart, TextValue
 from server.auth import Role
+from server.client import HuddleClient, Mirror
 from server.errors import InputAbandoned
 from server.mcp.tools import people_of_current_call
 from server.policy import turn_stamp
@@ -83,6 +84,27 @@ async def chat_state(huddle: RunningServer, chat: str) -> ChatState:
     return state
 
 
+async def rewound(
+    huddle: RunningServer, service: AgentService, slow: SlowTool, role: Role = "participant"
+) -> tuple[HuddleClient, str, Mirror, asyncio.Task[bool]]:
+    """Alice (of ``role``) starts turn ``t1`` to work slowly, stops it while
+    its tool runs on (until the test releases it), rewinds the chat and
+    starts ``t1`` again, which the agent runs up to its form. Returns her
+    client, the chat, her mirror of it and the first turn's run."""
+    alice = await huddle.client(role, name="alice")
+    chat, mirror = await watched_chat(alice, "ahp-session:/again", title="Again")
+    await alice.dispatch_and_wait(chat, started("Work on it"))
+    first_run = asyncio.create_task(Worker(service.runner).step())
+    async with asyncio.timeout(WITHIN):
+        await slow.started.wait()
+    await alice.dispatch_and_wait(chat, ChatTurnCancelled(turn_id="t1", duration=1))
+    await alice.dispatch_and_wait(chat, ChatTruncated())
+    await alice.dispatch_and_wait(chat, started("Ask me"))
+    assert await Worker(service.runner).step()  # the second turn, up to its form
+    await until(mirror, lambda s: open_form(s) is not None)
+    return alice, chat, mirror, first_run
+
+
 @pytest.mark.parametrize("role", ["participant", "agent"])
 async def test_a_turn_id_used_again_after_a_truncation_gets_a_turn_the_first_cannot_reach(
     role: Role,
@@ -92,22 +114,9 @@ async def test_a_turn_id_used_again_after_a_truncation_gets_a_turn_the_first_can
     service = huddle.server.parts.service
     assert isinstance(service, AgentService)
     try:
-        alice = await huddle.client(role, name="alice")
-        chat, mirror = await watched_chat(alice, "ahp-session:/again", title="Again")
-        await alice.dispatch_and_wait(chat, started("Work on it"))
-        first_run = asyncio.create_task(Worker(service.runner).step())
-        async with asyncio.timeout(WITHIN):
-            await slow.started.wait()
-        # Alice stops it (its tool runs on until it looks), rewinds the chat
-        # and asks again under the same turn id.
-        await alice.dispatch_and_wait(chat, ChatTurnCancelled(turn_id="t1", duration=1))
-        await alice.dispatch_and_wait(chat, ChatTruncated())
-        await alice.dispatch_and_wait(chat, started("Ask me"))
+        alice, chat, mirror, first_run = await rewound(huddle, service, slow, role)
         stamp = turn_stamp((await chat_state(huddle, chat)).active_turn.message)  # type: ignore[union-attr]
         assert stamp is not None
-
-        assert await Worker(service.runner).step()  # the second turn, up to its form
-        await until(mirror, lambda s: open_form(s) is not None)
         slow.release.set()  # the first one winds down now, cancelled
         async with asyncio.timeout(WITHIN):
             assert await first_run
@@ -184,18 +193,7 @@ async def test_a_tool_of_a_turn_that_is_over_asks_in_no_later_turn() -> None:
     service = huddle.server.parts.service
     assert isinstance(service, AgentService)
     try:
-        alice = await huddle.client(name="alice")
-        chat, mirror = await watched_chat(alice, "ahp-session:/late", title="Late")
-        await alice.dispatch_and_wait(chat, started("Work on it"))
-        first_run = asyncio.create_task(Worker(service.runner).step())
-        async with asyncio.timeout(WITHIN):
-            await slow.started.wait()
-        await alice.dispatch_and_wait(chat, ChatTurnCancelled(turn_id="t1", duration=1))
-        await alice.dispatch_and_wait(chat, ChatTruncated())
-        await alice.dispatch_and_wait(chat, started("Ask me"))
-        assert await Worker(service.runner).step()
-        await until(mirror, lambda s: open_form(s) is not None)
-
+        _, chat, _, first_run = await rewound(huddle, service, slow)
         slow.release.set()
         async with asyncio.timeout(WITHIN):
             assert await first_run

@@ -6,9 +6,13 @@ One hook of the channel core, acting on the actions this process accepted
 
 - after a chat action, the session's ``inputNeeded`` queue and chat catalog
   are brought up to date by diffing what the session last heard of the chat
-  (its shadow) against the chat's latest state, one sync per chat at a
-  time, so their order cannot go wrong (:func:`reducers.aggregate.
-  derive_session_actions`); a summary's ``modifiedAt`` alone reaches the
+  (its shadow) against the chat's state after the action
+  (:func:`reducers.aggregate.derive_session_actions`). The diff is taken
+  in the hook, in seq order, and sent by one sender per chat at a time, so
+  neither their order nor another process's later envelopes can lose a
+  change (the shadow moving past an answer before it was told left the
+  answered request listed for good); an entry already settled in the chat
+  by the time it is sent is not listed; a summary's ``modifiedAt`` alone reaches the
   catalog at most once per ``modified_at_interval``; ``inputNeeded`` holds
   at most INPUT_NEEDED_BYTES (an entry beyond is not listed, its chat
   still holds it);
@@ -28,6 +32,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import msgspec
 from msgspec.structs import replace
@@ -76,6 +81,18 @@ LISTED_FOR = 1.0
 """Seconds the sessions list, as read from the store, serves pages."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Told:
+    """Session actions derived from one change of a chat, to be sent:
+    ``anew`` when the process had no shadow of the chat (see
+    :meth:`SessionAggregate._listed_anew`)."""
+
+    session: str
+    state: ChatState
+    actions: list[SessionAction]
+    anew: bool
+
+
 class SessionAggregate:
     """See the module docstring. ``dispatch`` writes the derived actions
     (the server's own, unvalidated)."""
@@ -98,6 +115,8 @@ class SessionAggregate:
         self._summaries: Lru[str, SessionSummary] = Lru(CACHED)
         self._flushes: dict[str, asyncio.TimerHandle] = {}
         self._syncing: Lru[str, asyncio.Lock] = Lru(CACHED)
+        self._pending: dict[str, list[_Told]] = {}
+        """What each chat's session is yet to hear, in order."""
         self._listed: tuple[float, list[SessionSummary]] | None = None
         """The sessions list as last read, and until when it is served."""
         self._listing = asyncio.Lock()
@@ -109,7 +128,12 @@ class SessionAggregate:
             if not event.local:
                 self._shadows.put(event.uri, state)
                 return None
-            return self._chat_changed(event)
+            assert isinstance(event.before, ChatState)
+            derived = self._derive(event.uri, state, event.before)
+            news = isinstance(event.action, NEWS)
+            if not derived and not news:
+                return None
+            return self._chat_changed(event.uri, state, news=news)
         if isinstance(state, SessionState) and event.local:
             return self.announce(event.uri)
         return None
@@ -123,16 +147,15 @@ class SessionAggregate:
         """Drop the bookkeeping of a chat or session that is gone."""
         for cache in (self._shadows, self._last_push, self._summaries, self._syncing):
             cache.pop(uri)
+        self._pending.pop(uri, None)
         self._cancel_flush(uri)
 
     # ─── Chats -> their session ──────────────────────────────────────────
 
-    async def _chat_changed(self, event: Applied) -> None:
-        assert isinstance(event.before, ChatState)
-        async with self._lock(event.uri):
-            await self._sync(event.uri, event.before)
-        if isinstance(event.action, NEWS) and isinstance(event.view.state, ChatState):
-            await self._mark_unread(event.view.state)
+    async def _chat_changed(self, chat: str, state: ChatState, *, news: bool) -> None:
+        await self._send(chat)
+        if news:
+            await self._mark_unread(state)
 
     def _lock(self, chat: str) -> asyncio.Lock:
         lock = self._syncing.get(chat)
@@ -141,16 +164,14 @@ class SessionAggregate:
             self._syncing.put(chat, lock)
         return lock
 
-    async def _sync(self, chat: str, before: ChatState) -> None:
-        """Bring the session up to date with the chat's latest state (the
-        chat's sync lock held)."""
-        view = self.core.cached(chat)
-        if view is None or not isinstance(view.state, ChatState):
-            return
-        current = view.state
+    def _derive(self, chat: str, current: ChatState, before: ChatState) -> bool:
+        """Queue what the session must hear of this process's change of the
+        chat to ``current`` (True when there is some). Called from the hook,
+        in seq order, so the shadow cannot have moved past a change of ours
+        on another process's envelopes before the change is told."""
         session = chat_session(current)
         if session is None:
-            return
+            return False
         heard = self._shadows.get(chat)
         shadow = heard or before
         self._shadows.put(chat, current)
@@ -164,19 +185,47 @@ class SessionAggregate:
             # The summary's modifiedAt lags by at most one interval.
             self._schedule_flush(chat)
             self._shadows.put(chat, replace(current, modified_at=shadow.modified_at))
-        if heard is None:
-            actions = await self._listed_anew(session, chat, current, actions)
-        for action in actions:
-            if isinstance(action, SessionInputNeededSet) and not self._room_for(session, action):
-                log.warning(
-                    "%s: %s is not listed in the session's inputNeeded: they take %d bytes",
-                    session,
-                    action.request.id,
-                    INPUT_NEEDED_BYTES,
-                )
-                continue
-            with contextlib.suppress(ChannelGone):
-                await self.dispatch(session, action)
+        if not actions and heard is not None:
+            return False
+        told = _Told(session, current, actions, anew=heard is None)
+        self._pending.setdefault(chat, []).append(told)
+        return True
+
+    async def _send(self, chat: str) -> None:
+        """Dispatch what is queued for the chat's session, in order (one
+        sender per chat at a time: a later change's follow-up may send an
+        earlier one's actions, never before them)."""
+        async with self._lock(chat):
+            for told in self._pending.pop(chat, []):
+                actions = told.actions
+                if told.anew:
+                    actions = await self._listed_anew(told.session, chat, told.state, actions)
+                for action in actions:
+                    if isinstance(action, SessionInputNeededSet) and not self._listable(
+                        told.session, chat, action
+                    ):
+                        continue
+                    with contextlib.suppress(ChannelGone):
+                        await self.dispatch(told.session, action)
+
+    def _listable(self, session: str, chat: str, action: SessionInputNeededSet) -> bool:
+        """Whether ``action``'s entry is still to be listed: still open in
+        the chat as this process now has it (another process may have
+        settled it since, and told the session first), and within
+        INPUT_NEEDED_BYTES."""
+        view = self.core.cached(chat)
+        latest = view.state if view is not None else None
+        if isinstance(latest, ChatState) and action.request.id not in select_input_needed(latest):
+            return False
+        if self._room_for(session, action):
+            return True
+        log.warning(
+            "%s: %s is not listed in the session's inputNeeded: they take %d bytes",
+            session,
+            action.request.id,
+            INPUT_NEEDED_BYTES,
+        )
+        return False
 
     async def _listed_anew(
         self, session: str, chat: str, current: ChatState, actions: list[SessionAction]
@@ -236,9 +285,9 @@ class SessionAggregate:
         view = self.core.cached(chat)
         if view is None or not isinstance(view.state, ChatState):
             return
-        async with self._lock(chat):
-            self._last_push.put(chat, 0.0)
-            await self._sync(chat, view.state)
+        self._last_push.put(chat, 0.0)
+        if self._derive(chat, view.state, view.state):
+            await self._send(chat)
 
     async def _mark_unread(self, chat: ChatState) -> None:
         """News in a chat makes its session unread again for everyone."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import pytest
@@ -14,6 +14,7 @@ from protocol.actions import (
     ChatDraftChanged,
     ChatInputAnswerChanged,
     ChatInputCompleted,
+    ChatInputRequested,
     ChatToolCallConfirmed,
     ChatToolCallReady,
     ChatToolCallStart,
@@ -41,6 +42,7 @@ from protocol.status import ACTIVITY_MASK, SessionStatus
 from protocol.uris import ROOT_URI
 from server.auth import Identity
 from server.build import default_agents
+from server.channels import Applied
 from server.errors import ActionRejected, CommandError, InputAbandoned
 from server.frames import OutFrame
 from server.host import Host
@@ -461,6 +463,86 @@ async def test_two_hosts_on_one_store_deliver_the_same_envelopes_in_order() -> N
     asking.cancel()
     await first.stop()
     await second.stop()
+
+
+async def test_an_answer_is_unlisted_though_the_asker_moved_on_before_it_was_told() -> None:
+    # The process that accepted an answer tells the session; when the
+    # asker's next envelope (the resumed agent's) reached that process before
+    # its own telling ran, the answered request stayed listed for good.
+    store = MemoryStore()
+    asker, answerer = Host(store, agents=default_agents()), Host(store, agents=default_agents())
+    await asker.start()
+    await answerer.start()
+    chat = await asker.create_session(SESSION)
+    await answerer.core.subscribe(chat, Recorder())
+    await start_turn(asker, chat)
+    asking = asyncio.create_task(asker.request_input(chat, NOTE))
+    await wait_until_open(answerer, chat, "q")
+    heard = asyncio.Event()
+
+    def heard_the_asker(event: Applied) -> None:
+        if not event.local and isinstance(event.action, ChatDraftChanged):
+            heard.set()
+
+    async def the_asker_moves_on() -> None:
+        await asker.dispatch(chat, ChatDraftChanged(draft=user_message("next")))
+        await heard.wait()
+
+    def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
+        heard_the_asker(event)
+        if event.local and isinstance(event.action, ChatInputCompleted):
+            return the_asker_moves_on()
+        return None
+
+    answerer.core.hooks.insert(0, before_the_aggregate)
+    async with asyncio.timeout(2 * UNIT):
+        await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+        await asking
+    session = (await answerer.view(SESSION)).state
+
+    assert heard.is_set()
+    assert isinstance(session, SessionState)
+    assert session.input_needed is None
+    await asker.stop()
+    await answerer.stop()
+
+
+async def test_a_request_answered_before_its_asker_listed_it_is_not_listed() -> None:
+    # The other way round: the answer is told first, by the process that
+    # took it; the asker, lagging, must not list the request after that.
+    store = MemoryStore()
+    asker, answerer = Host(store, agents=default_agents()), Host(store, agents=default_agents())
+    await asker.start()
+    await answerer.start()
+    chat = await asker.create_session(SESSION)
+    await answerer.core.subscribe(chat, Recorder())
+    await asker.core.subscribe(chat, Recorder())
+    await start_turn(asker, chat)
+    heard = asyncio.Event()
+
+    async def answered_at_once() -> None:
+        await wait_until_open(answerer, chat, "q")
+        await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+        await heard.wait()
+
+    def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
+        if not event.local and isinstance(event.action, ChatInputCompleted):
+            heard.set()
+        if event.local and isinstance(event.action, ChatInputRequested):
+            return answered_at_once()
+        return None
+
+    asker.core.hooks.insert(0, before_the_aggregate)
+    async with asyncio.timeout(2 * UNIT):
+        await asker.request_input(chat, NOTE)
+    sessions = [(await host.view(SESSION)).state for host in (asker, answerer)]
+
+    assert heard.is_set()
+    for session in sessions:
+        assert isinstance(session, SessionState)
+        assert session.input_needed is None
+    await asker.stop()
+    await answerer.stop()
 
 
 async def test_the_form_of_a_request_another_host_opened_is_read_before_the_accept() -> None:

@@ -12,14 +12,24 @@ Lee" and the time left. The shape, under ``_meta.huddle``::
                    "answers":   {<question id>: {"by": <who>, "state": "draft"}},
                    "completed": {"by": <who>, "response": "accept"},
                    "expiresAt": <ms>, "onExpiry": "cancel" | "decline" | "fail",
-                   "expired": true}}}
+                   "expired": true,
+                   "turn":      <stamp>}}}
     toolCalls: {<chat>: {<tool call id>: {
                    "decided":   {"by": <who>, "approved": true},
-                   "expiresAt": <ms>, "onExpiry": ..., "expired": true}}}
+                   "expiresAt": <ms>, "onExpiry": ..., "expired": true,
+                   "turn":      <stamp>}}}
 
 ``<who>`` is ``{"name", "role", "token"}`` (plus ``"declared": true`` for a
 name its holder typed in, from a shared link): the server's identity of the
-sender, never what a client said. At most :data:`KEPT` entries per chat are
+sender, never what a client said. ``turn`` is the server's stamp of the
+turn that holds the request or tool call (``_meta.huddle.turn`` of its
+message; absent for an unstamped turn): ids are unique within a turn only,
+and a turn truncated away may be followed by one that uses its ids again,
+so a note is of the wait of its turn alone. A note of another turn is
+replaced, not added to, and readers (:func:`note_for`) pass it over, so
+that a note of a truncated wait written late (another process's, batched)
+gives the new wait no deadline and no authors; a note that names no turn
+is any turn's. At most :data:`KEPT` entries per chat are
 kept; the oldest go first. A chat noted anew goes last in both families and
 its note last in its chat, so that the order of the dicts is the order of
 use. :func:`bounded` keeps the notes of a session within a number of bytes
@@ -36,7 +46,7 @@ that nothing needs to be dispatched). Pure: the caller passes the time.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from itertools import zip_longest
 from typing import Any, Final, Literal, TypeAlias
 
@@ -65,39 +75,77 @@ def huddle_meta(meta: Meta | None, key: str) -> Any:
 
 
 def note_of(meta: Meta | None, family: str, chat: str, key: str) -> dict[str, Any] | None:
-    """The note on ``key`` (a request or tool call id) of ``chat``, if any."""
+    """The note on ``key`` (a request or tool call id) of ``chat``, if any,
+    whichever turn it is of."""
     notes = huddle_meta(meta, family) or {}
     entry = (notes.get(chat) or {}).get(key)
     return entry if isinstance(entry, dict) else None
 
 
+def note_for(
+    meta: Meta | None, family: str, chat: str, key: str, turn: str | None
+) -> dict[str, Any] | None:
+    """The note on ``key`` of ``chat`` if it is of the turn stamped ``turn``
+    (None: an unstamped turn), else None. A note that names no turn (of an
+    unstamped turn, or written before notes named them) is any turn's."""
+    note = note_of(meta, family, chat, key)
+    return note if note is not None and _of_turn(note, turn) else None
+
+
+def _of_turn(note: dict[str, Any], turn: str | None) -> bool:
+    return note.get("turn") in (None, turn)
+
+
 def answered(
-    meta: Meta | None, chat: str, request_id: str, question_id: str, who: Who, state: str
+    meta: Meta | None,
+    chat: str,
+    request_id: str,
+    question_id: str,
+    who: Who,
+    state: str,
+    *,
+    turn: str | None = None,
 ) -> Meta | None:
-    """``who`` wrote the answer to ``question_id`` (now in ``state``)."""
+    """``who`` wrote the answer to ``question_id`` (now in ``state``) of
+    the request of the turn stamped ``turn`` (see the module docstring; the
+    same for every note)."""
     note = {"by": who, "state": state}
-    return _changed(meta, "requests", chat, request_id, ("answers", question_id), note)
+    return _changed(meta, "requests", chat, request_id, ("answers", question_id), note, turn)
 
 
-def unanswered(meta: Meta | None, chat: str, request_id: str, question_id: str) -> Meta | None:
+def unanswered(
+    meta: Meta | None, chat: str, request_id: str, question_id: str, *, turn: str | None = None
+) -> Meta | None:
     """The answer to ``question_id`` was cleared."""
-    return _changed(meta, "requests", chat, request_id, ("answers", question_id), None)
+    return _changed(meta, "requests", chat, request_id, ("answers", question_id), None, turn)
 
 
 def completed(
-    meta: Meta | None, chat: str, request_id: str, who: Who, response: str
+    meta: Meta | None,
+    chat: str,
+    request_id: str,
+    who: Who,
+    response: str,
+    *,
+    turn: str | None = None,
 ) -> Meta | None:
     """``who`` completed the request with ``response``."""
     note = {"by": who, "response": response}
-    return _changed(meta, "requests", chat, request_id, ("completed",), note)
+    return _changed(meta, "requests", chat, request_id, ("completed",), note, turn)
 
 
 def decided(
-    meta: Meta | None, chat: str, tool_call_id: str, who: Who, approved: bool
+    meta: Meta | None,
+    chat: str,
+    tool_call_id: str,
+    who: Who,
+    approved: bool,
+    *,
+    turn: str | None = None,
 ) -> Meta | None:
     """``who`` approved or denied the tool call."""
     note = {"by": who, "approved": approved}
-    return _changed(meta, "toolCalls", chat, tool_call_id, ("decided",), note)
+    return _changed(meta, "toolCalls", chat, tool_call_id, ("decided",), note, turn)
 
 
 def expiring(
@@ -107,24 +155,34 @@ def expiring(
     key: str,
     at_ms: int,
     policy: ExpiryPolicy,
+    *,
+    turn: str | None = None,
 ) -> Meta | None:
     """The wait on ``key`` expires at ``at_ms``, then ``policy`` applies."""
-    first = _changed(meta, family, chat, key, ("expiresAt",), at_ms)
-    second = _changed(first or meta, family, chat, key, ("onExpiry",), policy)
+    first = _changed(meta, family, chat, key, ("expiresAt",), at_ms, turn)
+    second = _changed(first or meta, family, chat, key, ("onExpiry",), policy, turn)
     return second or first
 
 
 def expired(
-    meta: Meta | None, family: Literal["requests", "toolCalls"], chat: str, key: str
+    meta: Meta | None,
+    family: Literal["requests", "toolCalls"],
+    chat: str,
+    key: str,
+    *,
+    turn: str | None = None,
 ) -> Meta | None:
     """The wait on ``key`` expired: its policy was applied."""
-    return _changed(meta, family, chat, key, ("expired",), True)
+    return _changed(meta, family, chat, key, ("expired",), True, turn)
 
 
-def expired_wait(meta: Meta | None, chat: str, action: object, now_ms: int) -> Rejection | None:
+def expired_wait(
+    meta: Meta | None, chat: str, action: object, now_ms: int, *, turn: str | None
+) -> Rejection | None:
     """Why ``action`` (an answer, a completion, a tool decision) comes too
-    late for its wait: its expiry passed (applied already or about to be).
-    None when it is in time or its wait does not expire."""
+    late for its wait in the chat's active turn (stamped ``turn``): its
+    expiry passed (applied already or about to be). None when it is in time
+    or its wait does not expire."""
     match action:
         case ChatInputAnswerChanged() | ChatInputCompleted():
             family, key, what = "requests", action.request_id, "input request"
@@ -132,7 +190,7 @@ def expired_wait(meta: Meta | None, chat: str, action: object, now_ms: int) -> R
             family, key, what = "toolCalls", action.tool_call_id, "tool call"
         case _:
             return None
-    note = note_of(meta, family, chat, key)
+    note = note_for(meta, family, chat, key, turn)
     if note is None:
         return None
     at = note.get("expiresAt")
@@ -145,26 +203,43 @@ def expired_wait(meta: Meta | None, chat: str, action: object, now_ms: int) -> R
     )
 
 
-def expiry_of(meta: Meta | None, family: str, chat: str, key: str) -> tuple[int, str] | None:
-    """When the wait on ``key`` expires and what then applies, if it does."""
-    note = note_of(meta, family, chat, key)
+def expiry_of(
+    meta: Meta | None, family: str, chat: str, key: str, turn: str | None
+) -> tuple[int, str] | None:
+    """When the wait on ``key`` of the turn stamped ``turn`` expires and what
+    then applies, if it does."""
+    note = note_for(meta, family, chat, key, turn)
     if note is None or not isinstance(note.get("expiresAt"), int):
         return None
     return note["expiresAt"], str(note.get("onExpiry", "cancel"))
 
 
-def forgotten(meta: Meta | None, chat: str, requests: list[str], calls: list[str]) -> Meta | None:
+def forgotten(
+    meta: Meta | None,
+    chat: str,
+    requests: list[str],
+    calls: list[str],
+    turns: Collection[str | None] | None = None,
+) -> Meta | None:
     """The notes of ``chat``'s ``requests`` and tool ``calls`` dropped (their
     turns were truncated away: a later turn may use their ids again, and
     must not inherit their answers' authors or their expiries), or None
-    when there are none."""
+    when there are none. With ``turns`` (the stamps of the turns truncated
+    away, None for an unstamped one), only the notes of those turns and
+    those that name none: a kept turn that used one of the ids keeps its
+    note."""
     ours = dict(_mapping((meta or {}).get(HUDDLE)))
     dropped = False
     for family, keys in zip(FAMILIES, (requests, calls), strict=True):
         chats = dict(_mapping(ours.get(family)))
         chat_notes = dict(_mapping(chats.get(chat)))
         for key in keys:
-            dropped = chat_notes.pop(key, None) is not None or dropped
+            note = chat_notes.get(key)
+            stamp = _mapping(note).get("turn")
+            if note is None or (turns is not None and stamp is not None and stamp not in turns):
+                continue
+            del chat_notes[key]
+            dropped = True
         if chat_notes:
             chats[chat] = chat_notes
         else:
@@ -185,12 +260,20 @@ def _changed(
     key: str,
     path: tuple[str, ...],
     value: Any,
+    turn: str | None,
 ) -> Meta | None:
     """``meta`` with ``value`` at ``huddle.<family>.<chat>.<key>.<path>``
-    (removed when None), or None when it is there already. Copies only the
-    dicts on the way there (the rest is shared with ``meta``, which is
-    never changed): a note costs the size of its chat, not of the session."""
+    (removed when None) in the note of the turn stamped ``turn``, which
+    replaces a note of another turn; None when it is there already. Copies
+    only the dicts on the way there (the rest is shared with ``meta``,
+    which is never changed): a note costs the size of its chat, not of the
+    session."""
     entry = note_of(meta, family, chat, key) or {}
+    anew = bool(entry) and not _of_turn(entry, turn)
+    if anew:
+        if value is None:
+            return None  # nothing of this turn's to clear
+        entry = {}
     holder: Any = entry
     for part in path[:-1]:
         holder = holder.get(part) if isinstance(holder, dict) else None
@@ -209,7 +292,10 @@ def _changed(
             moved[chat] = dict(_mapping(chats.get(chat)))
             huddle[name] = moved
     chat_notes = huddle[family][chat]
-    target = copy.deepcopy(_mapping(chat_notes.pop(key, None)))
+    old = chat_notes.pop(key, None)
+    target = {} if anew else copy.deepcopy(_mapping(old))
+    if turn is not None:
+        target["turn"] = turn
     chat_notes[key] = target  # the newest last
     for part in path[:-1]:
         inner = _mapping(target.get(part))

@@ -52,6 +52,7 @@ from server.errors import ActionRejected, ChannelGone, StoreError
 from server.forms import chat_session
 from server.notes import SessionNotes
 from server.periodic import Periodic
+from server.policy import active_turn_stamp
 from server.store.base import ChannelStore
 
 log = logging.getLogger("huddle.expiry")
@@ -122,6 +123,9 @@ class Due(msgspec.Struct, frozen=True):
     key: str
     at: int
     policy: Policy
+    turn: str | None = None
+    """The stamp of the wait's turn (server.policy.turn_stamp): a turn that
+    uses the wait's id again after a truncation is not the wait's."""
 
 
 _decode_due = msgspec.json.Decoder(Due)
@@ -168,17 +172,18 @@ class Expiries:
             )
             raise ActionRejected(code, f"{chat} has no open wait {quoted(key)} to give an expiry")
         now = self.core.now_ms()
+        turn = active_turn_stamp(state)
         session_state = (await self.core.view(session)).state
-        earlier = notes.expiry_of(getattr(session_state, "meta", None), family, chat, key)
+        earlier = notes.expiry_of(getattr(session_state, "meta", None), family, chat, key, turn)
         if earlier is not None and earlier[0] <= now:
             # Its time is up (the sweep is on its way): too late to extend.
             raise ActionRejected(RejectionCode.EXPIRED, f"the wait {quoted(key)} in {chat} expired")
         at = now + int(expiry.seconds * 1000)
-        due = Due(session, chat, family, key, at, expiry.on_expiry)
+        due = Due(session, chat, family, key, at, expiry.on_expiry, turn)
         await self.store.put_record(EXPIRY_RECORDS, _name(due), msgspec.json.encode(due))
         policy = expiry.on_expiry
         await self.notes.note(
-            session, chat, lambda m: notes.expiring(m, family, chat, key, at, policy)
+            session, chat, lambda m: notes.expiring(m, family, chat, key, at, policy, turn=turn)
         )
         return at
 
@@ -239,8 +244,10 @@ class Expiries:
         with contextlib.suppress(ChannelGone):
             applied = await self.core.update(due.chat, _policy(due, self.core.now_ms))
         if applied is not None:
-            family, chat, key = due.family, due.chat, due.key
-            await self.notes.note(due.session, chat, lambda m: notes.expired(m, family, chat, key))
+            family, chat, key, turn = due.family, due.chat, due.key, due.turn
+            await self.notes.note(
+                due.session, chat, lambda m: notes.expired(m, family, chat, key, turn=turn)
+            )
         await self.store.delete_record(EXPIRY_RECORDS, name)
         return applied is not None
 
@@ -272,6 +279,8 @@ def _policy(due: Due, now_ms: Callable[[], int]) -> Callable[[ChannelState], Sta
     def change(state: ChannelState) -> StateAction | None:
         if not isinstance(state, ChatState) or _open(state, due.family, due.key) is None:
             return None
+        if due.turn is not None and active_turn_stamp(state) != due.turn:
+            return None  # another turn's wait of the same id
         turn = state.active_turn
         assert turn is not None
         what = "input request" if due.family == "requests" else "tool call"

@@ -54,6 +54,7 @@ from server.errors import ActionRejected, CommandError, StoreError
 from server.expiry import Expiries, Expiry, Family, expiry_problem
 from server.forms import Form, FormRegistry, chat_session, needs_session
 from server.notes import SessionNotes
+from server.policy import active_turn_stamp
 from server.sessions import Sessions
 from server.store.base import ChannelStore
 from server.waiters import InputOutcome, ToolDecision, Waiters
@@ -307,7 +308,8 @@ class Host:
         """An answer to a wait whose expiry passed (server.expiry)."""
         session = chat_session(state) if isinstance(state, ChatState) else None
         meta = getattr(self._session_state(session), "meta", None) if session else None
-        return notes.expired_wait(meta, uri, action, self.core.now_ms())
+        turn = active_turn_stamp(state)
+        return notes.expired_wait(meta, uri, action, self.core.now_ms(), turn=turn)
 
     # ─── Sessions and chats ──────────────────────────────────────────────
 

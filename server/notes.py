@@ -46,6 +46,7 @@ from server.cache import Lru
 from server.channels import Applied, ChannelCore, ChannelView
 from server.errors import ActionRejected, ChannelGone
 from server.forms import chat_session
+from server.policy import active_turn_stamp, turn_stamp
 
 log = logging.getLogger("huddle.notes")
 
@@ -197,28 +198,31 @@ class SessionNotes:
 
 def _notes_of(chat: str, action: StateAction, sender: Identity, before: ChannelState) -> list[Note]:
     who = sender.who()
+    turn = active_turn_stamp(before)
     match action:
         case ChatInputAnswerChanged(answer=None):
             request, question = action.request_id, action.question_id
-            return [lambda m: notes.unanswered(m, chat, request, question)]
+            return [lambda m: notes.unanswered(m, chat, request, question, turn=turn)]
         case ChatInputAnswerChanged(answer=answer) if answer is not None:
             request, question, state = action.request_id, action.question_id, answer.state
-            return [lambda m: notes.answered(m, chat, request, question, who, state)]
+            return [lambda m: notes.answered(m, chat, request, question, who, state, turn=turn)]
         case ChatInputCompleted():
             request, response = action.request_id, action.response
             drafts = _drafts(before, request)
             carried: list[Note] = [
-                _answer(chat, request, question, who, answer, drafts.get(question))
+                _answer(chat, request, question, who, answer, drafts.get(question), turn)
                 for question, answer in (action.answers or {}).items()
             ]
-            return [*carried, lambda m: notes.completed(m, chat, request, who, response)]
+            return [*carried, lambda m: notes.completed(m, chat, request, who, response, turn=turn)]
         case ChatToolCallConfirmed():
             call, approved = action.tool_call_id, action.approved
-            return [lambda m: notes.decided(m, chat, call, who, approved)]
+            return [lambda m: notes.decided(m, chat, call, who, approved, turn=turn)]
         case ChatTruncated() if isinstance(before, ChatState):
-            requests, calls = select_waits(select_truncated(before, action))
+            away = select_truncated(before, action)
+            requests, calls = select_waits(away)
+            stamps = {turn_stamp(t.message) for t in away}
             if requests or calls:
-                return [lambda m: notes.forgotten(m, chat, requests, calls)]
+                return [lambda m: notes.forgotten(m, chat, requests, calls, stamps)]
     return []
 
 
@@ -236,6 +240,7 @@ def _answer(
     who: dict[str, Any],
     answer: InputAnswer,
     draft: InputAnswer | None,
+    turn: str | None,
 ) -> Note:
     """A completion's answer is the completer's, unless it only submits
     what someone else wrote: then that author keeps it."""
@@ -247,9 +252,9 @@ def _answer(
     def note(meta: dict[str, Any] | None) -> dict[str, Any] | None:
         by = who
         if unchanged:
-            earlier = notes.note_of(meta, "requests", chat, request) or {}
+            earlier = notes.note_for(meta, "requests", chat, request, turn) or {}
             author = ((earlier.get("answers") or {}).get(question) or {}).get("by")
             by = author if isinstance(author, dict) else who
-        return notes.answered(meta, chat, request, question, by, answer.state)
+        return notes.answered(meta, chat, request, question, by, answer.state, turn=turn)
 
     return note

@@ -227,6 +227,13 @@ def turn_stamp(message: Message) -> str | None:
     return stamp if isinstance(stamp, str) and _STAMP.fullmatch(stamp) else None
 
 
+def active_turn_stamp(state: ChannelState) -> str | None:
+    """The stamp of a chat's active turn (:func:`turn_stamp`); None when it
+    has none, or is no chat."""
+    turn = state.active_turn if isinstance(state, ChatState) else None
+    return None if turn is None else turn_stamp(turn.message)
+
+
 def same_turn(chat_turn: Turn | ActiveTurn, turn_id: str | None, stamp: str | None) -> bool:
     """Whether ``chat_turn`` is the AHP turn ``turn_id`` stamped ``stamp``
     (None: unstamped), not another that bore its id (:func:`turn_stamp`)."""

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
 from protocol.actions import (
     ChatInputAnswerChanged,
@@ -19,6 +20,8 @@ from protocol.actions import (
     ChatInputRequested,
     ChatToolCallReady,
     ChatToolCallStart,
+    ChatTruncated,
+    ChatTurnStarted,
 )
 from protocol.chat import (
     ChatState,
@@ -31,9 +34,14 @@ from protocol.chat import (
 from protocol.session import SessionState
 from reducers import notes
 from reducers.chat import select_input_settlement, select_tool_call
+from server.auth import Identity
+from server.build import default_agents
 from server.config import Settings
 from server.errors import ActionRejected, InputAbandoned
 from server.expiry import EXPIRY_RECORDS, Expiry
+from server.host import Host
+from server.policy import stamped
+from server.store.memory import MemoryStore
 from server.store.redis import RedisStore
 from tests.conftest import (
     AGENT_TOKEN,
@@ -49,6 +57,8 @@ from tests.test_trust import TURN
 
 SESSION = "ahp-session:/expiring"
 REQUEST = InputRequest(id="details", questions=[TextQuestion(id="system", message="Which?")])
+DANA = Identity(role="participant", name="Dana", token="t-dana")
+AGENT = Identity(role="agent", name="agent", token="t-agent")
 SLOW = Settings(port=0, expiry_check_interval=3600.0)
 """The sweeper never runs by itself: the tests sweep."""
 
@@ -398,3 +408,77 @@ async def test_two_processes_fire_an_expiry_once(
     assert entries is not None
     completions = [e for e in entries if b'"chat/inputCompleted"' in e]
     assert len(completions) == 1
+
+
+# ─── A wait's id used again ──────────────────────────────────────────────────
+
+
+class ExpiryPuts(MemoryStore):
+    """A memory store that says when an expiry record is put."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.put = asyncio.Event()
+
+    async def put_record(self, kind: str, key: str, value: bytes) -> None:
+        await super().put_record(kind, key, value)
+        if kind == EXPIRY_RECORDS:
+            self.put.set()
+
+
+def stamped_turn(stamp: str) -> ChatTurnStarted:
+    """TURN as the server records it: its message stamped ``stamp``."""
+    return replace(TURN, message=stamped(TURN.message, None, turn=stamp))
+
+
+async def test_an_expiry_noted_late_for_a_truncated_wait_does_not_reach_its_successor(
+    clock: WallClock,
+) -> None:
+    # Process A gives a question an expiry while its notes wait out their
+    # interval; process B truncates the turn away meanwhile and forgets the
+    # question's notes and expiry at once. A's note (and a record put after
+    # B deleted it) then arrive late: the next turn, which asks a question of
+    # the same id, must neither be refused as expired nor expire by it.
+    store = ExpiryPuts()
+    a = Host(store, agents=default_agents(), clock=clock, expiry_check_interval=3600.0)
+    b = Host(store, agents=default_agents(), clock=clock, expiry_check_interval=3600.0)
+    await a.start()
+    await b.start()
+    chat = await a.create_session(SESSION)
+    await a.dispatch(chat, stamped_turn("aaaaaaaa"))
+    await a.ask(chat, REQUEST)
+    await a.dispatch(chat, answer("IAM"), sender=DANA)  # A's notes just written
+    expiring = asyncio.create_task(a.expire(chat, "requests", "details", Expiry(60)))
+    async with asyncio.timeout(2 * UNIT):
+        await store.put.wait()  # then its note joins those waiting for the interval
+    records = await store.records(EXPIRY_RECORDS)
+    assert SESSION in a.notes._waiting
+    await b.view(chat)
+    await b.dispatch(chat, ChatTruncated(), sender=AGENT)
+    async with asyncio.timeout(2 * UNIT):
+        await expiring
+    for name, raw in records.items():
+        await store.put_record(EXPIRY_RECORDS, name, raw)
+
+    await b.dispatch(chat, stamped_turn("bbbbbbbb"))
+    await b.ask(chat, REQUEST)
+    clock.now += 61
+    fired = [await host.expiries.sweep() for host in (b, a)]  # B has the new turn
+    await b.dispatch(
+        chat,
+        ChatInputCompleted(
+            request_id="details",
+            response="accept",
+            answers={"system": InputAnswer(state="submitted", value=TextValue(value="SSO"))},
+        ),
+        sender=DANA,
+    )
+    state = (await b.view(chat)).state
+    await a.stop()
+    await b.stop()
+
+    assert fired == [0, 0]
+    assert isinstance(state, ChatState)
+    settled = select_input_settlement(state, "details")
+    assert settled.part is not None
+    assert settled.part.response == "accept"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from protocol.actions import ChatInputCompleted
 from reducers import notes
 from reducers.clock import iso_ms, iso_time
 
@@ -62,13 +63,15 @@ def test_completion_and_decision_are_noted() -> None:
 
 def test_an_expiry_is_noted_and_read_back() -> None:
     meta = notes.expiring(None, "requests", CHAT, "r1", 5000, "decline")
-    assert notes.expiry_of(meta, "requests", CHAT, "r1") == (5000, "decline")
+    assert notes.expiry_of(meta, "requests", CHAT, "r1", None) == (5000, "decline")
     assert notes.expiring(meta, "requests", CHAT, "r1", 5000, "decline") is None
     later = notes.expiring(meta, "requests", CHAT, "r1", 6000, "decline")
-    assert notes.expiry_of(later, "requests", CHAT, "r1") == (6000, "decline")
-    assert notes.expiry_of(meta, "requests", CHAT, "r2") is None
+    assert notes.expiry_of(later, "requests", CHAT, "r1", None) == (6000, "decline")
+    assert notes.expiry_of(meta, "requests", CHAT, "r2", None) is None
     assert (
-        notes.expiry_of(notes.completed(None, CHAT, "r3", DANA, "cancel"), "requests", CHAT, "r3")
+        notes.expiry_of(
+            notes.completed(None, CHAT, "r3", DANA, "cancel"), "requests", CHAT, "r3", None
+        )
         is None
     )
 
@@ -118,24 +121,26 @@ def test_an_answer_after_the_expiry_is_rejected_as_expired() -> None:
         turn_id="t", started_at="x", message=Message(text="", origin=MessageOrigin(kind="user"))
     )
 
-    assert notes.expired_wait(meta, CHAT, answer, 999) is None  # in time
-    late = notes.expired_wait(meta, CHAT, answer, 1000)
+    assert notes.expired_wait(meta, CHAT, answer, 999, turn=None) is None  # in time
+    late = notes.expired_wait(meta, CHAT, answer, 1000, turn=None)
     assert late is not None
     assert late.code == RejectionCode.EXPIRED
     assert late.sentence == (
         "the input request 'r1' expired at 1970-01-01T00:00:01.000Z and takes no answer any more"
     )
-    assert notes.expired_wait(meta, CHAT, completion, 2000) is not None
-    assert notes.expired_wait(meta, CHAT, denial, 2000) is None
-    assert notes.expired_wait(meta, CHAT, other, 2000) is None  # no expiry of its own
-    assert notes.expired_wait(meta, CHAT, turn, 9000) is None  # not an answer
+    assert notes.expired_wait(meta, CHAT, completion, 2000, turn=None) is not None
+    assert notes.expired_wait(meta, CHAT, denial, 2000, turn=None) is None
+    assert notes.expired_wait(meta, CHAT, other, 2000, turn=None) is None  # no expiry of its own
+    assert notes.expired_wait(meta, CHAT, turn, 9000, turn=None) is None  # not an answer
     fired = notes.expired(meta, "toolCalls", CHAT, "call")
     assert (
-        notes.expired_wait(fired, CHAT, denial, 0) is not None
+        notes.expired_wait(fired, CHAT, denial, 0, turn=None) is not None
     )  # applied: late whatever the clock
     assert notes.expired(fired, "toolCalls", CHAT, "call") is None  # noted already
     bare = notes.expired(None, "requests", CHAT, "r9")
-    said = notes.expired_wait(bare, CHAT, ChatInputCompleted(request_id="r9", response="accept"), 0)
+    said = notes.expired_wait(
+        bare, CHAT, ChatInputCompleted(request_id="r9", response="accept"), 0, turn=None
+    )
     assert said is not None
     assert " at " not in said.sentence
 
@@ -290,6 +295,57 @@ def test_the_chats_of_both_families_least_recently_noted_first(
     requests: list[str], tool_calls: list[str], merged: list[str]
 ) -> None:
     assert notes._merged(requests, tool_calls) == merged
+
+
+def test_a_note_is_of_its_turns_wait_and_another_turns_replaces_it() -> None:
+    # Ids are unique within a turn only: a turn truncated away and the next
+    # may both ask "r1". A note of the old turn written late is read by
+    # neither the new wait's deadline nor its authors.
+    old = notes.expiring(None, "requests", CHAT, "r1", 5000, "fail", turn="aaaaaaaa")
+    old = notes.answered(old, CHAT, "r1", "q", DANA, "draft", turn="aaaaaaaa")
+    assert notes.note_of(old, "requests", CHAT, "r1") == {
+        "turn": "aaaaaaaa",
+        "expiresAt": 5000,
+        "onExpiry": "fail",
+        "answers": {"q": {"by": DANA, "state": "draft"}},
+    }
+    assert notes.expiry_of(old, "requests", CHAT, "r1", "aaaaaaaa") == (5000, "fail")
+    assert notes.expiry_of(old, "requests", CHAT, "r1", "bbbbbbbb") is None
+    assert notes.note_for(old, "requests", CHAT, "r1", None) is None
+    late = ChatInputCompleted(request_id="r1", response="accept")
+    assert notes.expired_wait(old, CHAT, late, 9000, turn="bbbbbbbb") is None
+    assert notes.expired_wait(old, CHAT, late, 9000, turn="aaaaaaaa") is not None
+    # Nothing of the new turn's to clear; a note of it replaces the old one.
+    assert notes.unanswered(old, CHAT, "r1", "q", turn="bbbbbbbb") is None
+    new = notes.answered(old, CHAT, "r1", "q", LEE, "draft", turn="bbbbbbbb")
+    assert notes.note_of(new, "requests", CHAT, "r1") == {
+        "turn": "bbbbbbbb",
+        "answers": {"q": {"by": LEE, "state": "draft"}},
+    }
+    # A note that names no turn (unstamped, or from before) is any turn's.
+    bare = notes.decided(None, CHAT, "c1", DANA, True)
+    assert notes.note_for(bare, "toolCalls", CHAT, "c1", "aaaaaaaa") is not None
+    adopted = notes.expiring(bare, "toolCalls", CHAT, "c1", 7000, "cancel", turn="aaaaaaaa")
+    assert notes.note_of(adopted, "toolCalls", CHAT, "c1") == {
+        "decided": {"by": DANA, "approved": True},
+        "turn": "aaaaaaaa",
+        "expiresAt": 7000,
+        "onExpiry": "cancel",
+    }
+
+
+def test_a_truncation_forgets_the_notes_of_the_turns_it_took_away_only() -> None:
+    meta = notes.decided(None, CHAT, "c1", DANA, True, turn="aaaaaaaa")  # a kept turn's
+    meta = notes.completed(meta, CHAT, "r1", DANA, "accept", turn="bbbbbbbb")
+    meta = notes.completed(meta, CHAT, "r2", DANA, "accept")  # names no turn
+
+    left = notes.forgotten(meta, CHAT, ["r1", "r2"], ["c1"], {"bbbbbbbb"})
+
+    assert left is not None
+    assert notes.note_of(left, "toolCalls", CHAT, "c1") is not None
+    assert notes.note_of(left, "requests", CHAT, "r1") is None
+    assert notes.note_of(left, "requests", CHAT, "r2") is None
+    assert notes.forgotten(left, CHAT, [], ["c1"], {"bbbbbbbb", None}) is None
 
 
 def test_the_notes_of_waits_truncated_away_are_forgotten_and_the_rest_kept() -> None:

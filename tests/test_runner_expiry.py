@@ -164,14 +164,14 @@ async def noted(served: Served, chat: str, family: str, key: str) -> tuple[int, 
 
     def holds(state: object) -> bool:
         meta = state.meta if isinstance(state, SessionState) else None
-        return notes.expiry_of(meta, family, chat, key) is not None
+        return isinstance((notes.note_of(meta, family, chat, key) or {}).get("expiresAt"), int)
 
     async with asyncio.timeout(WITHIN):
         state = await person.mirrors[session].wait_for(holds)
     assert isinstance(state, SessionState)
-    found = notes.expiry_of(state.meta, family, chat, key)
+    found = notes.note_of(state.meta, family, chat, key)
     assert found is not None
-    return found
+    return found["expiresAt"], found.get("onExpiry", "cancel")
 
 
 async def asked_form(served: Served, chat: str) -> str:

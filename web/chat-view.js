@@ -17,7 +17,7 @@ import { h, syncKeyed, uid } from './dom.js';
 import { ACTIVITY_LABEL, activityOf, clockTime } from './format.js';
 import { InputRequestView } from './input-request.js';
 import { renderMarkdown } from './markdown.js';
-import { peopleOf, presentPeople } from './people.js';
+import { peopleOf, presentPeople, turnStampOf } from './people.js';
 import { ToolCallView } from './tool-call.js';
 
 const NEAR_BOTTOM_PX = 96;
@@ -130,7 +130,7 @@ class TurnView {
   }
 
   update({ turn, active, people }) {
-    const descriptor = { id: turn.id, active };
+    const descriptor = { id: turn.id, active, stamp: turnStampOf(turn) };
     // A finished turn that did not change needs nothing, unless the notes
     // did (who answered arrives just after the answer); the active one may
     // change without a new object (a pending action was confirmed).

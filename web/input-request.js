@@ -73,7 +73,7 @@ export class InputRequestView {
     this.request = request;
     this.turn = turn;
     this.people = people;
-    const note = requestNote(people, request.id);
+    const note = requestNote(people, request.id, turn.stamp);
     const open = part.response == null && turn.active;
     const mode = open ? (request.url && !request.questions?.length ? 'url' : 'form') : 'resolved';
     const shape = JSON.stringify(request.questions ?? []);

@@ -33,19 +33,29 @@ export function peopleOf(session, chat, me) {
   return { notes: session?._meta?.huddle ?? null, chat, me: me ?? null };
 }
 
-/** The note on input request `id` of the chat, or null. */
-export function requestNote(people, id) {
-  return noteOf(people, 'requests', id);
+/** The server's stamp on a turn (`_meta.huddle.turn` of its message), or null. */
+export function turnStampOf(turn) {
+  const stamp = turn?.message?._meta?.huddle?.turn;
+  return typeof stamp === 'string' ? stamp : null;
 }
 
-/** The note on tool call `id` of the chat, or null. */
-export function toolCallNote(people, id) {
-  return noteOf(people, 'toolCalls', id);
+/** The note on input request `id` of the chat's turn stamped `stamp`, or null. */
+export function requestNote(people, id, stamp = null) {
+  return noteOf(people, 'requests', id, stamp);
 }
 
-function noteOf(people, family, id) {
+/** The note on tool call `id` of the chat's turn stamped `stamp`, or null. */
+export function toolCallNote(people, id, stamp = null) {
+  return noteOf(people, 'toolCalls', id, stamp);
+}
+
+// Ids are unique within a turn only: a note names the turn it is of (a
+// turn truncated away and the next may use one id), and one that names
+// none is any turn's (reducers/notes.py).
+function noteOf(people, family, id, stamp) {
   const entry = people?.notes?.[family]?.[people.chat]?.[id];
-  return entry && typeof entry === 'object' ? entry : null;
+  if (!entry || typeof entry !== 'object') return null;
+  return entry.turn == null || entry.turn === stamp ? entry : null;
 }
 
 /** Under an open question: what someone else is doing with its answer ('' for none, or mine). */

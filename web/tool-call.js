@@ -61,7 +61,7 @@ export class ToolCallView {
 
   update({ part, turn, people = null }) {
     const call = part.toolCall;
-    const note = toolCallNote(people, call.toolCallId);
+    const note = toolCallNote(people, call.toolCallId, turn.stamp);
     this.note = note;
     // While it waits only its deadline matters (a rebuild would drop a typed
     // reason); afterwards who decided, and whether it expired.

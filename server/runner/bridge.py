@@ -856,14 +856,14 @@ class ChatBridge:
         )
         await self.approval_requested(turn, pending.call, tool, decision)
 
-    async def _approval_expired(self, chat: str, call_id: str) -> bool:
+    async def _approval_expired(self, chat: str, call_id: str, turn: str | None) -> bool:
         """Whether the session's notes say the approval of ``call_id`` in
-        ``chat`` expired (server.expiry)."""
+        ``chat`` (in the chat turn stamped ``turn``) expired (server.expiry)."""
         session = await self.host.session_of(chat)
         if session is None:
             return False
         state = (await self.host.view(session)).state
-        note = notes.note_of(getattr(state, "meta", None), "toolCalls", chat, call_id)
+        note = notes.note_for(getattr(state, "meta", None), "toolCalls", chat, call_id, turn)
         return bool(note and note.get("expired"))
 
     async def _resume_answered(self, turn: Turn, state: ChatState, audit: dict[str, Any]) -> bool:
@@ -893,7 +893,7 @@ class ChatBridge:
         if call is None or isinstance(call, ToolCallPendingConfirmation):
             return False
         if isinstance(call, ToolCallCancelled):
-            if await self._approval_expired(turn.chat, call.tool_call_id):
+            if await self._approval_expired(turn.chat, call.tool_call_id, turn.chat_turn_stamp):
                 command = ResumeCommand.reject_tool(
                     call.tool_call_id, EXPIRED_APPROVAL, skipped=call.reason == "skipped"
                 )

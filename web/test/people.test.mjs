@@ -20,6 +20,7 @@ import {
   presentPeople,
   requestNote,
   toolCallNote,
+  turnStampOf,
 } from '../people.js';
 
 const CHAT = 'ahp-chat:/c';
@@ -55,6 +56,27 @@ test('notes are read for the chat at hand', () => {
   assert.equal(toolCallNote(people, 'c1').decided.approved, false);
   assert.equal(requestNote(peopleOf(session, 'ahp-chat:/other', ME_LEE), 'r1'), null);
   assert.equal(requestNote(peopleOf(null, CHAT, null), 'r1'), null);
+});
+
+test("a note is of its turn's wait: another turn's is passed over, one naming none is any turn's", () => {
+  const session = {
+    _meta: {
+      huddle: {
+        requests: { [CHAT]: { r1: { turn: 'aaaaaaaa', expiresAt: 5000 }, r2: { expiresAt: 6000 } } },
+        toolCalls: { [CHAT]: { c1: { turn: 'bbbbbbbb', decided: { by: DANA, approved: true } } } },
+      },
+    },
+  };
+  const people = peopleOf(session, CHAT, ME_LEE);
+  const stampOf = (stamp) => turnStampOf({ message: { _meta: { huddle: { turn: stamp } } } });
+  assert.equal(stampOf('aaaaaaaa'), 'aaaaaaaa');
+  assert.equal(turnStampOf({ message: {} }), null);
+  assert.equal(requestNote(people, 'r1', stampOf('aaaaaaaa')).expiresAt, 5000);
+  assert.equal(requestNote(people, 'r1', stampOf('bbbbbbbb')), null);
+  assert.equal(requestNote(people, 'r1'), null);
+  assert.equal(requestNote(people, 'r2', 'bbbbbbbb').expiresAt, 6000);
+  assert.equal(toolCallNote(people, 'c1', 'bbbbbbbb').decided.by, DANA);
+  assert.equal(toolCallNote(people, 'c1', 'aaaaaaaa'), null);
 });
 
 test("someone else's draft is typing, their answer answered, mine says nothing", () => {

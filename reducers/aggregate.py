@@ -53,6 +53,7 @@ from protocol.actions import (
     SessionInputNeededSet,
 )
 from protocol.chat import (
+    ActiveTurn,
     ChatState,
     ChatSummary,
     ChatSummaryChanges,
@@ -61,6 +62,7 @@ from protocol.chat import (
     ToolCallPart,
     ToolCallPendingConfirmation,
     ToolCallPendingResultConfirmation,
+    Turn,
 )
 from protocol.session import (
     ChatInputNeeded,
@@ -71,6 +73,7 @@ from protocol.session import (
     ToolConfirmationNeeded,
 )
 from protocol.status import ACTIVITY_MASK, SessionStatus
+from reducers.chat import select_waits
 
 SUMMARY_FIELDS = tuple(
     f for f in ChatSummary.__struct_fields__ if f not in ("resource", "working_directories")
@@ -112,6 +115,45 @@ def select_input_needed(chat: ChatState) -> dict[str, SessionInputRequest]:
                     id=entry_id, chat=uri, turn_id=turn.id, tool_call=call
                 )
     return found
+
+
+def select_settled_entries(chat: ChatState, listed: list[str]) -> list[str]:
+    """The entry ids among ``listed`` (the chat's ``inputNeeded`` entries, as
+    a session lists them) whose block the chat holds settled: a request or
+    tool call of one of its turns that is open no more. An entry of a block
+    the chat does not hold (another process may have opened it since this
+    state) is not among them."""
+    found = select_input_needed(chat)
+    candidates = [entry_id for entry_id in listed if entry_id not in found]
+    if not candidates:
+        return []
+    turns: list[ActiveTurn | Turn] = [*chat.turns]
+    if chat.active_turn is not None:
+        turns.append(chat.active_turn)
+    requests, calls = select_waits(turns)
+    uri = chat.resource
+    held = {input_entry_id(uri, "input", r) for r in requests}
+    held |= {input_entry_id(uri, "tool", c) for c in calls}
+    return [entry_id for entry_id in candidates if entry_id in held]
+
+
+def catalog_changes(entry: ChatSummary, chat: ChatState) -> dict[str, Any]:
+    """The summary fields in which a session's catalog ``entry`` lags the
+    chat's state ``chat`` (a ``session/chatUpdated``'s changes, modifiedAt
+    with them); none when they differ in modifiedAt alone (hosts throttle
+    those), or when the entry is newer than ``chat`` (its modifiedAt later:
+    another process told of a later state)."""
+    if entry.modified_at > chat.modified_at:
+        return {}
+    changes = {
+        field: new
+        for field in SUMMARY_FIELDS
+        if (new := getattr(chat, field)) != getattr(entry, field)
+    }
+    if changes.keys() <= {"modified_at"}:
+        return {}
+    changes["modified_at"] = chat.modified_at
+    return changes
 
 
 def chat_summary(chat: ChatState) -> ChatSummary:

@@ -21,8 +21,16 @@ One hook of the channel core, acting on the actions this process accepted
 - after a session action, the session's entry in the sessions list is
   re-derived and what changed is announced on the root channel.
 
-Another process's chat envelopes move the shadow only: the process that
-accepted them told the session.
+Another process's chat envelopes move the shadow: the process that
+accepted them told the session. But what two processes tell one session
+lands in no set order (an answer unlisted before its asker listed it, a
+turn's end overtaken by an older "in progress"), so a process that told a
+chat's session something within RECHECK_FOR seconds checks the session
+against the chat when it hears another's change, after what it is still
+telling, and corrects what the chat shows is out of date: whichever process
+tells last, the one that told the older state hears the newer one and sets
+it right. It only ever unlists what the chat holds settled and never moves
+a summary back past a newer one (its modifiedAt).
 """
 
 from __future__ import annotations
@@ -42,20 +50,23 @@ from protocol.actions import (
     ChatToolCallReady,
     ChatTurnStarted,
     SessionAction,
+    SessionChatUpdated,
     SessionInputNeededRemoved,
     SessionInputNeededSet,
     SessionIsReadChanged,
     StateAction,
 )
-from protocol.chat import ChatState
+from protocol.chat import ChatState, ChatSummaryChanges
 from protocol.codec import encode
 from protocol.messages import SessionSummaryChangedParams
 from protocol.session import SessionState, SessionSummary
 from protocol.status import SessionStatus
 from protocol.uris import ROOT_URI
 from reducers.aggregate import (
+    catalog_changes,
     derive_session_actions,
     select_input_needed,
+    select_settled_entries,
     session_summary,
     summary_diff,
 )
@@ -77,6 +88,10 @@ INPUT_NEEDED_BYTES = 256 << 10
 request and pending tool call of every chat in full (AHP), so an agent or
 an MCP server asking large questions in many chats made the session too
 large to load. Beyond, an entry is not listed there (its chat holds it)."""
+RECHECK_FOR = 10.0
+"""Seconds after this process last told a chat's session something during
+which another process's change of the chat makes it check the session
+(:meth:`SessionAggregate._check_later`)."""
 LISTED_FOR = 1.0
 """Seconds the sessions list, as read from the store, serves pages."""
 
@@ -91,6 +106,9 @@ class _Told:
     state: ChatState
     actions: list[SessionAction]
     anew: bool
+    check: bool = False
+    """Not a change of this process's: the session checked against the chat
+    (:meth:`SessionAggregate._corrections`)."""
 
 
 class SessionAggregate:
@@ -117,6 +135,10 @@ class SessionAggregate:
         self._syncing: Lru[str, asyncio.Lock] = Lru(CACHED)
         self._pending: dict[str, list[_Told]] = {}
         """What each chat's session is yet to hear, in order."""
+        self._told: Lru[str, float] = Lru(CACHED)
+        """When this process last told a chat's session something (monotonic)."""
+        self._checking: set[str] = set()
+        """Chats whose session has a check queued."""
         self._listed: tuple[float, list[SessionSummary]] | None = None
         """The sessions list as last read, and until when it is served."""
         self._listing = asyncio.Lock()
@@ -127,6 +149,7 @@ class SessionAggregate:
         if isinstance(state, ChatState):
             if not event.local:
                 self._shadows.put(event.uri, state)
+                self._check_later(event.uri, state)
                 return None
             assert isinstance(event.before, ChatState)
             derived = self._derive(event.uri, state, event.before)
@@ -148,6 +171,8 @@ class SessionAggregate:
         for cache in (self._shadows, self._last_push, self._summaries, self._syncing):
             cache.pop(uri)
         self._pending.pop(uri, None)
+        self._told.pop(uri)
+        self._checking.discard(uri)
         self._cancel_flush(uri)
 
     # ─── Chats -> their session ──────────────────────────────────────────
@@ -198,15 +223,63 @@ class SessionAggregate:
         async with self._lock(chat):
             for told in self._pending.pop(chat, []):
                 actions = told.actions
-                if told.anew:
+                if told.check:
+                    self._checking.discard(chat)
+                    actions = self._corrections(told.session, chat)
+                elif told.anew:
                     actions = await self._listed_anew(told.session, chat, told.state, actions)
                 for action in actions:
                     if isinstance(action, SessionInputNeededSet) and not self._listable(
                         told.session, chat, action
                     ):
                         continue
+                    self._told.put(chat, time.monotonic())
                     with contextlib.suppress(ChannelGone):
                         await self.dispatch(told.session, action)
+
+    def _check_later(self, chat: str, state: ChatState) -> None:
+        """After another process's change of a chat whose session this
+        process told something within RECHECK_FOR seconds, queue a check of
+        the session against the chat. What two processes tell a session
+        lands in no set order: a request answered the moment it opened was
+        unlisted by the answering process before the asking one listed it,
+        and a turn's end told by the worker was overtaken by the approving
+        process's older "in progress"; each stayed for good. The check runs
+        after what this process is still telling, so whichever process
+        tells last, the one that told an older state corrects it once it
+        hears the newer one."""
+        told = self._told.get(chat)
+        if told is None or chat in self._checking or time.monotonic() - told > RECHECK_FOR:
+            return
+        session = chat_session(state)
+        if session is None:
+            return
+        self._checking.add(chat)
+        self._pending.setdefault(chat, []).append(_Told(session, state, [], False, check=True))
+        self.core.spawn(self._send(chat))
+
+    def _corrections(self, session: str, chat: str) -> list[SessionAction]:
+        """What the session, as this process has it, lists or says of the
+        chat that the chat, as this process has it, shows is out of date:
+        entries of requests and tool calls settled (never one the chat does
+        not hold: another process may have just opened it), and summary
+        fields of an older state than the chat's."""
+        chat_view, session_view = self.core.cached(chat), self.core.cached(session)
+        if chat_view is None or session_view is None:
+            return []
+        latest, state = chat_view.state, session_view.state
+        if not isinstance(latest, ChatState) or not isinstance(state, SessionState):
+            return []
+        listed = [e.id for e in state.input_needed or [] if e.chat == chat]
+        actions: list[SessionAction] = [
+            SessionInputNeededRemoved(id=entry_id)
+            for entry_id in select_settled_entries(latest, listed)
+        ]
+        entry = next((c for c in state.chats if c.resource == chat), None)
+        changes = catalog_changes(entry, latest) if entry is not None else {}
+        if changes:
+            actions.append(SessionChatUpdated(chat=chat, changes=ChatSummaryChanges(**changes)))
+        return actions
 
     def _listable(self, session: str, chat: str, action: SessionInputNeededSet) -> bool:
         """Whether ``action``'s entry is still to be listed: still open in

@@ -164,6 +164,10 @@ class ClusterNodeProcess:
                 self.port, self.bus_port = free_port(), free_port()
                 if self._reader is not None:
                     self._reader.join()
+                if self.process is not None:
+                    # Reaped: a Popen dropped unwaited warns when collected,
+                    # which failed a later test as an unraisable exception.
+                    self.process.wait()
                 with self._seen:  # the attempt that failed says nothing of the next
                     self.lines.clear()
         self._start(timeout)

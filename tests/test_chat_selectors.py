@@ -3,6 +3,8 @@ stands, and the newest state of a tool call."""
 
 from __future__ import annotations
 
+from msgspec.structs import replace
+
 from protocol.actions import (
     ChatAction,
     ChatInputCompleted,
@@ -24,6 +26,12 @@ from protocol.chat import (
     ToolCallPendingConfirmation,
 )
 from protocol.status import SessionStatus
+from reducers.aggregate import (
+    catalog_changes,
+    chat_summary,
+    input_entry_id,
+    select_settled_entries,
+)
 from reducers.chat import (
     reduce_chat,
     select_input_settlement,
@@ -130,3 +138,30 @@ def test_a_truncation_takes_the_turns_after_its_turn_and_the_active_one() -> Non
     assert [t.id for t in select_truncated(state, ChatTruncated())] == ["t1", "t2", "t3"]
     assert select_truncated(state, ChatTruncated(turn_id="unknown")) == []  # the reducer keeps all
     assert select_waits(select_truncated(state, ChatTruncated())) == (["details"], ["c1"])
+
+
+# ─── What a session lists of the chat that is out of date ────────────────────
+
+
+def test_a_session_entry_is_settled_when_the_chat_holds_its_block_closed() -> None:
+    asked, answered = (
+        chat(*ASKED),
+        chat(*ASKED, ChatInputCompleted(request_id="q", response="cancel")),
+    )
+    done = chat(*ASKED, ChatInputCompleted(request_id="details", response="cancel"), ENDED)
+    entry = input_entry_id(EMPTY.resource, "input", "details")
+    opened_elsewhere = input_entry_id(EMPTY.resource, "tool", "c9")
+
+    assert select_settled_entries(asked, [entry, opened_elsewhere]) == []  # still open; unknown
+    assert select_settled_entries(answered, [entry]) == []
+    assert select_settled_entries(done, [entry, opened_elsewhere]) == [entry]
+
+
+def test_a_catalog_entry_lags_a_chat_of_other_summary_fields_unless_it_is_newer() -> None:
+    entry = chat_summary(chat(started()))  # in progress
+    ended = chat(started(), ENDED)
+    later = replace(ended, modified_at="t9")
+
+    assert catalog_changes(entry, later) == {"status": later.status, "modified_at": "t9"}
+    assert catalog_changes(replace(entry, modified_at="tz"), later) == {}  # told of a later state
+    assert catalog_changes(entry, replace(chat(started()), modified_at="t9")) == {}

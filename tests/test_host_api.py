@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -46,6 +46,7 @@ from server.channels import Applied
 from server.errors import ActionRejected, CommandError, InputAbandoned
 from server.frames import OutFrame
 from server.host import Host
+from server.store.base import Listener
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, RecordReads, user_message
 
@@ -143,13 +144,8 @@ async def answer_ticket_form(host: Host, chat: str, request_id: str, system: str
 async def wait_until_open(host: Host, chat: str, request_id: str) -> None:
     """Wait until ``request_id`` is open in ``chat`` (a subscriber sees the
     ``chat/inputRequested`` envelope, or it was open already)."""
-    recorder = Recorder()
-    await host.core.subscribe(chat, recorder)
 
-    def is_open() -> bool:
-        view = host.core.cached(chat)
-        assert view is not None
-        state = view.state
+    def is_open(state: Any) -> bool:
         assert isinstance(state, ChatState)
         turn = state.active_turn
         return turn is not None and any(
@@ -157,13 +153,26 @@ async def wait_until_open(host: Host, chat: str, request_id: str) -> None:
             for p in turn.response_parts
         )
 
+    await wait_until(host, chat, is_open)
+
+
+async def wait_until(host: Host, uri: str, holds: Callable[[Any], bool]) -> None:
+    """Wait until the channel's state, as ``host`` has it, ``holds``."""
+    recorder = Recorder()
+    await host.core.subscribe(uri, recorder)
+
+    def now() -> bool:
+        view = host.core.cached(uri)
+        assert view is not None
+        return holds(view.state)
+
     try:
         async with asyncio.timeout(2 * UNIT):
-            while not is_open():
+            while not now():
                 recorder.arrived.clear()
                 await recorder.arrived.wait()
     finally:
-        host.core.unsubscribe(chat, recorder)
+        host.core.unsubscribe(uri, recorder)
 
 
 async def test_create_session_makes_a_ready_session_with_its_default_chat(host: Host) -> None:
@@ -543,6 +552,126 @@ async def test_a_request_answered_before_its_asker_listed_it_is_not_listed() -> 
         assert session.input_needed is None
     await asker.stop()
     await answerer.stop()
+
+
+class Deafened(MemoryStore):
+    """A memory store that holds back what one process hears of the others'
+    appends until released (as a slow link to it would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deaf: Listener | None = None
+        self.held: list[tuple[str, int, bytes]] = []
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        return super().add_listener(_Holding(self, listener))
+
+    def release(self) -> None:
+        deaf, self.deaf = self.deaf, None
+        assert deaf is not None
+        for held in self.held:
+            deaf.envelope_appended(*held)
+        self.held.clear()
+
+
+class _Holding(Listener):
+    def __init__(self, store: Deafened, listener: Listener) -> None:
+        self.store, self.listener = store, listener
+
+    def envelope_appended(self, channel: str, seq: int, envelope: bytes) -> None:
+        if self.store.deaf is self.listener:
+            self.store.held.append((channel, seq, envelope))
+        else:
+            self.listener.envelope_appended(channel, seq, envelope)
+
+    def notice(self, topic: str, payload: bytes) -> None:
+        self.listener.notice(topic, payload)
+
+    def store_reconnected(self) -> None:
+        self.listener.store_reconnected()
+
+
+def unlisted(state: Any) -> bool:
+    return isinstance(state, SessionState) and state.input_needed is None
+
+
+async def test_a_request_the_asker_listed_after_it_was_answered_and_unlisted_is_unlisted() -> None:
+    # What two processes tell a session lands in no set order: here the
+    # answering process unlists the request before the asker, which has not
+    # heard of the answer yet, lists it. Once the asker hears of it, it
+    # takes the entry away again.
+    store = Deafened()
+    asker, answerer = Host(store, agents=default_agents()), Host(store, agents=default_agents())
+    await asker.start()
+    await answerer.start()
+    chat = await asker.create_session(SESSION)
+    await answerer.core.subscribe(chat, Recorder())
+    await start_turn(asker, chat)
+
+    async def answered_first() -> None:
+        await wait_until_open(answerer, chat, "q")
+        store.deaf = asker.core
+        await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+
+    def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
+        if event.local and isinstance(event.action, ChatInputRequested):
+            return answered_first()
+        return None
+
+    asker.core.hooks.insert(0, before_the_aggregate)
+    asking = asyncio.create_task(asker.request_input(chat, NOTE))
+    await wait_until(asker, SESSION, lambda state: not unlisted(state))  # listed late
+    store.release()
+    async with asyncio.timeout(2 * UNIT):
+        await asking
+    await wait_until(answerer, SESSION, unlisted)
+    await wait_until(asker, SESSION, unlisted)
+    await asker.stop()
+    await answerer.stop()
+
+
+async def test_a_chat_status_told_late_by_one_process_is_set_right_when_it_hears_the_newer() -> (
+    None
+):
+    # The approving process's "in progress" landed after the worker's
+    # "idle" at the turn's end: the session's catalog said in progress for
+    # good. The process that told the older state corrects it once it hears
+    # of the newer one.
+    store = Deafened()
+    starter, ender = Host(store, agents=default_agents()), Host(store, agents=default_agents())
+    await starter.start()
+    await ender.start()
+    chat = await starter.create_session(SESSION)
+    await ender.core.subscribe(chat, Recorder())
+
+    def active(state: Any) -> bool:
+        return isinstance(state, ChatState) and state.active_turn is not None
+
+    async def ended_first() -> None:
+        await wait_until(ender, chat, active)
+        store.deaf = starter.core
+        await ender.dispatch(chat, ChatTurnComplete(turn_id="t1", duration=5))
+
+    def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
+        if event.local and isinstance(event.action, ChatTurnStarted):
+            return ended_first()
+        return None
+
+    starter.core.hooks.insert(0, before_the_aggregate)
+    await start_turn(starter, chat)
+
+    def idle(state: Any) -> bool:
+        assert isinstance(state, SessionState)
+        return state.chats[0].status & ACTIVITY_MASK == SessionStatus.IDLE
+
+    told_late = (await starter.view(SESSION)).state
+    store.release()
+    await wait_until(starter, SESSION, idle)
+    await wait_until(ender, SESSION, idle)
+    await starter.stop()
+    await ender.stop()
+
+    assert not idle(told_late)
 
 
 async def test_the_form_of_a_request_another_host_opened_is_read_before_the_accept() -> None:

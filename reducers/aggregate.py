@@ -138,13 +138,10 @@ def select_settled_entries(chat: ChatState, listed: list[str]) -> list[str]:
 
 
 def catalog_changes(entry: ChatSummary, chat: ChatState) -> dict[str, Any]:
-    """The summary fields in which a session's catalog ``entry`` lags the
-    chat's state ``chat`` (a ``session/chatUpdated``'s changes, modifiedAt
-    with them); none when they differ in modifiedAt alone (hosts throttle
-    those), or when the entry is newer than ``chat`` (its modifiedAt later:
-    another process told of a later state)."""
-    if entry.modified_at > chat.modified_at:
-        return {}
+    """The summary fields in which a session's catalog ``entry`` differs
+    from the chat's state ``chat`` (a ``session/chatUpdated``'s changes,
+    modifiedAt with them); none when they differ in modifiedAt alone (hosts
+    throttle those)."""
     changes = {
         field: new
         for field in SUMMARY_FIELDS

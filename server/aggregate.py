@@ -29,8 +29,8 @@ chat's session something within RECHECK_FOR seconds checks the session
 against the chat when it hears another's change, after what it is still
 telling, and corrects what the chat shows is out of date: whichever process
 tells last, the one that told the older state hears the newer one and sets
-it right. It only ever unlists what the chat holds settled and never moves
-a summary back past a newer one (its modifiedAt).
+it right. It only ever unlists what the chat holds settled, and corrects
+only while it has the chat's latest state (the store's head says so).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ from reducers.aggregate import (
 from reducers.limits import json_bytes
 from server.cache import Lru
 from server.channels import Applied, ChannelCore
-from server.errors import ChannelGone
+from server.errors import ChannelGone, StoreError
 from server.forms import chat_session
 
 log = logging.getLogger("huddle.aggregate")
@@ -136,7 +136,8 @@ class SessionAggregate:
         self._pending: dict[str, list[_Told]] = {}
         """What each chat's session is yet to hear, in order."""
         self._told: Lru[str, float] = Lru(CACHED)
-        """When this process last told a chat's session something (monotonic)."""
+        """When this process last had something to tell a chat's session
+        (monotonic)."""
         self._checking: set[str] = set()
         """Chats whose session has a check queued."""
         self._listed: tuple[float, list[SessionSummary]] | None = None
@@ -214,28 +215,52 @@ class SessionAggregate:
             return False
         told = _Told(session, current, actions, anew=heard is None)
         self._pending.setdefault(chat, []).append(told)
+        self._told.put(chat, time.monotonic())  # from now: what is told may land late
         return True
 
     async def _send(self, chat: str) -> None:
         """Dispatch what is queued for the chat's session, in order (one
         sender per chat at a time: a later change's follow-up may send an
-        earlier one's actions, never before them)."""
+        earlier one's actions, never before them). When the chat moved on
+        while this process's own changes were being told (another process's
+        envelopes came in), a check follows: what was just told may be older
+        than what the other process told first."""
         async with self._lock(chat):
-            for told in self._pending.pop(chat, []):
-                actions = told.actions
-                if told.check:
-                    self._checking.discard(chat)
-                    actions = self._corrections(told.session, chat)
-                elif told.anew:
-                    actions = await self._listed_anew(told.session, chat, told.state, actions)
-                for action in actions:
-                    if isinstance(action, SessionInputNeededSet) and not self._listable(
-                        told.session, chat, action
-                    ):
-                        continue
-                    self._told.put(chat, time.monotonic())
-                    with contextlib.suppress(ChannelGone):
-                        await self.dispatch(told.session, action)
+            last: _Told | None = None
+            while queue := self._pending.get(chat):
+                # Taken off the queue once told (or failed): a caller that
+                # gives up meanwhile leaves it, and those after it, queued
+                # for a sender of their own.
+                last = queue[0]
+                try:
+                    await self._tell(chat, last)
+                except asyncio.CancelledError:
+                    self.core.spawn(self._send(chat))
+                    raise
+                except Exception:
+                    log.exception("%s: its session was not told of a change", chat)
+                queue.pop(0)
+                if not queue and self._pending.get(chat) is queue:
+                    del self._pending[chat]
+            view = self.core.cached(chat)
+            if last and not last.check and view is not None and view.state is not last.state:
+                await self._tell(chat, _Told(last.session, last.state, [], False, check=True))
+
+    async def _tell(self, chat: str, told: _Told) -> None:
+        actions = told.actions
+        if told.check:
+            self._checking.discard(chat)
+            actions = await self._checked(told.session, chat)
+        elif told.anew:
+            actions = await self._listed_anew(told.session, chat, told.state, actions)
+        for action in actions:
+            if isinstance(action, SessionInputNeededSet) and not self._listable(
+                told.session, chat, action
+            ):
+                continue
+            self._told.put(chat, time.monotonic())
+            with contextlib.suppress(ChannelGone):
+                await self.dispatch(told.session, action)
 
     def _check_later(self, chat: str, state: ChatState) -> None:
         """After another process's change of a chat whose session this
@@ -258,12 +283,28 @@ class SessionAggregate:
         self._pending.setdefault(chat, []).append(_Told(session, state, [], False, check=True))
         self.core.spawn(self._send(chat))
 
+    async def _checked(self, session: str, chat: str) -> list[SessionAction]:
+        """:meth:`_corrections`, when this process has the chat's latest
+        state (a look at the store's head, only when there is something to
+        correct): one behind would take back what a newer state told. It
+        hears the rest, and checks again then."""
+        if not self._corrections(session, chat):
+            return []
+        try:
+            head = (await self.core.store.heads([chat])).get(chat)
+        except StoreError:
+            return []
+        view = self.core.cached(chat)
+        if head is None or view is None or view.seq < head[1]:
+            return []
+        return self._corrections(session, chat)
+
     def _corrections(self, session: str, chat: str) -> list[SessionAction]:
         """What the session, as this process has it, lists or says of the
         chat that the chat, as this process has it, shows is out of date:
         entries of requests and tool calls settled (never one the chat does
         not hold: another process may have just opened it), and summary
-        fields of an older state than the chat's."""
+        fields that differ."""
         chat_view, session_view = self.core.cached(chat), self.core.cached(session)
         if chat_view is None or session_view is None:
             return []

@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from typing import Protocol, overload
 
 import msgspec
+from msgspec.structs import replace
 
-from protocol.actions import StateAction, action_type
+from protocol.actions import ChatTurnStarted, StateAction, action_type
 from protocol.codec import convert_state, encode
 from protocol.messages import (
     ActionEnvelope,
@@ -59,6 +60,7 @@ from server.auth import Identity
 from server.errors import ActionRejected, AlreadyApplied, ChannelGone, SeqConflict, StoreError
 from server.frames import OutFrame, action_frame
 from server.periodic import Periodic
+from server.policy import stamped, turn_stamp
 from server.store.base import ChannelStore, Listener, decode_entry, encode_entry
 
 log = logging.getLogger("huddle.channels")
@@ -494,7 +496,7 @@ class ChannelCore(Listener):
             first = ActionEnvelope(channel=ch.uri, action=action, server_seq=seq, origin=origin)
             return AlreadyApplied(ch.uri, seq, first)
         first = decode_entry(entries[0]).envelope
-        if first.action != action:
+        if _restamped(action, first.action) != first.action:
             raise ActionRejected(
                 RejectionCode.CLIENT_SEQ_REUSED,
                 f"clientSeq {origin.client_seq} was used already, by another action "
@@ -717,6 +719,17 @@ class ChannelCore(Listener):
                 snapshot = Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
                 return SnapshotResume(channel=uri, snapshot=snapshot)
             return ReplayResume(channel=uri, actions=[decode_entry(e).envelope for e in entries])
+
+
+def _restamped(action: StateAction, first: StateAction) -> StateAction:
+    """``action`` with the turn stamp ``first`` was given: a person's turn
+    start is stamped anew each time it is sent (server.policy.stamped), so
+    the copy re-sent after a drop is the first one but for its stamp."""
+    if isinstance(action, ChatTurnStarted) and isinstance(first, ChatTurnStarted):
+        stamp = turn_stamp(first.message)
+        if stamp is not None:
+            return replace(action, message=stamped(action.message, None, turn=stamp))
+    return action
 
 
 @overload

@@ -52,7 +52,7 @@ from server.errors import ActionRejected, ChannelGone, StoreError
 from server.forms import chat_session
 from server.notes import SessionNotes
 from server.periodic import Periodic
-from server.policy import active_turn_stamp
+from server.policy import active_turn_stamp, turn_stamp
 from server.store.base import ChannelStore
 
 log = logging.getLogger("huddle.expiry")
@@ -182,9 +182,8 @@ class Expiries:
         due = Due(session, chat, family, key, at, expiry.on_expiry, turn)
         await self.store.put_record(EXPIRY_RECORDS, _name(due), msgspec.json.encode(due))
         policy = expiry.on_expiry
-        await self.notes.note(
-            session, chat, lambda m: notes.expiring(m, family, chat, key, at, policy, turn=turn)
-        )
+        expiring = lambda m: notes.expiring(m, family, chat, key, at, policy, turn=turn)  # noqa: E731
+        await self.notes.note(session, chat, self.notes.of_turn(chat, turn, expiring))
         return at
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
@@ -196,9 +195,13 @@ class Expiries:
         if not event.local:
             return None
         if isinstance(action, ChatTruncated) and isinstance(event.before, ChatState):
-            requests, calls = select_waits(select_truncated(event.before, action))
-            names = [_record(event.uri, "requests", key) for key in requests]
-            names += [_record(event.uri, "toolCalls", key) for key in calls]
+            names: list[str] = []
+            for away in select_truncated(event.before, action):
+                requests, calls = select_waits([away])
+                stamp = turn_stamp(away.message)
+                for one in {stamp, None}:  # and as records were named before stamps
+                    names += [_record(event.uri, "requests", key, one) for key in requests]
+                    names += [_record(event.uri, "toolCalls", key, one) for key in calls]
             return self._forget(names) if names else None
         if not isinstance(action, ChatToolCallReady):
             return None
@@ -245,20 +248,22 @@ class Expiries:
             applied = await self.core.update(due.chat, _policy(due, self.core.now_ms))
         if applied is not None:
             family, chat, key, turn = due.family, due.chat, due.key, due.turn
-            await self.notes.note(
-                due.session, chat, lambda m: notes.expired(m, family, chat, key, turn=turn)
-            )
+            expired = lambda m: notes.expired(m, family, chat, key, turn=turn)  # noqa: E731
+            await self.notes.note(due.session, chat, self.notes.of_turn(chat, turn, expired))
         await self.store.delete_record(EXPIRY_RECORDS, name)
         return applied is not None
 
 
 def _name(due: Due) -> str:
-    return _record(due.chat, due.family, due.key)
+    return _record(due.chat, due.family, due.key, due.turn)
 
 
-def _record(chat: str, family: Family, key: str) -> str:
-    """The name of the expiry record of wait ``key`` of ``chat``."""
-    return f"{chat} {family} {key}"
+def _record(chat: str, family: Family, key: str, turn: str | None) -> str:
+    """The name of the expiry record of wait ``key`` of ``chat`` in the turn
+    stamped ``turn``: a late record of a turn truncated away must not take
+    the place of the next turn's wait of the same id."""
+    name = f"{chat} {family} {key}"
+    return name if turn is None else f"{name} {turn}"
 
 
 def _open(state: ChatState, family: Family, key: str) -> Any:

@@ -97,7 +97,28 @@ class SessionNotes:
         # A truncation's notes are written at once: until they are, the
         # waits it took away would refuse a turn that uses their ids again.
         now = isinstance(event.action, ChatTruncated)
+        if not now:
+            turn = active_turn_stamp(event.before)
+            changes = [self.of_turn(event.uri, turn, one) for one in changes]
         return self._offer(session, event.uri, changes, now=now)
+
+    def of_turn(self, chat: str, turn: str | None, note: Note) -> Note:
+        """``note`` (on a wait of the turn stamped ``turn``), unless that turn
+        is no longer in ``chat`` when it is written (truncated away while it
+        waited for the interval): a note of another turn replaces the note
+        of the wait of that id, and this one would replace the note of the
+        turn that uses the id next."""
+        if turn is None:
+            return note
+
+        def held(meta: dict[str, Any] | None) -> dict[str, Any] | None:
+            view = self.core.cached(chat)
+            state = view.state if view is not None else None
+            if isinstance(state, ChatState) and not _holds(state, turn):
+                return None
+            return note(meta)
+
+        return held
 
     async def note(self, session: str, chat: str, *changes: Note) -> None:
         """Apply ``changes`` (notes on ``chat``) to the session's notes,
@@ -194,6 +215,14 @@ class SessionNotes:
             pass
         except ActionRejected as error:  # our bug: bounded() should have seen to it
             log.error("%s: the server's notes were refused: %s", session, error)
+
+
+def _holds(state: ChatState, turn: str) -> bool:
+    """Whether ``state`` has a turn stamped ``turn``."""
+    active = state.active_turn
+    if active is not None and turn_stamp(active.message) == turn:
+        return True
+    return any(turn_stamp(t.message) == turn for t in state.turns)
 
 
 def _notes_of(chat: str, action: StateAction, sender: Identity, before: ChannelState) -> list[Note]:

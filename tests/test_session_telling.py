@@ -1,0 +1,140 @@
+"""What a session is yet to hear of a chat (server.aggregate) survives a
+follow-up that is cancelled (or fails) while it sends, and a request
+answered while its asker lists it is not listed."""
+
+from __future__ import annotations
+
+import asyncio
+
+from protocol.actions import ChatInputCompleted
+from protocol.chat import InputRequest, TextQuestion
+from protocol.session import SessionState
+from server.build import default_agents
+from server.host import Host
+from server.store.memory import MemoryStore
+from tests.conftest import UNIT
+from tests.test_host_api import (
+    NOTE,
+    SESSION,
+    Recorder,
+    entry_key,
+    start_turn,
+    wait_until_open,
+)
+
+
+async def listed(host: Host, request_id: str) -> SessionState:
+    """The session once its ``inputNeeded`` lists ``request_id``."""
+    recorder = Recorder()
+    await host.core.subscribe(SESSION, recorder)
+    try:
+        async with asyncio.timeout(2 * UNIT):
+            while True:
+                state = (await host.view(SESSION)).state
+                assert isinstance(state, SessionState)
+                if request_id in [entry_key(e) for e in state.input_needed or []]:
+                    return state
+                recorder.arrived.clear()
+                await recorder.arrived.wait()
+    finally:
+        host.core.unsubscribe(SESSION, recorder)
+
+
+class HeldRemoval(MemoryStore):
+    """A memory store whose first append of a ``session/inputNeededRemoved``
+    waits until released (``reached`` says it is waiting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+        self.held = False
+
+    async def append(
+        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+    ) -> None:
+        if not self.held and b'"session/inputNeededRemoved"' in envelope:
+            self.held = True
+            self.reached.set()
+            await self.release.wait()
+        await super().append(channel, expected_seq, envelope, origin)
+
+
+async def test_an_answer_whose_telling_was_cancelled_is_unlisted_all_the_same() -> None:
+    # The caller of an answer gives up (a client gone, a timeout) while the
+    # aggregate tells the session: the queue was popped whole before it was
+    # sent, so the removal was lost and the answered request stayed listed
+    # for good, whatever the chat did next.
+    store = HeldRemoval()
+    host = Host(store, agents=default_agents())
+    await host.start()
+    chat = await host.create_session(SESSION)
+    await start_turn(host, chat)
+    asking = asyncio.create_task(host.request_input(chat, NOTE))
+    await wait_until_open(host, chat, "q")
+    completing = asyncio.create_task(
+        host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+    )
+    async with asyncio.timeout(2 * UNIT):
+        await store.reached.wait()
+        completing.cancel()
+        await asyncio.gather(completing, return_exceptions=True)
+        await asking
+    store.release.set()
+
+    other = InputRequest(id="q2", questions=[TextQuestion(id="x", message="More?")])
+    asking_again = asyncio.create_task(host.request_input(chat, other))
+    session = await listed(host, "q2")  # told after all that came before it
+    asking_again.cancel()
+    await host.stop()
+
+    assert isinstance(session, SessionState)
+    assert [entry_key(e) for e in session.input_needed or []] == ["q2"]
+
+
+class HeldListing(MemoryStore):
+    """A memory store whose first append of a ``session/inputNeededSet``
+    waits until released (``reached`` says it is waiting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+        self.held = False
+
+    async def append(
+        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+    ) -> None:
+        if not self.held and b'"session/inputNeededSet"' in envelope:
+            self.held = True
+            self.reached.set()
+            await self.release.wait()
+        await super().append(channel, expected_seq, envelope, origin)
+
+
+async def test_a_request_answered_while_its_asker_lists_it_is_not_listed() -> None:
+    # The asker found the request open and is writing its entry; the
+    # answerer settles it and tells the session in between. The asker's
+    # write then conflicts and is made again, unchecked: listed for good.
+    store = HeldListing()
+    asker, answerer = Host(store, agents=default_agents()), Host(store, agents=default_agents())
+    await asker.start()
+    await answerer.start()
+    chat = await asker.create_session(SESSION)
+    await answerer.core.subscribe(chat, Recorder())
+    await start_turn(asker, chat)
+    asking = asyncio.create_task(asker.request_input(chat, NOTE))
+    async with asyncio.timeout(2 * UNIT):
+        await store.reached.wait()
+    await wait_until_open(answerer, chat, "q")
+    await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+    store.release.set()
+    async with asyncio.timeout(2 * UNIT):
+        await asking
+    sessions = [(await host.view(SESSION)).state for host in (asker, answerer)]
+    await asker.stop()
+    await answerer.stop()
+
+    for session in sessions:
+        assert isinstance(session, SessionState)
+        assert session.input_needed is None

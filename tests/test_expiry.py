@@ -426,6 +426,21 @@ class ExpiryPuts(MemoryStore):
             self.put.set()
 
 
+async def expiring_in_a_batch(host: Host, store: ExpiryPuts) -> tuple[str, asyncio.Task[int]]:
+    """A chat whose turn (stamped ``aaaaaaaa``) asks a question that
+    ``host`` is giving an expiry: its record is put, its note waits for
+    the notes' interval (a draft was just noted)."""
+    chat = await host.create_session(SESSION)
+    await host.dispatch(chat, stamped_turn("aaaaaaaa"))
+    await host.ask(chat, REQUEST)
+    await host.dispatch(chat, answer("IAM"), sender=DANA)
+    expiring = asyncio.create_task(host.expire(chat, "requests", "details", Expiry(60)))
+    async with asyncio.timeout(2 * UNIT):
+        await store.put.wait()  # then its note joins those waiting for the interval
+    assert SESSION in host.notes._waiting
+    return chat, expiring
+
+
 def stamped_turn(stamp: str) -> ChatTurnStarted:
     """TURN as the server records it: its message stamped ``stamp``."""
     return replace(TURN, message=stamped(TURN.message, None, turn=stamp))
@@ -444,15 +459,8 @@ async def test_an_expiry_noted_late_for_a_truncated_wait_does_not_reach_its_succ
     b = Host(store, agents=default_agents(), clock=clock, expiry_check_interval=3600.0)
     await a.start()
     await b.start()
-    chat = await a.create_session(SESSION)
-    await a.dispatch(chat, stamped_turn("aaaaaaaa"))
-    await a.ask(chat, REQUEST)
-    await a.dispatch(chat, answer("IAM"), sender=DANA)  # A's notes just written
-    expiring = asyncio.create_task(a.expire(chat, "requests", "details", Expiry(60)))
-    async with asyncio.timeout(2 * UNIT):
-        await store.put.wait()  # then its note joins those waiting for the interval
+    chat, expiring = await expiring_in_a_batch(a, store)
     records = await store.records(EXPIRY_RECORDS)
-    assert SESSION in a.notes._waiting
     await b.view(chat)
     await b.dispatch(chat, ChatTruncated(), sender=AGENT)
     async with asyncio.timeout(2 * UNIT):

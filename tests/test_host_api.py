@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -440,6 +441,27 @@ async def test_answer_drafts_do_not_flood_the_session(host: Host) -> None:
     asking.cancel()
 
 
+@asynccontextmanager
+async def two_hosts(
+    store: MemoryStore, *, turn: bool = True
+) -> AsyncIterator[tuple[Host, Host, str]]:
+    """Two hosts (two processes) on one store: a session made on the first,
+    its default chat watched on the second (people are there), and a turn
+    started on the first (unless not ``turn``)."""
+    first, second = Host(store, agents=default_agents()), Host(store, agents=default_agents())
+    await first.start()
+    await second.start()
+    try:
+        chat = await first.create_session(SESSION)
+        await second.core.subscribe(chat, Recorder())
+        if turn:
+            await start_turn(first, chat)
+        yield first, second, chat
+    finally:
+        await first.stop()
+        await second.stop()
+
+
 async def test_two_hosts_on_one_store_deliver_the_same_envelopes_in_order() -> None:
     store = MemoryStore()
     first = Host(store, agents=default_agents())
@@ -479,79 +501,66 @@ async def test_an_answer_is_unlisted_though_the_asker_moved_on_before_it_was_tol
     # asker's next envelope (the resumed agent's) reached that process before
     # its own telling ran, the answered request stayed listed for good.
     store = MemoryStore()
-    asker, answerer = Host(store, agents=default_agents()), Host(store, agents=default_agents())
-    await asker.start()
-    await answerer.start()
-    chat = await asker.create_session(SESSION)
-    await answerer.core.subscribe(chat, Recorder())
-    await start_turn(asker, chat)
-    asking = asyncio.create_task(asker.request_input(chat, NOTE))
-    await wait_until_open(answerer, chat, "q")
-    heard = asyncio.Event()
+    async with two_hosts(store) as (asker, answerer, chat):
+        asking = asyncio.create_task(asker.request_input(chat, NOTE))
+        await wait_until_open(answerer, chat, "q")
+        heard = asyncio.Event()
 
-    def heard_the_asker(event: Applied) -> None:
-        if not event.local and isinstance(event.action, ChatDraftChanged):
-            heard.set()
+        def heard_the_asker(event: Applied) -> None:
+            if not event.local and isinstance(event.action, ChatDraftChanged):
+                heard.set()
 
-    async def the_asker_moves_on() -> None:
-        await asker.dispatch(chat, ChatDraftChanged(draft=user_message("next")))
-        await heard.wait()
+        async def the_asker_moves_on() -> None:
+            await asker.dispatch(chat, ChatDraftChanged(draft=user_message("next")))
+            await heard.wait()
 
-    def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
-        heard_the_asker(event)
-        if event.local and isinstance(event.action, ChatInputCompleted):
-            return the_asker_moves_on()
-        return None
+        def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
+            heard_the_asker(event)
+            if event.local and isinstance(event.action, ChatInputCompleted):
+                return the_asker_moves_on()
+            return None
 
-    answerer.core.hooks.insert(0, before_the_aggregate)
-    async with asyncio.timeout(2 * UNIT):
-        await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
-        await asking
-    session = (await answerer.view(SESSION)).state
+        answerer.core.hooks.insert(0, before_the_aggregate)
+        async with asyncio.timeout(2 * UNIT):
+            await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+            await asking
+        session = (await answerer.view(SESSION)).state
 
-    assert heard.is_set()
-    assert isinstance(session, SessionState)
-    assert session.input_needed is None
-    await asker.stop()
-    await answerer.stop()
+        assert heard.is_set()
+        assert isinstance(session, SessionState)
+        assert session.input_needed is None
 
 
 async def test_a_request_answered_before_its_asker_listed_it_is_not_listed() -> None:
     # The other way round: the answer is told first, by the process that
     # took it; the asker, lagging, must not list the request after that.
     store = MemoryStore()
-    asker, answerer = Host(store, agents=default_agents()), Host(store, agents=default_agents())
-    await asker.start()
-    await answerer.start()
-    chat = await asker.create_session(SESSION)
-    await answerer.core.subscribe(chat, Recorder())
-    await asker.core.subscribe(chat, Recorder())
-    await start_turn(asker, chat)
-    heard = asyncio.Event()
+    async with two_hosts(store, turn=False) as (asker, answerer, chat):
+        await asker.core.subscribe(chat, Recorder())
+        await start_turn(asker, chat)
+        heard = asyncio.Event()
 
-    async def answered_at_once() -> None:
-        await wait_until_open(answerer, chat, "q")
-        await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
-        await heard.wait()
+        async def answered_at_once() -> None:
+            await wait_until_open(answerer, chat, "q")
+            await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+            await heard.wait()
 
-    def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
-        if not event.local and isinstance(event.action, ChatInputCompleted):
-            heard.set()
-        if event.local and isinstance(event.action, ChatInputRequested):
-            return answered_at_once()
-        return None
+        def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
+            if not event.local and isinstance(event.action, ChatInputCompleted):
+                heard.set()
+            if event.local and isinstance(event.action, ChatInputRequested):
+                return answered_at_once()
+            return None
 
-    asker.core.hooks.insert(0, before_the_aggregate)
-    async with asyncio.timeout(2 * UNIT):
-        await asker.request_input(chat, NOTE)
-    sessions = [(await host.view(SESSION)).state for host in (asker, answerer)]
+        asker.core.hooks.insert(0, before_the_aggregate)
+        async with asyncio.timeout(2 * UNIT):
+            await asker.request_input(chat, NOTE)
+        sessions = [(await host.view(SESSION)).state for host in (asker, answerer)]
 
-    assert heard.is_set()
-    for session in sessions:
-        assert isinstance(session, SessionState)
-        assert session.input_needed is None
-    await asker.stop()
-    await answerer.stop()
+        assert heard.is_set()
+        for session in sessions:
+            assert isinstance(session, SessionState)
+            assert session.input_needed is None
 
 
 class Deafened(MemoryStore):
@@ -601,33 +610,26 @@ async def test_a_request_the_asker_listed_after_it_was_answered_and_unlisted_is_
     # heard of the answer yet, lists it. Once the asker hears of it, it
     # takes the entry away again.
     store = Deafened()
-    asker, answerer = Host(store, agents=default_agents()), Host(store, agents=default_agents())
-    await asker.start()
-    await answerer.start()
-    chat = await asker.create_session(SESSION)
-    await answerer.core.subscribe(chat, Recorder())
-    await start_turn(asker, chat)
+    async with two_hosts(store) as (asker, answerer, chat):
 
-    async def answered_first() -> None:
-        await wait_until_open(answerer, chat, "q")
-        store.deaf = asker.core
-        await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+        async def answered_first() -> None:
+            await wait_until_open(answerer, chat, "q")
+            store.deaf = asker.core
+            await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
 
-    def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
-        if event.local and isinstance(event.action, ChatInputRequested):
-            return answered_first()
-        return None
+        def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
+            if event.local and isinstance(event.action, ChatInputRequested):
+                return answered_first()
+            return None
 
-    asker.core.hooks.insert(0, before_the_aggregate)
-    asking = asyncio.create_task(asker.request_input(chat, NOTE))
-    await wait_until(asker, SESSION, lambda state: not unlisted(state))  # listed late
-    store.release()
-    async with asyncio.timeout(2 * UNIT):
-        await asking
-    await wait_until(answerer, SESSION, unlisted)
-    await wait_until(asker, SESSION, unlisted)
-    await asker.stop()
-    await answerer.stop()
+        asker.core.hooks.insert(0, before_the_aggregate)
+        asking = asyncio.create_task(asker.request_input(chat, NOTE))
+        await wait_until(asker, SESSION, lambda state: not unlisted(state))  # listed late
+        store.release()
+        async with asyncio.timeout(2 * UNIT):
+            await asking
+        await wait_until(answerer, SESSION, unlisted)
+        await wait_until(asker, SESSION, unlisted)
 
 
 async def test_a_chat_status_told_late_by_one_process_is_set_right_when_it_hears_the_newer() -> (
@@ -638,38 +640,32 @@ async def test_a_chat_status_told_late_by_one_process_is_set_right_when_it_hears
     # good. The process that told the older state corrects it once it hears
     # of the newer one.
     store = Deafened()
-    starter, ender = Host(store, agents=default_agents()), Host(store, agents=default_agents())
-    await starter.start()
-    await ender.start()
-    chat = await starter.create_session(SESSION)
-    await ender.core.subscribe(chat, Recorder())
+    async with two_hosts(store, turn=False) as (starter, ender, chat):
 
-    def active(state: Any) -> bool:
-        return isinstance(state, ChatState) and state.active_turn is not None
+        def active(state: Any) -> bool:
+            return isinstance(state, ChatState) and state.active_turn is not None
 
-    async def ended_first() -> None:
-        await wait_until(ender, chat, active)
-        store.deaf = starter.core
-        await ender.dispatch(chat, ChatTurnComplete(turn_id="t1", duration=5))
+        async def ended_first() -> None:
+            await wait_until(ender, chat, active)
+            store.deaf = starter.core
+            await ender.dispatch(chat, ChatTurnComplete(turn_id="t1", duration=5))
 
-    def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
-        if event.local and isinstance(event.action, ChatTurnStarted):
-            return ended_first()
-        return None
+        def before_the_aggregate(event: Applied) -> Awaitable[None] | None:
+            if event.local and isinstance(event.action, ChatTurnStarted):
+                return ended_first()
+            return None
 
-    starter.core.hooks.insert(0, before_the_aggregate)
-    await start_turn(starter, chat)
+        starter.core.hooks.insert(0, before_the_aggregate)
+        await start_turn(starter, chat)
 
-    def idle(state: Any) -> bool:
-        assert isinstance(state, SessionState)
-        return state.chats[0].status & ACTIVITY_MASK == SessionStatus.IDLE
+        def idle(state: Any) -> bool:
+            assert isinstance(state, SessionState)
+            return state.chats[0].status & ACTIVITY_MASK == SessionStatus.IDLE
 
-    told_late = (await starter.view(SESSION)).state
-    store.release()
-    await wait_until(starter, SESSION, idle)
-    await wait_until(ender, SESSION, idle)
-    await starter.stop()
-    await ender.stop()
+        told_late = (await starter.view(SESSION)).state
+        store.release()
+        await wait_until(starter, SESSION, idle)
+        await wait_until(ender, SESSION, idle)
 
     assert not idle(told_late)
 

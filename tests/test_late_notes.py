@@ -21,6 +21,7 @@ from tests.test_expiry import (
     SESSION,
     ExpiryPuts,
     answer,
+    expiring_in_a_batch,
     stamped_turn,
 )
 
@@ -41,14 +42,7 @@ async def test_a_late_note_of_a_truncated_turn_leaves_the_next_turns_note_alone(
     )
     for host in (a, b, c):
         await host.start()
-    chat = await a.create_session(SESSION)
-    await a.dispatch(chat, stamped_turn("aaaaaaaa"))
-    await a.ask(chat, REQUEST)
-    await a.dispatch(chat, answer("IAM"), sender=DANA)  # A's notes just written
-    expiring = asyncio.create_task(a.expire(chat, "requests", "details", Expiry(60)))
-    async with asyncio.timeout(2 * UNIT):
-        await store.put.wait()  # its note waits for the interval
-    assert SESSION in a.notes._waiting
+    chat, expiring = await expiring_in_a_batch(a, store)
     await b.view(chat)
     await b.dispatch(chat, ChatTruncated(), sender=AGENT)
     await c.view(chat)

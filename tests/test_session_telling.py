@@ -19,6 +19,7 @@ from tests.test_host_api import (
     Recorder,
     entry_key,
     start_turn,
+    two_hosts,
     wait_until_open,
 )
 
@@ -40,12 +41,13 @@ async def listed(host: Host, request_id: str) -> SessionState:
         host.core.unsubscribe(SESSION, recorder)
 
 
-class HeldRemoval(MemoryStore):
-    """A memory store whose first append of a ``session/inputNeededRemoved``
+class HeldAppend(MemoryStore):
+    """A memory store whose first append of an action of type ``held``
     waits until released (``reached`` says it is waiting)."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: str) -> None:
         super().__init__()
+        self.tag = f'"{held}"'.encode()
         self.reached = asyncio.Event()
         self.release = asyncio.Event()
         self.held = False
@@ -53,7 +55,7 @@ class HeldRemoval(MemoryStore):
     async def append(
         self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
     ) -> None:
-        if not self.held and b'"session/inputNeededRemoved"' in envelope:
+        if not self.held and self.tag in envelope:
             self.held = True
             self.reached.set()
             await self.release.wait()
@@ -65,7 +67,7 @@ async def test_an_answer_whose_telling_was_cancelled_is_unlisted_all_the_same() 
     # aggregate tells the session: the queue was popped whole before it was
     # sent, so the removal was lost and the answered request stayed listed
     # for good, whatever the chat did next.
-    store = HeldRemoval()
+    store = HeldAppend("session/inputNeededRemoved")
     host = Host(store, agents=default_agents())
     await host.start()
     chat = await host.create_session(SESSION)
@@ -92,48 +94,21 @@ async def test_an_answer_whose_telling_was_cancelled_is_unlisted_all_the_same() 
     assert [entry_key(e) for e in session.input_needed or []] == ["q2"]
 
 
-class HeldListing(MemoryStore):
-    """A memory store whose first append of a ``session/inputNeededSet``
-    waits until released (``reached`` says it is waiting)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reached = asyncio.Event()
-        self.release = asyncio.Event()
-        self.held = False
-
-    async def append(
-        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
-    ) -> None:
-        if not self.held and b'"session/inputNeededSet"' in envelope:
-            self.held = True
-            self.reached.set()
-            await self.release.wait()
-        await super().append(channel, expected_seq, envelope, origin)
-
-
 async def test_a_request_answered_while_its_asker_lists_it_is_not_listed() -> None:
     # The asker found the request open and is writing its entry; the
     # answerer settles it and tells the session in between. The asker's
     # write then conflicts and is made again, unchecked: listed for good.
-    store = HeldListing()
-    asker, answerer = Host(store, agents=default_agents()), Host(store, agents=default_agents())
-    await asker.start()
-    await answerer.start()
-    chat = await asker.create_session(SESSION)
-    await answerer.core.subscribe(chat, Recorder())
-    await start_turn(asker, chat)
-    asking = asyncio.create_task(asker.request_input(chat, NOTE))
-    async with asyncio.timeout(2 * UNIT):
-        await store.reached.wait()
-    await wait_until_open(answerer, chat, "q")
-    await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
-    store.release.set()
-    async with asyncio.timeout(2 * UNIT):
-        await asking
-    sessions = [(await host.view(SESSION)).state for host in (asker, answerer)]
-    await asker.stop()
-    await answerer.stop()
+    store = HeldAppend("session/inputNeededSet")
+    async with two_hosts(store) as (asker, answerer, chat):
+        asking = asyncio.create_task(asker.request_input(chat, NOTE))
+        async with asyncio.timeout(2 * UNIT):
+            await store.reached.wait()
+        await wait_until_open(answerer, chat, "q")
+        await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+        store.release.set()
+        async with asyncio.timeout(2 * UNIT):
+            await asking
+        sessions = [(await host.view(SESSION)).state for host in (asker, answerer)]
 
     for session in sessions:
         assert isinstance(session, SessionState)

@@ -5,14 +5,18 @@ answered while its asker lists it is not listed."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from protocol.actions import ChatInputCompleted
-from protocol.chat import InputRequest, TextQuestion
+from protocol.actions import ChatDraftChanged, ChatInputCompleted, ChatTurnComplete
+from protocol.chat import ChatState, InputRequest, TextQuestion
 from protocol.session import SessionState
+from protocol.status import ACTIVITY_MASK, SessionStatus
+from reducers.aggregate import select_input_needed
 from server.build import default_agents
+from server.channels import Applied
 from server.host import Host
 from server.store.memory import MemoryStore
-from tests.conftest import UNIT
+from tests.conftest import UNIT, user_message
 from tests.test_host_api import (
     NOTE,
     SESSION,
@@ -20,6 +24,7 @@ from tests.test_host_api import (
     entry_key,
     start_turn,
     two_hosts,
+    wait_until,
     wait_until_open,
 )
 
@@ -113,3 +118,48 @@ async def test_a_request_answered_while_its_asker_lists_it_is_not_listed() -> No
     for session in sessions:
         assert isinstance(session, SessionState)
         assert session.input_needed is None
+
+
+async def test_a_change_told_after_the_check_that_followed_it_is_checked_again() -> None:
+    # The asker's telling is slow (its listing of a question waits on the
+    # store). Meanwhile another process's change queues a check, the asker's
+    # own answer queues its "in progress" behind that check, and the other
+    # process ends the turn and says "idle", which the queued check covers.
+    # The check runs first and finds nothing to correct; then the older
+    # "in progress" lands last. The sender checks again after its own.
+    store = HeldAppend("session/inputNeededSet")
+    async with two_hosts(store) as (asker, other, chat):
+        heard: dict[type, asyncio.Event] = {ChatDraftChanged: asyncio.Event()}
+        heard[ChatTurnComplete] = asyncio.Event()
+
+        def hearing(event: Applied) -> None:
+            if not event.local and type(event.action) in heard:
+                heard[type(event.action)].set()
+
+        asker.core.hooks.insert(0, hearing)
+        asking = asyncio.create_task(asker.request_input(chat, NOTE))
+        async with asyncio.timeout(2 * UNIT):
+            await store.reached.wait()  # the asker's sender is held
+            await wait_until_open(other, chat, "q")
+            await other.dispatch(chat, ChatDraftChanged(draft=user_message("hm")))
+            await heard[ChatDraftChanged].wait()  # a check is queued
+            answer = ChatInputCompleted(request_id="q", response="cancel")
+            answering = asyncio.create_task(asker.dispatch(chat, answer))
+            await wait_until(asker, chat, answered)  # its "in progress" is queued
+            await other.dispatch(chat, ChatTurnComplete(turn_id="t1", duration=5))
+            await heard[ChatTurnComplete].wait()
+            store.release.set()
+            await asking
+            await answering
+            for host in (asker, other):
+                await wait_until(host, SESSION, idle_and_unlisted)
+
+
+def answered(state: Any) -> bool:
+    return isinstance(state, ChatState) and not select_input_needed(state)
+
+
+def idle_and_unlisted(state: Any) -> bool:
+    assert isinstance(state, SessionState)
+    idle = state.chats[0].status & ACTIVITY_MASK == SessionStatus.IDLE
+    return idle and state.input_needed is None

@@ -91,14 +91,14 @@ class SessionNotes:
         if not event.local or event.sender is None or not isinstance(event.view.state, ChatState):
             return None
         session = chat_session(event.view.state)
-        changes = _notes_of(event.uri, event.action, event.sender, event.before)
+        turn = active_turn_stamp(event.before)
+        changes = _notes_of(event.uri, event.action, event.sender, event.before, turn)
         if session is None or not changes:
             return None
         # A truncation's notes are written at once: until they are, the
         # waits it took away would refuse a turn that uses their ids again.
         now = isinstance(event.action, ChatTruncated)
         if not now:
-            turn = active_turn_stamp(event.before)
             changes = [self.of_turn(event.uri, turn, one) for one in changes]
         return self._offer(session, event.uri, changes, now=now)
 
@@ -225,9 +225,12 @@ def _holds(state: ChatState, turn: str) -> bool:
     return any(turn_stamp(t.message) == turn for t in state.turns)
 
 
-def _notes_of(chat: str, action: StateAction, sender: Identity, before: ChannelState) -> list[Note]:
+def _notes_of(
+    chat: str, action: StateAction, sender: Identity, before: ChannelState, turn: str | None
+) -> list[Note]:
+    """The notes ``action`` makes on waits of the chat's active turn, stamped
+    ``turn``."""
     who = sender.who()
-    turn = active_turn_stamp(before)
     match action:
         case ChatInputAnswerChanged(answer=None):
             request, question = action.request_id, action.question_id

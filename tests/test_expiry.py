@@ -107,6 +107,15 @@ def answer(value: str) -> ChatInputAnswerChanged:
     )
 
 
+def submitted(value: str) -> ChatInputCompleted:
+    """The question answered with ``value`` and submitted."""
+    return ChatInputCompleted(
+        request_id="details",
+        response="accept",
+        answers={"system": InputAnswer(state="submitted", value=TextValue(value=value))},
+    )
+
+
 # ─── Input requests ──────────────────────────────────────────────────────────
 
 
@@ -182,11 +191,7 @@ async def test_a_question_answered_in_time_is_left_alone(
     lee = await huddle.client(name="Lee")
     await lee.dispatch_and_wait(
         chat,
-        ChatInputCompleted(
-            request_id="details",
-            response="accept",
-            answers={"system": InputAnswer(state="submitted", value=TextValue(value="SSO"))},
-        ),
+        submitted("SSO"),
     )
     clock.now += 31
 
@@ -474,11 +479,7 @@ async def test_an_expiry_noted_late_for_a_truncated_wait_does_not_reach_its_succ
     fired = [await host.expiries.sweep() for host in (b, a)]  # B has the new turn
     await b.dispatch(
         chat,
-        ChatInputCompleted(
-            request_id="details",
-            response="accept",
-            answers={"system": InputAnswer(state="submitted", value=TextValue(value="SSO"))},
-        ),
+        submitted("SSO"),
         sender=DANA,
     )
     state = (await b.view(chat)).state

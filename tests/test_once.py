@@ -33,11 +33,12 @@ from tests.conftest import (
     AGENT_TOKEN,
     UNIT,
     RunningServer,
+    new_session_chat,
     session_chat_with_turn,
     start_server,
     user_message,
 )
-from tests.edge import CuttingProxy, HttpReply, Peer, http
+from tests.edge import CuttingProxy, Frame, HttpReply, Peer, http
 from tests.redis_server import running_redis
 from tests.test_trust import TURN
 
@@ -196,23 +197,47 @@ async def test_the_same_client_seq_again_gets_the_first_envelope(
     agent, chat = await asked(huddle)
     seen: list[int] = []
     agent.mirrors[chat].listeners.append(lambda e: seen.append(e.server_seq))
+    first, echo = await sent_across_a_reconnect(huddle, chat, action)
+    await agent.dispatch_and_wait(chat, ChatDraftChanged(draft=None))  # a marker after it
+
+    assert echo == first
+    assert "rejectionReason" not in echo
+    assert seen == [first["serverSeq"], seen[-1]]  # the others saw it once
+
+
+async def test_a_turn_start_sent_again_after_a_drop_gets_the_first_envelope(
+    huddle: RunningServer,
+) -> None:
+    # Each turn start a person's token sends is stamped anew (a random
+    # _meta.huddle.turn), so the copy re-sent after a reconnect differs from
+    # the one the log holds under its (clientId, clientSeq): it was refused
+    # as "client-seq-reused" instead of answered with the first envelope.
+    agent: HuddleClient = await huddle.client("agent", name="agent")
+    chat = await new_session_chat(agent, "ahp-session:/stamped-again")
+
+    first, echo = await sent_across_a_reconnect(huddle, chat, TURN)
+
+    assert "rejectionReason" not in first
+    assert echo == first
+
+
+async def sent_across_a_reconnect(
+    huddle: RunningServer, chat: str, action: object
+) -> tuple[Frame, Frame]:
+    """A person's browser sends ``action`` as clientSeq 1, drops before
+    anything else, reconnects and sends it again: both envelopes it gets."""
     token = huddle.token(name="Lee")
     first_peer = await Peer.ready(huddle.ws, token, "lee-browser")
     await first_peer.subscribe(chat)
     await first_peer.send(again(chat, 1, action))
     first = await first_peer.envelope()
     await first_peer.close()
-
     peer = await Peer.ready(huddle.ws, token, "lee-browser")  # its reconnect
     await peer.subscribe(chat)
     await peer.send(again(chat, 1, action))
     echo = await peer.envelope()
-    await agent.dispatch_and_wait(chat, ChatDraftChanged(draft=None))  # a marker after it
-
-    assert echo == first
-    assert "rejectionReason" not in echo
-    assert seen == [first["serverSeq"], seen[-1]]  # the others saw it once
     await peer.close()
+    return first, echo
 
 
 async def test_a_plain_client_sending_a_seq_again_is_told_it_was_applied(

@@ -20,7 +20,6 @@ from tests.conftest import UNIT, user_message
 from tests.test_host_api import (
     NOTE,
     SESSION,
-    Recorder,
     entry_key,
     start_turn,
     two_hosts,
@@ -31,19 +30,14 @@ from tests.test_host_api import (
 
 async def listed(host: Host, request_id: str) -> SessionState:
     """The session once its ``inputNeeded`` lists ``request_id``."""
-    recorder = Recorder()
-    await host.core.subscribe(SESSION, recorder)
-    try:
-        async with asyncio.timeout(2 * UNIT):
-            while True:
-                state = (await host.view(SESSION)).state
-                assert isinstance(state, SessionState)
-                if request_id in [entry_key(e) for e in state.input_needed or []]:
-                    return state
-                recorder.arrived.clear()
-                await recorder.arrived.wait()
-    finally:
-        host.core.unsubscribe(SESSION, recorder)
+
+    def lists(state: Any) -> bool:
+        return request_id in [entry_key(e) for e in state.input_needed or []]
+
+    await wait_until(host, SESSION, lists)
+    state = (await host.view(SESSION)).state
+    assert isinstance(state, SessionState)
+    return state
 
 
 class HeldAppend(MemoryStore):

@@ -36,7 +36,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol, overload
+from typing import Protocol
 
 import msgspec
 from msgspec.structs import replace
@@ -394,6 +394,7 @@ class ChannelCore(Listener):
         action: StateAction,
         *,
         origin: ActionOrigin | None = None,
+        seq_scope: str | None = None,
         sender: Identity | None = None,
         validate: Validator | None = None,
     ) -> Applied:
@@ -403,7 +404,12 @@ class ChannelCore(Listener):
         entry. Raises ActionRejected (nothing changed, no seq used),
         ChannelGone, or StoreUnavailable."""
         event = await self.update(
-            uri, lambda _: action, origin=origin, sender=sender, validate=validate
+            uri,
+            lambda _: action,
+            origin=origin,
+            seq_scope=seq_scope,
+            sender=sender,
+            validate=validate,
         )
         assert event is not None
         return event
@@ -414,6 +420,7 @@ class ChannelCore(Listener):
         change: Change,
         *,
         origin: ActionOrigin | None = None,
+        seq_scope: str | None = None,
         sender: Identity | None = None,
         validate: Validator | None = None,
     ) -> Applied | None:
@@ -425,7 +432,10 @@ class ChannelCore(Listener):
         follow_ups: FollowUps = []
         try:
             async with ch.lock:
-                return await self._commit(ch, change, origin, sender, validate, started, follow_ups)
+                name = None if origin is None else origin_key(origin, seq_scope)
+                return await self._commit(
+                    ch, change, origin, name, sender, validate, started, follow_ups
+                )
         finally:
             await _await_all(follow_ups, f"an action on {uri}")
 
@@ -434,13 +444,15 @@ class ChannelCore(Listener):
         ch: _Channel,
         change: Change,
         origin: ActionOrigin | None,
+        name: str | None,
         sender: Identity | None,
         validate: Validator | None,
         started: float,
         follow_ups: FollowUps,
     ) -> Applied | None:
         """Step and append (the lock held), catching up and retrying when
-        another process appended first."""
+        another process appended first. ``name`` is what the store knows a
+        client's action by (:func:`origin_key`)."""
         for attempt in range(MAX_APPEND_ATTEMPTS):
             if attempt >= 2:
                 await asyncio.sleep(random.uniform(0, 0.001 * attempt))  # jitter
@@ -452,15 +464,15 @@ class ChannelCore(Listener):
             if isinstance(result, Rejection):
                 # Re-sent after a drop, the first copy is often what makes
                 # the second invalid: say it was applied, not that it fails.
-                if origin is not None:
-                    seq = await self.store.applied(ch.uri, _origin_key(origin))
+                if origin is not None and name is not None:
+                    seq = await self.store.applied(ch.uri, name)
                     if seq is not None:
                         raise await self._applied(ch, seq, action, origin)
                 raise ActionRejected.of(result)
             ch.appending = True
             try:
                 entry = encode_entry(now, result.data, sender)
-                await self.store.append(ch.uri, ch.seq, entry, _origin_key(origin))
+                await self.store.append(ch.uri, ch.seq, entry, name)
             except AlreadyApplied as applied:
                 assert origin is not None  # only a client's action has a name
                 raise await self._applied(ch, applied.seq, action, origin) from None
@@ -732,13 +744,14 @@ def _restamped(action: StateAction, first: StateAction) -> StateAction:
     return action
 
 
-@overload
-def _origin_key(origin: ActionOrigin) -> str: ...
-@overload
-def _origin_key(origin: None) -> None: ...
-def _origin_key(origin: ActionOrigin | None) -> str | None:
-    """How the store names a client's action (None: the server's own)."""
-    return None if origin is None else f"{origin.client_id} {origin.client_seq}"
+def origin_key(origin: ActionOrigin, seq_scope: str | None = None) -> str:
+    """How the store names a client's action: by its ``(clientId,
+    clientSeq)``, and ``seq_scope`` where the client numbers within less
+    than its clientId (a plain AHP client numbers each connection from 1:
+    the connection's id), so that the same pair on another connection is
+    another action."""
+    client = origin.client_id if seq_scope is None else f"{origin.client_id}/{seq_scope}"
+    return f"{client} {origin.client_seq}"
 
 
 async def _await_all(follow_ups: FollowUps, what: str) -> None:

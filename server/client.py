@@ -60,9 +60,11 @@ EXTENSIONS = (
     "huddle.titles",
     "huddle.identity",
     "huddle.expiry",
+    "huddle.resend",
 )
 """The Huddle extensions this client asks for (see server.rpc.EXTENSIONS):
-per-channel seqs and cursors, tail windows, titles."""
+per-channel seqs and cursors, tail windows, titles, identity, expiries, and
+re-sending what a drop left unconfirmed under its first clientSeq."""
 
 log = logging.getLogger("huddle.client")
 

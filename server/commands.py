@@ -475,12 +475,15 @@ class Commands:
         action: StateAction,
         *,
         origin: ActionOrigin | None = None,
+        seq_scope: str | None = None,
         client_id: str | None = None,
         sender: Identity | None = None,
         admitted: bool = False,
     ) -> ActionEnvelope:
         """Dispatch ``action`` for ``grant`` (:meth:`admit` first, unless the
-        caller did); returns the accepted envelope. Raises ActionRejected
+        caller did); returns the accepted envelope. ``seq_scope``: what
+        ``origin``'s clientSeq is numbered within beyond its clientId (a
+        plain AHP connection's id; see server.channels.origin_key). Raises ActionRejected
         (not admitted, refused by the policy or the rules), ChannelGone (also
         for a channel the token does not reach), StoreUnavailable,
         MalformedFrame for a bad URI."""
@@ -494,7 +497,9 @@ class Commands:
                 raise ActionRejected.of(refusal)
             who = sender or grant.identity
             action = _as_sent_by(grant, who, action)
-            return await self.host.dispatch(uri, action, origin=origin, sender=who)
+            return await self.host.dispatch(
+                uri, action, origin=origin, seq_scope=seq_scope, sender=who
+            )
         except (ActionRejected, StoreUnavailable):
             self.metrics.rejected(action_type(action))
             raise

@@ -203,12 +203,15 @@ class Host:
         action: StateAction,
         *,
         origin: ActionOrigin | None = None,
+        seq_scope: str | None = None,
         sender: Identity | None = None,
         validate: bool = True,
         provided: Callable[[ChannelState], Rejection | None] | None = None,
     ) -> ActionEnvelope:
         """Validate, reduce, append and broadcast ``action`` on ``uri``, then
         run its side effects. ``sender`` is who sent it (None: the server);
+        ``seq_scope``, what ``origin``'s clientSeq is numbered within beyond
+        its clientId (server.channels.origin_key);
         ``provided``, a condition on the channel's state checked with the
         rules, under its lock.
 
@@ -218,14 +221,24 @@ class Host:
         validator = await self._validator(uri, action, provided) if validate else None
         try:
             event = await self.core.write(
-                uri, action, origin=origin, sender=sender, validate=validator
+                uri,
+                action,
+                origin=origin,
+                seq_scope=seq_scope,
+                sender=sender,
+                validate=validator,
             )
         except _FormUnread:
             # The request opened after we looked (an append of another
             # process this one caught up on): read its form, check again.
             validator = await self._validator(uri, action, provided, read_form=True)
             event = await self.core.write(
-                uri, action, origin=origin, sender=sender, validate=validator
+                uri,
+                action,
+                origin=origin,
+                seq_scope=seq_scope,
+                sender=sender,
+                validate=validator,
             )
         return event.envelope
 

@@ -35,7 +35,8 @@ Beyond a bound a request with a key is refused with 429 before it runs
 oldest answers kept will have made room.
 
 The WebSocket's counterpart is the store's ``(clientId, clientSeq)`` check
-on every append.
+on every append (per connection for a plain AHP client; see
+server.channels.origin_key).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
@@ -93,7 +94,10 @@ PRESENT_PER_TOKEN: Final = 10
 PRESENT_PER_LINK: Final = 50
 """The same for the browsers of one shared link, together."""
 EXPIRY: Final = "huddle.expiry"
+RESEND: Final = "huddle.resend"
 EXTENSIONS: Final = {
+    RESEND: "clientSeq numbers a clientId's actions across its connections: an action "
+    "sent again on a later connection with its first clientSeq is applied once",
     EXPIRY: "huddle/expire {channel, requestId | toolCallId, seconds, onExpiry}: an open "
     "wait's expiry (agent tokens)",
     IDENTITY: "{\"name\": ...}: the name a shared link's holder goes by; the result's "
@@ -166,6 +170,7 @@ class Rpc:
         "host",
         "identity",
         "present",
+        "seq_scope",
         "server_info",
         "subscriptions",
     )
@@ -189,6 +194,10 @@ class Rpc:
         self.identity = grant.identity
         """Who this connection's actions are credited to."""
         self.extensions: frozenset[str] = frozenset()
+        self.seq_scope: str | None = secrets.token_hex(6)
+        """What this connection's clientSeqs are numbered within beyond its
+        clientId: the connection itself for a plain AHP client (AHP numbers
+        each connection anew), None for one that asked huddle.resend."""
         self.subscriptions: set[str] = set()
         self.present: set[str] = set()
         """The sessions where this connection put itself in the active
@@ -375,8 +384,12 @@ class Rpc:
 
     def _set_extensions(self, asked: frozenset[str], left: Numbering | None) -> None:
         """Use ``asked``: without per-channel seqs, the connection numbers
-        what it sends itself, on from where this client's last one left."""
+        what it sends itself, on from where this client's last one left;
+        without huddle.resend, a clientSeq names an action of this
+        connection only."""
         self.extensions = asked
+        if RESEND in asked:
+            self.seq_scope = None
         if CHANNEL_SEQS in asked:
             self.connection.numbering = None
         else:
@@ -597,6 +610,7 @@ class Rpc:
                 uri,
                 action,
                 origin=origin,
+                seq_scope=self.seq_scope,
                 client_id=self.client_id,
                 sender=self.identity,
             )

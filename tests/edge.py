@@ -36,7 +36,7 @@ from tests.conftest import UNIT, RunningServer
 Frame = dict[str, Any]
 
 
-HUDDLE = ("huddle.channelSeqs", "huddle.turnWindows", "huddle.titles")
+HUDDLE = ("huddle.channelSeqs", "huddle.turnWindows", "huddle.titles", "huddle.resend")
 """Huddle's extensions: what these tests' peers ask for unless told (the
 plain-AHP tests ask for none)."""
 

@@ -38,7 +38,7 @@ from tests.conftest import (
     start_server,
     user_message,
 )
-from tests.edge import CuttingProxy, Frame, HttpReply, Peer, http
+from tests.edge import CuttingProxy, Frame, HttpReply, Peer, http, plain_reconnect
 from tests.redis_server import running_redis
 from tests.test_trust import TURN
 
@@ -380,6 +380,43 @@ async def test_a_bounded_store_is_never_asked_to_forget_and_keeps_agents_a_reser
     assert people[1].headers["Retry-After"] == agents[2].headers["Retry-After"] == "60"
     assert first_again.status_code == 200  # still kept: nothing was forgotten
     assert len(runs) == 3
+
+
+@pytest.mark.parametrize("back_by", ["initialize", "reconnect"])
+async def test_a_plain_client_numbering_its_next_connection_from_1_has_its_actions_applied(
+    huddle: RunningServer, back_by: str
+) -> None:
+    # AHP numbers clientSeq per connection, and its own TypeScript client
+    # keeps its clientId across a reconnect: the new connection's first
+    # action was refused as client-seq-reused (or, were it the same action,
+    # taken for applied), for as long as the log held the old one.
+    _, chat = await asked(huddle)
+    token = huddle.token(name="Lee")
+    peer = await Peer.ready(huddle.ws, token, "plain-browser", extensions=())
+    await peer.subscribe(chat)
+    await peer.send(again(chat, 1, DRAFT))
+    first = await peer.envelope()
+    await peer.close()
+    if back_by == "initialize":
+        peer = await Peer.ready(huddle.ws, token, "plain-browser", extensions=())
+        await peer.subscribe(chat)
+    else:
+        peer = await Peer.open(huddle.ws, token, "plain-browser")
+        reply = await peer.request("reconnect", plain_reconnect("plain-browser", [chat]))
+        assert "result" in reply, reply
+    await peer.send(again(chat, 1, DRAFT))  # the same action, numbered anew
+    second = await peer.envelope()
+    await peer.send(again(chat, 2, ACCEPT))
+    accepted = await peer.envelope()
+
+    assert "rejectionReason" not in first
+    assert "rejectionReason" not in second
+    assert "rejectionReason" not in accepted
+    assert second["origin"] == {"clientId": "plain-browser", "clientSeq": 1}
+    state = (await huddle.server.host.view(chat)).state
+    assert isinstance(state, ChatState)
+    assert select_input_settlement(state, "details").status == "resolved"
+    await peer.close()
 
 
 @pytest.mark.parametrize("extensions", [None, ()], ids=["huddle", "plain"])

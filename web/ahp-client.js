@@ -38,8 +38,15 @@ import { Replica } from './replica.js';
 
 const PROTOCOL_VERSION = '0.7.0';
 /** The Huddle extensions this client asks for: per-channel seqs and cursors,
- * tail windows, titles, identity (the server announces what it serves). */
-const EXTENSIONS = ['huddle.channelSeqs', 'huddle.turnWindows', 'huddle.titles', 'huddle.identity'];
+ * tail windows, titles, identity, and re-sending what a drop left pending
+ * under its first clientSeq (the server announces what it serves). */
+const EXTENSIONS = [
+  'huddle.channelSeqs',
+  'huddle.turnWindows',
+  'huddle.titles',
+  'huddle.identity',
+  'huddle.resend',
+];
 const IDENTITY = 'huddle.identity';
 const ROOT = 'ahp-root://';
 const PING_EVERY_MS = 20000;

@@ -372,9 +372,10 @@ async def test_an_expiry_survives_a_restart(redis_server: RedisServer, clock: Wa
     first = await start_server(SLOW, RedisStore(redis_server.url), clock=clock)
     try:
         chat, waiting = await asked(first, Expiry(60))
-        waiting.cancel()
     finally:
         await first.stop()
+    with pytest.raises(InputAbandoned, match="stopping"):
+        await waiting  # a stop leaves no one waiting
     clock.now += 120
     second = await start_server(SLOW, RedisStore(redis_server.url), clock=clock)
     try:

@@ -71,7 +71,7 @@ from reducers.aggregate import (
     summary_diff,
 )
 from reducers.limits import json_bytes
-from server.cache import Lru
+from server.cache import KeyedLocks, Lru
 from server.channels import Applied, ChannelCore
 from server.errors import ChannelGone, StoreError
 from server.forms import chat_session
@@ -132,7 +132,8 @@ class SessionAggregate:
         self._last_push: Lru[str, float] = Lru(CACHED)
         self._summaries: Lru[str, SessionSummary] = Lru(CACHED)
         self._flushes: dict[str, asyncio.TimerHandle] = {}
-        self._syncing: Lru[str, asyncio.Lock] = Lru(CACHED)
+        self._syncing: KeyedLocks[str] = KeyedLocks()
+        """One sender per chat (and one announcer per session) at a time."""
         self._pending: dict[str, list[_Told]] = {}
         """What each chat's session is yet to hear, in order."""
         self._told: Lru[str, float] = Lru(CACHED)
@@ -169,7 +170,7 @@ class SessionAggregate:
 
     def forget(self, uri: str) -> None:
         """Drop the bookkeeping of a chat or session that is gone."""
-        for cache in (self._shadows, self._last_push, self._summaries, self._syncing):
+        for cache in (self._shadows, self._last_push, self._summaries):
             cache.pop(uri)
         self._pending.pop(uri, None)
         self._told.pop(uri)
@@ -182,13 +183,6 @@ class SessionAggregate:
         await self._send(chat)
         if news:
             await self._mark_unread(state)
-
-    def _lock(self, chat: str) -> asyncio.Lock:
-        lock = self._syncing.get(chat)
-        if lock is None:
-            lock = asyncio.Lock()
-            self._syncing.put(chat, lock)
-        return lock
 
     def _derive(self, chat: str, current: ChatState, before: ChatState) -> bool:
         """Queue what the session must hear of this process's change of the
@@ -225,7 +219,7 @@ class SessionAggregate:
         while this process's own changes were being told (another process's
         envelopes came in), a check follows: what was just told may be older
         than what the other process told first."""
-        async with self._lock(chat):
+        async with self._syncing.hold(chat):
             last: _Told | None = None
             while queue := self._pending.get(chat):
                 # Taken off the queue once told (or failed): a caller that
@@ -430,7 +424,7 @@ class SessionAggregate:
     async def announce(self, session: str) -> None:
         """Re-derive the session's list entry; announce what changed.
         Sessions still being created have no entry yet."""
-        async with self._lock(session):
+        async with self._syncing.hold(session):
             view = self.core.cached(session)
             if view is None or not isinstance(view.state, SessionState):
                 return

@@ -1,8 +1,13 @@
-"""A bounded map: the least recently used entry goes first."""
+"""Bounded bookkeeping by key: a map whose least recently used entry goes
+first, and locks kept only while in use."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -36,3 +41,41 @@ class Lru(Generic[K, V]):
 
     def pop(self, key: K) -> V | None:
         return self._items.pop(key, None)
+
+
+@dataclass(slots=True)
+class _Held:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+    """Callers holding or waiting for the lock."""
+
+
+class KeyedLocks(Generic[K]):
+    """One lock per key, kept only while a caller holds it or waits for it:
+    as many as there are callers, and never one dropped while in use (an
+    evicted lock let a second holder in beside the first)."""
+
+    def __init__(self) -> None:
+        self._held: dict[K, _Held] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def locked(self, key: K) -> bool:
+        held = self._held.get(key)
+        return held is not None and held.lock.locked()
+
+    @asynccontextmanager
+    async def hold(self, key: K) -> AsyncIterator[None]:
+        """Hold ``key``'s lock for the block."""
+        held = self._held.get(key)
+        if held is None:
+            held = self._held[key] = _Held()
+        held.users += 1
+        try:
+            async with held.lock:
+                yield
+        finally:
+            held.users -= 1
+            if not held.users:
+                del self._held[key]

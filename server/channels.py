@@ -278,6 +278,22 @@ class ChannelCore(Listener):
         if not task.cancelled() and (error := task.exception()) is not None:
             log.error("background task failed", exc_info=error)
 
+    async def _await_all(self, follow_ups: FollowUps, what: str) -> None:
+        """Await hooks' follow-ups in order; one that fails is logged and the
+        others still run. A caller that gives up meanwhile (a client gone)
+        leaves the ones it has not reached to run in the background: the
+        audit's record and the session's telling of an action applied are
+        not the caller's to drop."""
+        for n, follow_up in enumerate(follow_ups):
+            try:
+                await follow_up
+            except asyncio.CancelledError:
+                for rest in follow_ups[n + 1 :]:
+                    self.spawn(rest)
+                raise
+            except Exception:
+                log.exception("side effect of %s failed", what)
+
     # ─── Reading ─────────────────────────────────────────────────────────
 
     async def view(self, uri: str) -> ChannelView:
@@ -437,7 +453,7 @@ class ChannelCore(Listener):
                     ch, change, origin, name, sender, validate, started, follow_ups
                 )
         finally:
-            await _await_all(follow_ups, f"an action on {uri}")
+            await self._await_all(follow_ups, f"an action on {uri}")
 
     async def _commit(
         self,
@@ -622,7 +638,7 @@ class ChannelCore(Listener):
                     await self._catch_up(ch, follow_ups)
         finally:
             ch.catching_up = False
-            await _await_all(follow_ups, f"catching up {ch.uri}")
+            await self._await_all(follow_ups, f"catching up {ch.uri}")
 
     async def check_heads(self, *, idle: bool = False) -> None:
         """Catch up every channel served here (with subscribers, or pinned)
@@ -649,7 +665,7 @@ class ChannelCore(Listener):
                     else:
                         await self._catch_up(ch, follow_ups, behind=True)
             finally:
-                await _await_all(follow_ups, f"catching up {uri}")
+                await self._await_all(follow_ups, f"catching up {uri}")
 
     def store_reconnected(self) -> None:
         # Hints were lost meanwhile, those of the idle channels too: a copy
@@ -752,16 +768,6 @@ def origin_key(origin: ActionOrigin, seq_scope: str | None = None) -> str:
     another action."""
     client = origin.client_id if seq_scope is None else f"{origin.client_id}/{seq_scope}"
     return f"{client} {origin.client_seq}"
-
-
-async def _await_all(follow_ups: FollowUps, what: str) -> None:
-    """Await hooks' follow-ups in order; one that fails is logged and the
-    others still run."""
-    for follow_up in follow_ups:
-        try:
-            await follow_up
-        except Exception:
-            log.exception("side effect of %s failed", what)
 
 
 def _notice_session(payload: bytes) -> str | None:

@@ -157,3 +157,36 @@ def idle_and_unlisted(state: Any) -> bool:
     assert isinstance(state, SessionState)
     idle = state.chats[0].status & ACTIVITY_MASK == SessionStatus.IDLE
     return idle and state.input_needed is None
+
+
+async def test_the_follow_ups_after_one_its_caller_gave_up_in_still_run() -> None:
+    # A hook before the session's (the runner's resume, say) is still at
+    # work when the answer's caller gives up: the follow-ups after it (the
+    # notes, the audit, the session's telling) were never awaited, and the
+    # answered request stayed listed until the chat's next change.
+    reached, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(_: Applied) -> None:
+        reached.set()
+        await release.wait()
+
+    host = Host(MemoryStore(), agents=default_agents())
+    await host.start()
+    try:
+        chat = await host.create_session(SESSION)
+        await start_turn(host, chat)
+        asking = asyncio.create_task(host.request_input(chat, NOTE))
+        await listed(host, "q")
+        host.add_hook(lambda event: slow(event) if event.uri == chat else None)
+        completing = asyncio.create_task(
+            host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+        )
+        async with asyncio.timeout(2 * UNIT):
+            await reached.wait()
+            completing.cancel()
+            await asyncio.gather(completing, return_exceptions=True)
+            await asking
+        await wait_until(host, SESSION, lambda state: not state.input_needed)
+    finally:
+        release.set()
+        await host.stop()

@@ -509,7 +509,8 @@ class Commands:
         (a day at a time for the agent token), across every process: a
         client id is a connection's label, and two tokens never share one.
         Raises MalformedFrame for an id over the id limit (it is kept nowhere,
-        and would ride in every envelope's ``origin``), CommandError when
+        and would ride in every envelope's ``origin``) or one with a control
+        character (server.channels.origin_key separates with one), CommandError when
         another token holds it, or when a person's token started too many
         lately (server.ratelimit.NewClientIds: each is kept for the
         token's lifetime)."""
@@ -518,6 +519,13 @@ class Commands:
             raise MalformedFrame(
                 ErrorCode.INVALID_PARAMS,
                 f"the clientId is {size:,} bytes; the limit is {limit:,}",
+                "$.clientId",
+            )
+        if (control := next((c for c in client_id if c < " " or c == "\x7f"), None)) is not None:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                f"the clientId holds the control character U+{ord(control):04X}: a clientId "
+                "is a label, of printable characters",
                 "$.clientId",
             )
         try:

@@ -338,6 +338,24 @@ async def test_a_client_id_over_the_id_limit_is_refused_and_kept_nowhere(
     assert "result" in await peer.request("initialize", initialize_params("mallory-1"))
 
 
+@pytest.mark.parametrize("method", ["initialize", "reconnect"])
+async def test_a_client_id_with_a_control_character_is_refused_and_kept_nowhere(
+    huddle: RunningServer, method: str
+) -> None:
+    # The store sets a plain connection's scope off its clientId with one
+    # (server.channels.origin_key): a clientId holding it could name its
+    # actions as another connection's.
+    forged = "alice\x1f0123456789ab"
+    peer = await Peer.open(huddle.ws, huddle.token(name="mallory"))
+
+    reply = await peer.request(method, client_id_params(method, forged))
+
+    assert reply["error"]["code"] == -32602
+    assert reply["error"]["data"] == {"path": "$.params.clientId"}
+    assert "the clientId holds the control character U+001F" in reply["error"]["message"]
+    assert await huddle.server.host.store.claim(f"client:{forged}", "another", 60) is None
+
+
 async def test_a_client_id_is_measured_in_utf8_bytes(huddle: RunningServer) -> None:
     peer = await Peer.open(huddle.ws, huddle.token(name="mallory"))
 

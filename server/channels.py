@@ -29,6 +29,7 @@ moment, never the mutable record the core keeps.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import random
@@ -247,6 +248,7 @@ class ChannelCore(Listener):
         """Evicted channels whose unwatch is under way: a load waits for it."""
         self._loading: dict[str, asyncio.Future[_Channel]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False
         self._remove_listener: Callable[[], None] | None = None
 
     def now_ms(self) -> int:
@@ -256,6 +258,7 @@ class ChannelCore(Listener):
 
     async def start(self) -> None:
         """Listen to other processes (and compare heads now and then)."""
+        self._stopped = False
         self._remove_listener = self.store.add_listener(self)
         if self.idle_check_interval > 0:
             self._idle_check.start()
@@ -264,11 +267,18 @@ class ChannelCore(Listener):
         await self._idle_check.stop()
         if self._remove_listener is not None:
             self._remove_listener()
+        self._stopped = True
         for task in list(self._tasks):
             task.cancel()
 
     def spawn(self, coro: Awaitable[None]) -> None:
-        """Run ``coro`` in the background; its failure is logged."""
+        """Run ``coro`` in the background; its failure is logged. Once
+        stopped, nothing more starts (what a cancelled task hands on is
+        dropped)."""
+        if self._stopped:
+            if inspect.iscoroutine(coro):
+                coro.close()
+            return
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)

@@ -5,6 +5,7 @@ answered while its asker lists it is not listed."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any
 
 from protocol.actions import ChatDraftChanged, ChatInputCompleted, ChatTurnComplete
@@ -190,3 +191,19 @@ async def test_the_follow_ups_after_one_its_caller_gave_up_in_still_run() -> Non
     finally:
         release.set()
         await host.stop()
+
+
+async def test_a_stopped_core_starts_nothing_that_a_cancelled_task_hands_on() -> None:
+    # What a caller gave up on runs in the background, but not past a stop:
+    # the store it would write to is closing.
+    host = Host(MemoryStore(), agents=default_agents())
+    await host.start()
+    await host.stop()
+
+    async def follow_up() -> None:
+        raise AssertionError("ran after the stop")
+
+    handed_on = follow_up()
+    host.core.spawn(handed_on)
+
+    assert inspect.getcoroutinestate(handed_on) == inspect.CORO_CLOSED

@@ -522,9 +522,7 @@ class ChannelCore(Listener):
         self, ch: _Channel, seq: int, action: StateAction, origin: ActionOrigin
     ) -> AlreadyApplied:
         """A re-sent action's first outcome: its envelope as the log holds
-        it (rebuilt from what was re-sent when the log was trimmed between
-        the store's answer and this read: the store forgets a name with
-        its entry).
+        it (rebuilt from what was re-sent when the log no longer does).
         Raises ActionRejected when the log holds another action under that
         ``(clientId, clientSeq)``: a client that numbers two actions alike
         must not be told the second was applied."""
@@ -777,10 +775,8 @@ def origin_key(origin: ActionOrigin, seq_scope: str | None = None) -> str:
     clientSeq)``, and ``seq_scope`` where the client numbers within less
     than its clientId (a plain AHP client numbers each connection from 1:
     the connection's id), so that the same pair on another connection is
-    another action. The scope is set off by a control character, which no
-    clientId holds (server.commands.Commands.claim_client), so that no
-    client can name its action as another connection's."""
-    client = origin.client_id if seq_scope is None else f"{origin.client_id}\x1f{seq_scope}"
+    another action."""
+    client = origin.client_id if seq_scope is None else f"{origin.client_id}/{seq_scope}"
     return f"{client} {origin.client_seq}"
 
 

@@ -182,36 +182,6 @@ async def test_a_clients_action_is_appended_once_however_often_it_comes(
     await store.append("ahp-chat:/once", 2, b"server", None)  # the server's own: no name
 
 
-async def test_a_clients_action_trimmed_off_the_log_is_known_no_more(
-    store: ChannelStore,
-) -> None:
-    # The name is compared with the entry it names (a re-send gets the first
-    # one's envelope, another action under it is refused): a name that
-    # outlived its entry told a different action it was applied.
-    await store.create(CHAT, b"{}")
-    for seq in range(8):
-        await store.append(CHAT, seq, f"e{seq + 1}".encode(), f"browser-1 {seq + 1}")
-    await store.save_snapshot(CHAT, 7, b'{"at":7}')
-    # Retention 3 and a snapshot at 7: 5 and before are trimmed.
-    assert [await store.applied(CHAT, f"browser-1 {n}") for n in (1, 5, 6, 8)] == [
-        None,
-        None,
-        6,
-        8,
-    ]
-    await store.append(CHAT, 8, b"again", "browser-1 1")  # a new action now
-    assert await store.applied(CHAT, "browser-1 1") == 9
-
-
-async def test_the_memory_stores_names_go_with_entries_trimmed_for_their_bytes() -> None:
-    store = MemoryStore(retention=1000, retention_bytes=3 * 1024)
-    await store.create(CHAT, b"{}")
-    for seq in range(8):
-        await store.append(CHAT, seq, bytes(1024), f"browser-1 {seq + 1}")
-    await store.save_snapshot(CHAT, 8, b'{"at":8}')
-    assert [await store.applied(CHAT, f"browser-1 {n}") for n in (5, 6, 8)] == [None, 6, 8]
-
-
 async def test_what_is_remembered_lasts_its_time(store: ChannelStore) -> None:
     await store.remember("answer:a", b"kept", 60)
     await store.remember("answer:b", b"brief", 0.05)

@@ -109,10 +109,6 @@ class MemoryStore(ChannelStore):
             len(ch.log) > self.retention or ch.log_bytes > self.retention_bytes
         ) and ch.first_seq <= ch.snapshot_seq:
             ch.log_bytes -= len(ch.log.popleft())
-        # A client's action trimmed off the log leaves the origins with it:
-        # a name must not outlive the entry it is compared with.
-        while ch.origins and next(iter(ch.origins.values())) < ch.first_seq:
-            del ch.origins[next(iter(ch.origins))]
 
     async def read_log(self, channel: str, after_seq: int, epoch: str) -> list[bytes] | None:
         ch = self._get(channel)

@@ -35,8 +35,7 @@ its own; a record kind is one hash, one key per call, so it lives on one
 node. Nothing needs two slots at one instant.
 
 Trimming keeps ``retention`` entries and never one newer than the snapshot,
-so a snapshot always covers what was trimmed; the names of the clients'
-actions trimmed go with them (a name is compared with its entry).
+so a snapshot always covers what was trimmed.
 
 A lost log is repaired when a load finds it, and the epoch changes:
 
@@ -172,9 +171,7 @@ for i = 1, #entries do out[#out + 1] = entries[i][2][2] end
 return out
 """
 
-# KEYS: meta, log, snap, origins.  ARGV: seq, state, retention.
-# The clients' actions trimmed off the log leave the origins with them: a
-# name must not outlive the entry it is compared with.
+# KEYS: meta, log, snap.  ARGV: seq, state, retention.
 SNAPSHOT = """
 local head = redis.call('HGET', KEYS[1], 'seq')
 if not head then return 0 end
@@ -184,10 +181,7 @@ local current = tonumber(redis.call('HGET', KEYS[3], 'seq') or '0')
 if seq <= current or seq > head then return 0 end
 redis.call('HSET', KEYS[3], 'seq', seq, 'state', ARGV[2])
 local keep_from = math.min(seq, head - tonumber(ARGV[3])) + 1
-if keep_from > 1 then
-  redis.call('XTRIM', KEYS[2], 'MINID', keep_from .. '-0')
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', keep_from - 1)
-end
+if keep_from > 1 then redis.call('XTRIM', KEYS[2], 'MINID', keep_from .. '-0') end
 return 1
 """
 
@@ -385,8 +379,7 @@ class RedisStore(ChannelStore):
     async def save_snapshot(self, channel: str, seq: int, state: bytes) -> None:
         # A snapshot lost in a failover took its trimming with it: harmless.
         args = [seq, state, self.retention]
-        keys = (*_keys(channel), _origins(channel))
-        await self.link.run(_SNAPSHOT, keys, args, replicate=False)
+        await self.link.run(_SNAPSHOT, _keys(channel), args, replicate=False)
 
     async def delete(self, channel: str) -> None:
         keys = (*_keys(channel), _origins(channel))

@@ -21,6 +21,7 @@ a store round trip.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -218,28 +219,17 @@ class Host:
         Returns the accepted envelope. Raises ActionRejected (nothing
         changed, no seq used), ChannelGone, or StoreUnavailable.
         """
+        write = functools.partial(
+            self.core.write, uri, action, origin=origin, seq_scope=seq_scope, sender=sender
+        )
         validator = await self._validator(uri, action, provided) if validate else None
         try:
-            event = await self.core.write(
-                uri,
-                action,
-                origin=origin,
-                seq_scope=seq_scope,
-                sender=sender,
-                validate=validator,
-            )
+            event = await write(validate=validator)
         except _FormUnread:
             # The request opened after we looked (an append of another
             # process this one caught up on): read its form, check again.
             validator = await self._validator(uri, action, provided, read_form=True)
-            event = await self.core.write(
-                uri,
-                action,
-                origin=origin,
-                seq_scope=seq_scope,
-                sender=sender,
-                validate=validator,
-            )
+            event = await write(validate=validator)
         return event.envelope
 
     async def check(self, uri: str, action: StateAction, state: ChannelState) -> Rejection | None:

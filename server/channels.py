@@ -58,7 +58,14 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import ROOT_URI, channel_kind
 from reducers import reduce
 from server.auth import Identity
-from server.errors import ActionRejected, AlreadyApplied, ChannelGone, SeqConflict, StoreError
+from server.errors import (
+    ActionRejected,
+    AlreadyApplied,
+    ChannelGone,
+    SeqConflict,
+    StoreError,
+    StoreUnavailable,
+)
 from server.frames import OutFrame, action_frame
 from server.periodic import Periodic
 from server.policy import stamped, turn_stamp
@@ -197,6 +204,10 @@ class _Channel:
     """Callers that need the channel kept current without subscribing."""
     catching_up: bool = False
     appending: bool = False
+    unsure: tuple[int, bytes] | None = None
+    """An append of this process whose answer was lost (its seq and entry):
+    if the log holds it at that seq, it is this process's (its hooks run as
+    for a local action: the audit records it, the session hears of it)."""
 
     def view(self) -> ChannelView:
         return ChannelView(self.uri, self.state, self.seq, self.size)
@@ -290,16 +301,17 @@ class ChannelCore(Listener):
 
     async def _await_all(self, follow_ups: FollowUps, what: str) -> None:
         """Await hooks' follow-ups in order; one that fails is logged and the
-        others still run. A caller that gives up meanwhile (a client gone)
-        leaves the ones it has not reached to run in the background: the
-        audit's record and the session's telling of an action applied are
-        not the caller's to drop."""
+        others still run. A caller cancelled meanwhile (a task cancelled at
+        a stop, uvicorn's graceful timeout) leaves the ones it had not
+        reached to run in the background, still in order: the audit's record
+        and the session's telling of an action applied are not the caller's
+        to drop. (The one it was awaiting is cancelled with it.)"""
         for n, follow_up in enumerate(follow_ups):
             try:
                 await follow_up
             except asyncio.CancelledError:
-                for rest in follow_ups[n + 1 :]:
-                    self.spawn(rest)
+                if rest := follow_ups[n + 1 :]:
+                    self.spawn(self._await_all(rest, what))
                 raise
             except Exception:
                 log.exception("side effect of %s failed", what)
@@ -508,6 +520,9 @@ class ChannelCore(Listener):
                 else:
                     await self._catch_up(ch, follow_ups, behind=True)
                 continue
+            except StoreUnavailable:
+                ch.unsure = (ch.seq + 1, entry)  # it may have landed all the same
+                raise
             finally:
                 ch.appending = False
             latency = time.perf_counter() - started
@@ -555,6 +570,8 @@ class ChannelCore(Listener):
         """Make ``result`` current: state, seq, subscribers, snapshot, hooks."""
         before = ch.state
         ch.state, ch.seq = result.after, result.envelope.server_seq
+        if ch.unsure is not None and ch.unsure[0] <= ch.seq:
+            ch.unsure = None  # applied, as ours or as another's
         frame = action_frame(result.data, ch.uri, result.envelope.server_seq)
         for subscriber in list(ch.subscribers):
             subscriber.send_frame(frame, channel=ch.uri)
@@ -597,11 +614,13 @@ class ChannelCore(Listener):
 
     def _apply_entry(self, ch: _Channel, raw: bytes, follow_ups: FollowUps) -> None:
         entry = decode_entry(raw)
-        if entry.envelope.server_seq != ch.seq + 1:
+        seq = entry.envelope.server_seq
+        if seq != ch.seq + 1:
             return
         after = reduce(ch.state, entry.envelope.action, entry.time)
         result = Step(entry.envelope, entry.data, after)
-        self._apply(ch, result, entry.sender, local=False, follow_ups=follow_ups)
+        ours = ch.unsure == (seq, raw)
+        self._apply(ch, result, entry.sender, local=ours, follow_ups=follow_ups)
 
     async def _restore(self, ch: _Channel) -> None:
         """The store is behind what this process saw: it lost acknowledged
@@ -621,6 +640,7 @@ class ChannelCore(Listener):
         fresh = await self._load(ch.uri)
         ch.state, ch.seq, ch.epoch, ch.size = fresh.state, fresh.seq, fresh.epoch, fresh.size
         ch.keep_hints_after(None)
+        ch.unsure = None
         for subscriber in list(ch.subscribers):
             subscriber.resync(ch.uri)
         ch.subscribers.clear()

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 from typing import Any
+
+import pytest
 
 from protocol.actions import ChatDraftChanged, ChatInputCompleted, ChatTurnComplete
 from protocol.chat import ChatState, InputRequest, TextQuestion
@@ -15,10 +18,12 @@ from protocol.status import ACTIVITY_MASK, SessionStatus
 from reducers.aggregate import select_input_needed
 from server.build import default_agents
 from server.channels import Applied
+from server.errors import StoreUnavailable
 from server.host import Host
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, user_message
 from tests.test_host_api import (
+    ALICE,
     NOTE,
     SESSION,
     entry_key,
@@ -162,9 +167,10 @@ def idle_and_unlisted(state: Any) -> bool:
 
 async def test_the_follow_ups_after_one_its_caller_gave_up_in_still_run() -> None:
     # A hook before the session's (the runner's resume, say) is still at
-    # work when the answer's caller gives up: the follow-ups after it (the
-    # notes, the audit, the session's telling) were never awaited, and the
-    # answered request stayed listed until the chat's next change.
+    # work when the answer's caller is cancelled (uvicorn's graceful
+    # timeout at a stop cancels the requests still running): the follow-ups
+    # after it (the notes, the audit, the session's telling) were never
+    # awaited, and the answered request stayed listed.
     reached, release = asyncio.Event(), asyncio.Event()
 
     async def slow(_: Applied) -> None:
@@ -207,3 +213,50 @@ async def test_a_stopped_core_starts_nothing_that_a_cancelled_task_hands_on() ->
     host.core.spawn(handed_on)
 
     assert inspect.getcoroutinestate(handed_on) == inspect.CORO_CLOSED
+
+
+class LostReply(MemoryStore):
+    """A memory store that takes the first append of an action of type
+    ``lost`` and then fails as if its answer had been lost on the way."""
+
+    def __init__(self, lost: str) -> None:
+        super().__init__()
+        self.tag = f'"{lost}"'.encode()
+        self.lost = False
+
+    async def append(
+        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+    ) -> None:
+        await super().append(channel, expected_seq, envelope, origin)
+        if not self.lost and self.tag in envelope:
+            self.lost = True
+            raise StoreUnavailable("the store's answer was lost")
+
+
+async def test_an_answer_whose_append_landed_unanswered_is_this_processs_all_the_same() -> None:
+    # The append took, its answer did not come back (a Redis reply timed
+    # out): the caller is told the store is unavailable, and the process
+    # later took the entry in as another process's, whose hooks are that
+    # process's to run: nobody audited the answer nor told its session.
+    store = LostReply("chat/inputCompleted")
+    host = Host(store, agents=default_agents())
+    await host.start()
+    try:
+        chat = await host.create_session(SESSION)
+        await start_turn(host, chat)
+        asking = asyncio.create_task(host.request_input(chat, NOTE))
+        await listed(host, "q")
+        answer = ChatInputCompleted(request_id="q", response="cancel")
+        with pytest.raises(StoreUnavailable):
+            await host.dispatch(chat, answer, sender=ALICE)
+        await host.core.check_heads()  # as the next head check would
+        async with asyncio.timeout(2 * UNIT):
+            assert (await asking).response == "cancel"
+        await wait_until(host, SESSION, lambda state: not state.input_needed)
+        await host.audit.settled()
+        records = [json.loads(line) for line in await store.read_audit(SESSION, 0, 100)]
+    finally:
+        await host.stop()
+
+    answers = [r for r in records if r["what"] == "chat/inputCompleted"]
+    assert [r["who"]["name"] for r in answers] == ["alice"]

@@ -283,6 +283,10 @@ class _Pending:
     done: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    tried: tuple[int, bytes, bool] | None = None
+    """The record number and line last sent for it, and whether that line
+    was all of it (not the reserve's marker before it), until answered: a
+    try whose answer was lost may have landed all the same."""
 
 
 @dataclass(eq=False)
@@ -439,6 +443,14 @@ class AuditTrail:
         body = bounded(await self._redacted(pending))
         decisive = pending.decisive
         head = self._heads.get(session)
+        if pending.tried is not None:
+            n, tried, whole = pending.tried
+            if await self.store.read_audit(session, n - 1, 1) == [tried]:
+                # It landed, its answer lost on the way: not written twice.
+                pending.tried, head = None, None
+                self._heads.pop(session)
+                if whole:
+                    return
         for _ in range(MAX_ATTEMPTS):
             if head is None:
                 head = _head_of(await self.store.last_audit(session))
@@ -454,15 +466,18 @@ class AuditTrail:
             elif reserved and not opened:
                 written = _marker(body, session, "audit/reserve")
             line, digest = seal({**written, "bytes": head.total}, head.n + 1, head.prev)
+            what = written["what"]
+            whole = written is body or not decisive or what == FULL
+            pending.tried = (head.n + 1, line, whole)
             try:
                 await self.store.append_audit(session, head.n + 1, line)
             except SeqConflict:
                 head = None  # another process appended: read its head
                 continue
-            what = written["what"]
+            pending.tried = None
             head = _Head(head.n + 1, digest, head.total + len(line), head.total, what == FULL)
             self._heads.put(session, head)
-            if written is body or not decisive or what == FULL:
+            if whole:
                 return
             # The reserve's marker took its place: the record itself follows.
         raise StoreUnavailable(f"the audit of {session} is too busy to write now")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
 from protocol.actions import (
     ChatInputAnswerChanged,
@@ -42,10 +43,14 @@ from server.audit import (
     verify,
 )
 from server.auth import TokenAuthority
+from server.build import default_agents
 from server.cli import main
 from server.client import HuddleClient
 from server.config import Limits, Settings
+from server.errors import StoreUnavailable
+from server.host import Host
 from server.runner.demo import agent as demo
+from server.store.memory import MemoryStore
 from tests.conftest import (
     AGENT_TOKEN,
     UNIT,
@@ -718,3 +723,45 @@ async def test_two_processes_writing_one_session_keep_one_chain(
         "Lee",
         "Dana",
     }
+
+
+class LostAuditReply(MemoryStore):
+    """A memory store that takes its second audit record and then fails as
+    if its answer had been lost on the way (a Redis reply timed out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appends = 0
+
+    async def append_audit(self, session: str, n: int, record: bytes) -> None:
+        await super().append_audit(session, n, record)
+        self.appends += 1
+        if self.appends == 2:
+            raise StoreUnavailable("the store's answer was lost")
+
+
+async def test_an_audit_record_whose_answer_was_lost_is_on_record_once() -> None:
+    # The record stays first in line and is sent again: sealed anew on the
+    # head the store then had, it was on record twice (an outside run: 9 of
+    # 30 answers audited twice after a Redis stall).
+    store = LostAuditReply()
+    host = Host(store, agents=default_agents())
+    await host.start()
+    try:
+        chat = await host.create_session(SESSION)
+        for n in range(3):
+            turn = replace(TURN, turn_id=f"t{n}")
+            await host.dispatch(chat, turn)
+            await host.dispatch(chat, ChatTurnComplete(turn_id=f"t{n}", duration=1))
+        await host.audit.settled()
+        lines = await store.read_audit(SESSION, 0, 100)
+    finally:
+        await host.stop()
+
+    verify(lines)
+    assert store.appends > 2
+    on_record = [(r["what"], r["seq"]) for r in map(json.loads, lines)]
+    assert on_record == [
+        (what, seq)
+        for seq, what in enumerate(["chat/turnStarted", "chat/turnComplete"] * 3, start=1)
+    ]

@@ -68,6 +68,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -135,6 +136,9 @@ digest too."""
 ELIDED: Final = "elided"
 """The key of a record listing the paths of the values kept as a digest."""
 
+STOP_PATIENCE: Final = 5.0
+"""Seconds a stop goes on trying to write the records still queued while
+the store refuses them (Redis down): beyond, they are lost with the process."""
 AUDITED: Final = (
     ChatTurnStarted,
     ChatTurnComplete,
@@ -386,16 +390,28 @@ class AuditTrail:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def settled(self) -> None:
-        """Write every record queued so far (those the store refuses now
-        stay queued, logged)."""
+    async def settled(self, *, patience: float = 0.0) -> None:
+        """Write every record queued so far, trying again for up to
+        ``patience`` seconds while the store refuses (at a stop: what is
+        still queued then is lost with the process, logged)."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for session, chain in list(self._chains.items()):
-            if chain.queue:
-                try:
-                    await self._write_through(session, chain, chain.queue[-1])
-                except StoreError as error:
-                    log.error("audit of %s: %d records wait: %s", session, len(chain.queue), error)
+        until, pause = time.monotonic() + patience, 0.05
+        while True:
+            waiting = 0
+            for session, chain in list(self._chains.items()):
+                if chain.queue:
+                    try:
+                        await self._write_through(session, chain, chain.queue[-1])
+                    except StoreError as error:
+                        waiting += 1
+                        if time.monotonic() + pause >= until:
+                            log.error(
+                                "audit of %s: %d records wait: %s", session, len(chain.queue), error
+                            )
+            if not waiting or time.monotonic() + pause >= until:
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     async def _logged(self, write: Awaitable[None]) -> None:
         try:

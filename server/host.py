@@ -48,7 +48,7 @@ from reducers.chat import select_input_settlement
 from reducers.limits import SizeLimits, limit_problem
 from reducers.validation import reject_reason, working_directories_problem
 from server.aggregate import SessionAggregate
-from server.audit import GONE_RECORDS, AuditTrail, AuditValues
+from server.audit import GONE_RECORDS, STOP_PATIENCE, AuditTrail, AuditValues
 from server.auth import Identity
 from server.channels import Applied, ChannelCore, ChannelView, Hook, Validator
 from server.errors import ActionRejected, CommandError, StoreError
@@ -165,7 +165,7 @@ class Host:
 
     async def stop(self) -> None:
         await self.expiries.stop()
-        await self.audit.settled()
+        await self.audit.settled(patience=STOP_PATIENCE)
         self.aggregate.stop()
         await self.core.stop()
         self.waiters.abandon_all("the server is stopping")

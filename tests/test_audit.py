@@ -765,3 +765,32 @@ async def test_an_audit_record_whose_answer_was_lost_is_on_record_once() -> None
         (what, seq)
         for seq, what in enumerate(["chat/turnStarted", "chat/turnComplete"] * 3, start=1)
     ]
+
+
+class AuditDownAWhile(MemoryStore):
+    """A memory store whose audit refuses ``refusals`` writes (Redis down)."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+
+    async def append_audit(self, session: str, n: int, record: bytes) -> None:
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise StoreUnavailable("down")
+        await super().append_audit(session, n, record)
+
+
+async def test_a_stop_goes_on_writing_the_audit_while_the_store_is_down_a_moment() -> None:
+    # A SIGTERM while Redis was away: the records still queued were tried
+    # once and lost with the process.
+    store = AuditDownAWhile(refusals=4)
+    host = Host(store, agents=default_agents())
+    await host.start()
+    chat = await host.create_session(SESSION)
+    await host.dispatch(chat, TURN)
+    await host.stop()
+
+    assert store.refusals == 0
+    [record] = [json.loads(line) for line in await store.read_audit(SESSION, 0, 100)]
+    assert record["what"] == "chat/turnStarted"

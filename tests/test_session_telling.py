@@ -46,6 +46,15 @@ async def listed(host: Host, request_id: str) -> SessionState:
     return state
 
 
+async def asked_and_listed(host: Host) -> tuple[str, asyncio.Task[Any]]:
+    """The session's chat with a turn asking NOTE, once the session lists it."""
+    chat = await host.create_session(SESSION)
+    await start_turn(host, chat)
+    asking = asyncio.create_task(host.request_input(chat, NOTE))
+    await listed(host, "q")
+    return chat, asking
+
+
 class HeldAppend(MemoryStore):
     """A memory store whose first append of an action of type ``held``
     waits until released (``reached`` says it is waiting)."""
@@ -180,10 +189,7 @@ async def test_the_follow_ups_after_one_its_caller_gave_up_in_still_run() -> Non
     host = Host(MemoryStore(), agents=default_agents())
     await host.start()
     try:
-        chat = await host.create_session(SESSION)
-        await start_turn(host, chat)
-        asking = asyncio.create_task(host.request_input(chat, NOTE))
-        await listed(host, "q")
+        chat, asking = await asked_and_listed(host)
         host.add_hook(lambda event: slow(event) if event.uri == chat else None)
         completing = asyncio.create_task(
             host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
@@ -242,10 +248,7 @@ async def test_an_answer_whose_append_landed_unanswered_is_this_processs_all_the
     host = Host(store, agents=default_agents())
     await host.start()
     try:
-        chat = await host.create_session(SESSION)
-        await start_turn(host, chat)
-        asking = asyncio.create_task(host.request_input(chat, NOTE))
-        await listed(host, "q")
+        chat, asking = await asked_and_listed(host)
         answer = ChatInputCompleted(request_id="q", response="cancel")
         with pytest.raises(StoreUnavailable):
             await host.dispatch(chat, answer, sender=ALICE)

@@ -330,7 +330,10 @@ a session created: Commands.admit, after the permission check)."""
 def api(method: str, path: str, handler: Handler) -> Route:
     """The route ``method path``: authenticate, pay its cost (429 with
     ``Retry-After`` beyond the token's budget: :func:`over_budget`), then
-    map the server's errors to HTTP answers."""
+    map the server's errors to HTTP answers. A request cut off by the stop
+    (uvicorn cancels those still running after its graceful timeout) is
+    answered 503, try again, like one the store refused: what it did may
+    have landed, and a re-send with the same clientSeq says so."""
     cost = ROUTE_COSTS[path]
 
     async def endpoint(request: Request) -> Response:
@@ -344,6 +347,8 @@ def api(method: str, path: str, handler: Handler) -> Route:
             return over_budget(error)
         except (HuddleError, MalformedFrame) as error:
             return http_answer(error)
+        except asyncio.CancelledError:
+            return retry_after(_problem(503, "the server is stopping: try again"), 1)
 
     return Route(path, endpoint, methods=[method])
 

@@ -29,6 +29,7 @@ from protocol.codec import encode, to_builtins
 from server.config import Settings
 from tests.conftest import AGENT_TOKEN, UNIT, RecordReads, RunningServer, start_server, user_message
 from tests.edge import HttpReply, Peer, eventually, http
+from tests.test_session_telling import HeldAppend
 
 SESSION = "ahp-session:/http-1"
 
@@ -580,3 +581,24 @@ async def test_metrics_show_connections_and_actions_by_type(huddle: RunningServe
     assert "huddle_connections 1.0" in lines
     assert 'huddle_actions_accepted_total{type="chat/turnStarted"} 1.0' in lines
     assert 'huddle_actions_rejected_total{type="chat/turnStarted"} 1.0' in lines
+
+
+async def test_a_dispatch_cut_off_by_the_stop_is_answered_503_try_again() -> None:
+    # uvicorn cancels what still runs after its graceful timeout: the request
+    # was answered 500 with a CancelledError's traceback, whether or not the
+    # action had landed.
+    store = HeldAppend("chat/turnStarted")
+    huddle = await start_server(store=store)
+    huddle.uvicorn.config.timeout_graceful_shutdown = 0
+    chat = await new_session(huddle)
+    sending = asyncio.create_task(dispatch(huddle, chat, TURN))
+    async with asyncio.timeout(10 * UNIT):
+        await store.reached.wait()
+        huddle.uvicorn.should_exit = True
+        reply = await sending
+        store.release.set()
+        await huddle.task
+
+    assert reply.status == 503, reply
+    assert reply.headers["Retry-After"] == "1"
+    assert "try again" in reply.json()["error"]

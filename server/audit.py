@@ -136,9 +136,6 @@ digest too."""
 ELIDED: Final = "elided"
 """The key of a record listing the paths of the values kept as a digest."""
 
-STOP_PATIENCE: Final = 5.0
-"""Seconds a stop goes on trying to write the records still queued while
-the store refuses them (Redis down): beyond, they are lost with the process."""
 AUDITED: Final = (
     ChatTurnStarted,
     ChatTurnComplete,
@@ -390,25 +387,32 @@ class AuditTrail:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def settled(self, *, patience: float = 0.0) -> None:
-        """Write every record queued so far, trying again for up to
-        ``patience`` seconds while the store refuses (at a stop: what is
+    async def settled(self, *, until: float = 0.0) -> None:
+        """Write every record queued so far, trying again while the store
+        refuses up to ``until`` (``time.monotonic()``; at a stop: what is
         still queued then is lost with the process, logged)."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        until, pause = time.monotonic() + patience, 0.05
+        pause = 0.05
         while True:
+            # The sessions at once: a round costs one store timeout, not one
+            # per session (a stop with Redis hung would take minutes).
+            chains = [(session, chain) for session, chain in self._chains.items() if chain.queue]
+            tries = [
+                self._write_through(session, chain, chain.queue[-1]) for session, chain in chains
+            ]
+            outcomes = await asyncio.gather(*tries, return_exceptions=True)
+            last = time.monotonic() + pause >= until
             waiting = 0
-            for session, chain in list(self._chains.items()):
-                if chain.queue:
-                    try:
-                        await self._write_through(session, chain, chain.queue[-1])
-                    except StoreError as error:
-                        waiting += 1
-                        if time.monotonic() + pause >= until:
-                            log.error(
-                                "audit of %s: %d records wait: %s", session, len(chain.queue), error
-                            )
-            if not waiting or time.monotonic() + pause >= until:
+            for (session, chain), outcome in zip(chains, outcomes, strict=True):
+                if isinstance(outcome, StoreError):
+                    waiting += 1
+                    if last:
+                        log.error(
+                            "audit of %s: %d records wait: %s", session, len(chain.queue), outcome
+                        )
+                elif isinstance(outcome, BaseException):
+                    log.error("audit of %s could not be written", session, exc_info=outcome)
+            if not waiting or last:
                 return
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)

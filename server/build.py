@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from protocol.session import AgentInfo
 from server.config import Settings
-from server.host import Host
+from server.host import STOP_PATIENCE, Host
 from server.retention import Retention
 from server.runner.agent import Agent
 from server.runner.service import AgentService, agent_info
@@ -45,11 +45,17 @@ class Parts:
             self.retention.start()
 
     async def stop(self) -> None:
+        """Stop, in the order that lets what was begun finish (for up to
+        STOP_PATIENCE in all while the store refuses): the actions' follow-ups
+        while the runner still takes resumes, then the runner's own, then
+        the audit's records."""
+        until = time.monotonic() + STOP_PATIENCE
         if self.retention is not None:
             await self.retention.stop()
+        await self.host.quiesce(until)
         if self.service is not None:
-            await self.service.stop()
-        await self.host.stop()
+            await self.service.stop(until=until)
+        await self.host.stop(until=until)
         await self.store.close()
 
     @contextlib.asynccontextmanager

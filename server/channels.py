@@ -20,7 +20,9 @@ while the channel's lock is held. A hook observes; the work it needs to do
 in response (dispatching elsewhere, resuming a turn) it returns as an
 awaitable, which the core awaits after releasing the lock, in hook order:
 :meth:`ChannelCore.write` returns once the follow-ups of its own envelope
-(and of any other process's envelopes it caught up on first) are done.
+(and of any other process's envelopes it caught up on first) are done. They
+run in a task of the core's: a caller cancelled meanwhile leaves them
+running, and a stop waits for them (:meth:`ChannelCore.settle`).
 
 Callers see a channel as a :class:`ChannelView`: its state and seq at one
 moment, never the mutable record the core keeps.
@@ -225,6 +227,14 @@ class _Channel:
 FollowUps = list[Awaitable[None]]
 
 
+async def _run_in_order(follow_ups: FollowUps, what: str) -> None:
+    for follow_up in follow_ups:
+        try:
+            await follow_up
+        except Exception:
+            log.exception("side effect of %s failed", what)
+
+
 class ChannelCore(Listener):
     """The channels this process serves; see the module docstring. Call
     :meth:`start` before use and :meth:`stop` at the end."""
@@ -258,7 +268,7 @@ class ChannelCore(Listener):
         self._leaving: dict[str, asyncio.Task[None]] = {}
         """Evicted channels whose unwatch is under way: a load waits for it."""
         self._loading: dict[str, asyncio.Future[_Channel]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Future[None]] = set()
         self._stopped = False
         self._remove_listener: Callable[[], None] | None = None
 
@@ -282,39 +292,84 @@ class ChannelCore(Listener):
         for task in list(self._tasks):
             task.cancel()
 
-    def spawn(self, coro: Awaitable[None]) -> None:
+    def spawn(self, coro: Awaitable[None]) -> asyncio.Future[None] | None:
         """Run ``coro`` in the background; its failure is logged. Once
         stopped, nothing more starts (what a cancelled task hands on is
-        dropped)."""
+        dropped): None then."""
         if self._stopped:
             if inspect.iscoroutine(coro):
                 coro.close()
-            return
+            return None
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
+    def _task_done(self, task: asyncio.Future[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
             log.error("background task failed", exc_info=error)
 
     async def _await_all(self, follow_ups: FollowUps, what: str) -> None:
         """Await hooks' follow-ups in order; one that fails is logged and the
-        others still run. A caller cancelled meanwhile (a task cancelled at
-        a stop, uvicorn's graceful timeout) leaves the ones it had not
-        reached to run in the background, still in order: the audit's record
-        and the session's telling of an action applied are not the caller's
-        to drop. (The one it was awaiting is cancelled with it.)"""
-        for n, follow_up in enumerate(follow_ups):
+        others still run. They run in a task of the core's, which the caller
+        awaits shielded: a caller cancelled meanwhile (a task cancelled at a
+        stop, uvicorn's graceful timeout) leaves them running (the audit's
+        record and the session's telling of an action applied are not the
+        caller's to drop), and :meth:`settle` waits for them."""
+        if not follow_ups:
+            return
+        running = self.spawn(_run_in_order(follow_ups, what))
+        if running is None:  # stopped: nothing runs in the background any more
+            await _run_in_order(follow_ups, what)
+            return
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            return  # the caller is being cancelled: they run on without it
+        await asyncio.shield(running)
+
+    async def settle(self, until: float) -> None:
+        """At a stop, before the hooks' owners stop: an append of this
+        process whose answer was lost is read back (if the log holds it,
+        its hooks run as for a local action), then the follow-ups and other
+        background work still running are waited for; both while the store
+        refuses, up to ``until`` (``time.monotonic()``). What is still
+        running then is logged, and left to :meth:`stop`."""
+        pause = 0.05
+        while unsure := [ch for ch in self._channels.values() if ch.unsure is not None]:
             try:
-                await follow_up
-            except asyncio.CancelledError:
-                if rest := follow_ups[n + 1 :]:
-                    self.spawn(self._await_all(rest, what))
-                raise
-            except Exception:
-                log.exception("side effect of %s failed", what)
+                for ch in unsure:
+                    await self._read_back(ch)
+            except StoreError as error:
+                if time.monotonic() + pause >= until:
+                    log.error("%d appends whose answer was lost are unread: %s", len(unsure), error)
+                    break
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+        while self._tasks:
+            left = until - time.monotonic()
+            if left <= 0:
+                log.error("%d follow-ups are still running at the stop", len(self._tasks))
+                return
+            await asyncio.wait(list(self._tasks), timeout=left)
+
+    async def _read_back(self, ch: _Channel) -> None:
+        """Whether ``ch``'s unsure append landed: the log after what this
+        process holds is applied (its hooks run), and the append is known
+        not to have landed when the log holds nothing after it."""
+        follow_ups: FollowUps = []
+        try:
+            async with ch.lock:
+                if ch.unsure is not None:
+                    try:
+                        await self._catch_up(ch, follow_ups, behind=True)
+                    except StoreError:
+                        raise  # tried again while the stop waits
+                    except Exception:
+                        log.exception("could not read back %s", ch.uri)
+                    ch.unsure = None  # applied as ours, as another's, or never landed
+        finally:
+            await self._await_all(follow_ups, f"reading back {ch.uri}")
 
     # ─── Reading ─────────────────────────────────────────────────────────
 

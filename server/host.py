@@ -25,7 +25,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from msgspec.structs import replace
 
@@ -48,7 +48,7 @@ from reducers.chat import select_input_settlement
 from reducers.limits import SizeLimits, limit_problem
 from reducers.validation import reject_reason, working_directories_problem
 from server.aggregate import SessionAggregate
-from server.audit import GONE_RECORDS, STOP_PATIENCE, AuditTrail, AuditValues
+from server.audit import GONE_RECORDS, AuditTrail, AuditValues
 from server.auth import Identity
 from server.channels import Applied, ChannelCore, ChannelView, Hook, Validator
 from server.errors import ActionRejected, CommandError, StoreError
@@ -62,6 +62,11 @@ from server.waiters import InputOutcome, ToolDecision, Waiters
 
 __all__ = ["Host", "InputOutcome", "ToolDecision"]
 
+
+STOP_PATIENCE: Final = 5.0
+"""Seconds a stop goes on finishing what was begun (an action's follow-ups,
+a resume, the audit's records) while the store refuses it (Redis down):
+beyond, what is left is lost with the process, logged."""
 log = logging.getLogger("huddle.host")
 
 ANSWERS = (ChatInputAnswerChanged, ChatInputCompleted, ChatToolCallConfirmed)
@@ -163,9 +168,22 @@ class Host:
             if current.state.agents != self.agents:
                 await self.dispatch(ROOT_URI, RootAgentsChanged(agents=self.agents))
 
-    async def stop(self) -> None:
+    async def quiesce(self, until: float) -> None:
+        """The first part of a stop, while the runner still runs: no more
+        expiries fire, and what actions started finishes (their follow-ups,
+        an append whose answer was lost read back) up to ``until``
+        (``time.monotonic()``)."""
         await self.expiries.stop()
-        await self.audit.settled(patience=STOP_PATIENCE)
+        await self.core.settle(until)
+
+    async def stop(self, *, until: float | None = None) -> None:
+        """Stop; what is begun (follow-ups, the audit's records) may go on
+        while the store refuses up to ``until`` (``time.monotonic()``;
+        default: STOP_PATIENCE from now)."""
+        if until is None:
+            until = time.monotonic() + STOP_PATIENCE
+        await self.quiesce(until)
+        await self.audit.settled(until=until)
         self.aggregate.stop()
         await self.core.stop()
         self.waiters.abandon_all("the server is stopping")

@@ -794,3 +794,45 @@ async def test_a_stop_goes_on_writing_the_audit_while_the_store_is_down_a_moment
     assert store.refusals == 0
     [record] = [json.loads(line) for line in await store.read_audit(SESSION, 0, 100)]
     assert record["what"] == "chat/turnStarted"
+
+
+class AuditHung(MemoryStore):
+    """A memory store whose audit writes are refused while ``down``; once
+    ``hung`` is set, each write waits until ``hung`` of them wait at once
+    (Redis hung: each waits out its timeout), then fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down, self.hung, self.waiting = True, 0, 0
+        self.all_waiting = asyncio.Event()
+
+    async def append_audit(self, session: str, n: int, record: bytes) -> None:
+        if self.hung:
+            self.waiting += 1
+            if self.waiting >= self.hung:
+                self.all_waiting.set()
+            await self.all_waiting.wait()
+            raise StoreUnavailable("timed out")
+        if self.down:
+            raise StoreUnavailable("down")
+        await super().append_audit(session, n, record)
+
+
+async def test_a_stop_tries_every_sessions_audit_at_once() -> None:
+    # One after the other, a stop with Redis hung took a store timeout per
+    # session still waiting to be written: minutes, for a busy server.
+    store = AuditHung()
+    host = Host(store, agents=default_agents())
+    await host.start()
+    sessions = [f"ahp-session:/hung-{n}" for n in range(3)]
+    for session in sessions:
+        await host.dispatch(await host.create_session(session), TURN)
+    store.hung = len(sessions)
+    async with asyncio.timeout(2 * UNIT):
+        await host.audit.settled(until=time.monotonic())
+    store.hung, store.down = 0, False
+    await host.stop()
+
+    for session in sessions:
+        [record] = [json.loads(line) for line in await store.read_audit(session, 0, 100)]
+        assert record["what"] == "chat/turnStarted"

@@ -157,6 +157,21 @@ async def wait_until_open(host: Host, chat: str, request_id: str) -> None:
     await wait_until(host, chat, is_open)
 
 
+async def listed(host: Host, request_id: str, chat: str | None = None) -> SessionState:
+    """SESSION once its ``inputNeeded`` lists ``request_id`` (of ``chat``):
+    the session is told after the chat changed, not with it."""
+
+    def lists(state: Any) -> bool:
+        return any(
+            entry_key(e) == request_id and chat in (None, e.chat) for e in state.input_needed or []
+        )
+
+    await wait_until(host, SESSION, lists)
+    state = (await host.view(SESSION)).state
+    assert isinstance(state, SessionState)
+    return state
+
+
 async def wait_until(host: Host, uri: str, holds: Callable[[Any], bool]) -> None:
     """Wait until the channel's state, as ``host`` has it, ``holds``."""
     recorder = Recorder()
@@ -339,9 +354,12 @@ async def test_session_mirrors_open_requests_and_the_chat_status(host: Host) -> 
     await host.core.subscribe(ROOT_URI, root)
     await start_turn(host, chat)
     asking = asyncio.create_task(host.request_input(chat, NOTE))
-    await wait_until_open(host, chat, "q")
-    session = (await host.view(SESSION)).state
-    assert isinstance(session, SessionState)
+    await wait_until(
+        host,
+        SESSION,
+        lambda state: state.chats[0].status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED,
+    )
+    session = await listed(host, "q")
     assert [entry_key(r) for r in session.input_needed or []] == ["q"]
     assert session.status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
     assert session.chats[0].status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
@@ -351,10 +369,10 @@ async def test_session_mirrors_open_requests_and_the_chat_status(host: Host) -> 
 
     await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
     await asking
-    session = (await host.view(SESSION)).state
-    assert isinstance(session, SessionState)
-    assert session.input_needed is None
-    assert session.chats[0].status & ACTIVITY_MASK == SessionStatus.IN_PROGRESS
+    after = (await host.view(SESSION)).state
+    assert isinstance(after, SessionState)
+    assert after.input_needed is None
+    assert after.chats[0].status & ACTIVITY_MASK == SessionStatus.IN_PROGRESS
 
 
 def entry_key(entry: SessionInputRequest) -> str:
@@ -374,9 +392,7 @@ async def test_two_chats_asking_alike_are_two_entries_of_their_session(host: Hos
     for chat in (first, second):
         await start_turn(host, chat)
         asking.append(asyncio.create_task(host.request_input(chat, NOTE)))
-        await wait_until_open(host, chat, "q")
-    session = (await host.view(SESSION)).state
-    assert isinstance(session, SessionState)
+        session = await listed(host, "q", chat)
     assert sorted((r.chat, entry_key(r)) for r in session.input_needed or []) == sorted(
         [(first, "q"), (second, "q")]
     )
@@ -384,10 +400,10 @@ async def test_two_chats_asking_alike_are_two_entries_of_their_session(host: Hos
     await host.dispatch(first, ChatInputCompleted(request_id="q", response="cancel"))
     await asking[0]
 
-    session = (await host.view(SESSION)).state
-    assert isinstance(session, SessionState)
-    assert [(r.chat, entry_key(r)) for r in session.input_needed or []] == [(second, "q")]
-    assert session.status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
+    after = (await host.view(SESSION)).state
+    assert isinstance(after, SessionState)
+    assert [(r.chat, entry_key(r)) for r in after.input_needed or []] == [(second, "q")]
+    assert after.status & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
     asking[1].cancel()
 
 
@@ -399,13 +415,11 @@ async def test_a_process_new_to_a_chat_lists_its_requests_as_they_are(host: Host
     chat = await host.create_session(SESSION)
     await start_turn(host, chat)
     asking = asyncio.create_task(host.request_input(chat, NOTE))
-    await wait_until_open(host, chat, "q")
-    session = (await host.view(SESSION)).state
-    assert isinstance(session, SessionState)
+    session = await listed(host, "q")
     assert session.input_needed is not None
-    listed = session.input_needed[0]
-    await host.dispatch(SESSION, SessionInputNeededRemoved(id=listed.id))
-    await host.dispatch(SESSION, SessionInputNeededSet(request=replace(listed, id="q")))
+    entry = session.input_needed[0]
+    await host.dispatch(SESSION, SessionInputNeededRemoved(id=entry.id))
+    await host.dispatch(SESSION, SessionInputNeededSet(request=replace(entry, id="q")))
     host.aggregate.forget(chat)  # as after a restart
 
     draft = ChatInputAnswerChanged(
@@ -421,7 +435,7 @@ async def test_a_process_new_to_a_chat_lists_its_requests_as_they_are(host: Host
     settled = (await host.view(SESSION)).state
 
     assert isinstance(relisted, SessionState)
-    assert [e.id for e in relisted.input_needed or []] == [listed.id]
+    assert [e.id for e in relisted.input_needed or []] == [entry.id]
     assert isinstance(settled, SessionState)
     assert settled.input_needed is None
 

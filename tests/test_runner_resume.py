@@ -4,10 +4,13 @@ once, and never a terminal turn. A refused resume changes nothing saved."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from server.errors import StoreUnavailable
 from server.runner.agent import require_approval_for
+from server.runner.events import EventType, RunnerEvent
 from server.runner.runner import ResumeRejected, Runner
 from server.runner.store import MemoryTurnStore
 from server.runner.turn import (
@@ -214,3 +217,69 @@ async def test_a_late_answer_to_a_plain_text_question_never_resumes_the_next_one
     finished = await runner.resume("t1", answer)
     assert finished.status == TurnStatus.COMPLETED
     assert [m.content for m in conversations[-1] if m.role == "user"][-2:] == ["O-1001", "Monday"]
+
+
+class SavedUnanswered(MemoryTurnStore):
+    """A turn store that saves the first runnable turn and then fails as if
+    its answer had been lost on the way (a Redis reply timed out), and
+    refuses the next ``refusals`` loads (Redis still away)."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.lost, self.refusals = False, refusals
+
+    async def save_runnable(self, turn: Turn, now: float, *, started: Turn | None = None) -> Turn:
+        saved = await super().save_runnable(turn, now, started=started)
+        if not self.lost:
+            self.lost = True
+            raise StoreUnavailable("the store's answer was lost")
+        return saved
+
+    async def load(self, turn_id: str) -> Turn:
+        if self.lost and self.refusals > 0:
+            self.refusals -= 1
+            raise StoreUnavailable("still away")
+        return await super().load(turn_id)
+
+
+async def test_a_resume_saved_while_its_answer_was_lost_is_told_to_the_listeners() -> None:
+    # The turn resumed (a worker ran it on) but the audit, which listens for
+    # the runner's resumes, never heard of it: nothing says who approved.
+    store = SavedUnanswered(refusals=3)
+    runner, runs = await waiting_for_approval(store)
+    heard: list[RunnerEvent] = []
+    runner.listeners.append(heard.append)
+    with pytest.raises(StoreUnavailable):
+        await runner.submit_resume("t1", ResumeCommand.approve_tool("c1"))
+    await runner.settled(time.monotonic() + 10)
+
+    assert store.refusals == 0
+    [resumed] = [event for event in heard if event.type == EventType.TURN_RESUMED]
+    assert resumed.turn_id == "t1"
+    assert resumed.data["resume"].command == "TOOL_APPROVAL"
+    assert await Worker(runner).step()  # it was handed on all the same: it runs
+    assert runs.count("deploy") == 1
+
+
+class NotSaved(MemoryTurnStore):
+    """A turn store that refuses the first runnable save (Redis down)."""
+
+    refused = False
+
+    async def save_runnable(self, turn: Turn, now: float, *, started: Turn | None = None) -> Turn:
+        if not self.refused:
+            self.refused = True
+            raise StoreUnavailable("down")
+        return await super().save_runnable(turn, now, started=started)
+
+
+async def test_a_resume_whose_save_did_not_land_is_told_to_no_one() -> None:
+    runner, _ = await waiting_for_approval(NotSaved())
+    heard: list[RunnerEvent] = []
+    runner.listeners.append(heard.append)
+    with pytest.raises(StoreUnavailable):
+        await runner.submit_resume("t1", ResumeCommand.approve_tool("c1"))
+    await runner.settled(time.monotonic() + 10)
+
+    assert heard == []
+    assert (await runner.store.load("t1")).status == TurnStatus.WAITING_FOR_APPROVAL

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import time
 from typing import Any
 
 import pytest
@@ -27,23 +28,12 @@ from tests.test_host_api import (
     NOTE,
     SESSION,
     entry_key,
+    listed,
     start_turn,
     two_hosts,
     wait_until,
     wait_until_open,
 )
-
-
-async def listed(host: Host, request_id: str) -> SessionState:
-    """The session once its ``inputNeeded`` lists ``request_id``."""
-
-    def lists(state: Any) -> bool:
-        return request_id in [entry_key(e) for e in state.input_needed or []]
-
-    await wait_until(host, SESSION, lists)
-    state = (await host.view(SESSION)).state
-    assert isinstance(state, SessionState)
-    return state
 
 
 async def asked_and_listed(host: Host) -> tuple[str, asyncio.Task[Any]]:
@@ -95,8 +85,8 @@ async def test_an_answer_whose_telling_was_cancelled_is_unlisted_all_the_same() 
         await store.reached.wait()
         completing.cancel()
         await asyncio.gather(completing, return_exceptions=True)
+        store.release.set()
         await asking
-    store.release.set()
 
     other = InputRequest(id="q2", questions=[TextQuestion(id="x", message="More?")])
     asking_again = asyncio.create_task(host.request_input(chat, other))
@@ -205,6 +195,34 @@ async def test_the_follow_ups_after_one_its_caller_gave_up_in_still_run() -> Non
         await host.stop()
 
 
+async def test_the_follow_up_a_cancelled_caller_was_awaiting_runs_to_its_end() -> None:
+    # It was cancelled with its caller (a request cut off at a stop): an
+    # audit record it was writing, a resume it was saving, was lost.
+    reached, release, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def slow(_: Applied) -> None:
+        reached.set()
+        await release.wait()
+        finished.set()
+
+    host = Host(MemoryStore(), agents=default_agents())
+    await host.start()
+    try:
+        chat = await host.create_session(SESSION)
+        host.add_hook(lambda event: slow(event) if event.uri == chat else None)
+        starting = asyncio.create_task(start_turn(host, chat))
+        async with asyncio.timeout(2 * UNIT):
+            await reached.wait()
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            release.set()
+            await host.core.settle(time.monotonic() + 2 * UNIT)
+        assert finished.is_set()
+    finally:
+        release.set()
+        await host.stop()
+
+
 async def test_a_stopped_core_starts_nothing_that_a_cancelled_task_hands_on() -> None:
     # What a caller gave up on runs in the background, but not past a stop:
     # the store it would write to is closing.
@@ -261,5 +279,28 @@ async def test_an_answer_whose_append_landed_unanswered_is_this_processs_all_the
     finally:
         await host.stop()
 
+    answers = [r for r in records if r["what"] == "chat/inputCompleted"]
+    assert [r["who"]["name"] for r in answers] == ["alice"]
+
+
+async def test_an_answer_whose_append_landed_unanswered_is_audited_at_a_stop_right_after() -> None:
+    # The process stopped before a head check read the entry back: the
+    # restarted one takes it as another process's, and nobody audits it.
+    store = LostReply("chat/inputCompleted")
+    host = Host(store, agents=default_agents())
+    await host.start()
+    try:
+        chat = await host.create_session(SESSION)
+        await start_turn(host, chat)
+        asking = asyncio.create_task(host.request_input(chat, NOTE))
+        await listed(host, "q")
+        answer = ChatInputCompleted(request_id="q", response="cancel")
+        with pytest.raises(StoreUnavailable):
+            await host.dispatch(chat, answer, sender=ALICE)
+    finally:
+        await host.stop()
+
+    assert (await asking).response == "cancel"
+    records = [json.loads(line) for line in await store.read_audit(SESSION, 0, 100)]
     answers = [r for r in records if r["what"] == "chat/inputCompleted"]
     assert [r["who"]["name"] for r in answers] == ["alice"]

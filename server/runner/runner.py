@@ -55,7 +55,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from server.errors import HuddleError, StoreError
+from server.errors import HuddleError, StoreError, StoreUnavailable
 from server.runner import approvals, user_input
 from server.runner.agent import Agent, Outcome, Tool
 from server.runner.context import ToolContext, enter, leave
@@ -95,6 +95,10 @@ from server.runner.turn import (
 from server.runner.user_input import REQUEST_USER_INPUT as REQUEST_USER_INPUT
 
 log = logging.getLogger("huddle.runner")
+
+READ_BACK_SECONDS = 30.0
+"""How long a resume whose save's answer was lost is asked after while the
+store refuses (whether it landed: its listeners hear of it if it did)."""
 
 
 class _Stop(Exception):
@@ -282,14 +286,64 @@ class Runner:
                     saved = await self.store.save(turn)
             except VersionConflict:
                 continue  # someone else changed it: decide again on what is there now
-            self._emit(
-                EventType.TURN_RESUMED,
-                saved,
-                command=command.type.value,
-                chat=saved.chat,
-                resume=saved.audit[-1],
-            )
+            except StoreUnavailable:
+                # The save may have landed all the same (its answer lost):
+                # the turn then resumes, and its listeners must hear of it.
+                self._in_background(self._read_back(turn_id, turn.audit[-1], command))
+                raise
+            self._resumed(saved, turn.audit[-1], command)
             return saved
+
+    def _resumed(self, saved: Turn, mark: Audit, command: ResumeCommand) -> None:
+        self._emit(
+            EventType.TURN_RESUMED, saved, command=command.type.value, chat=saved.chat, resume=mark
+        )
+
+    async def _read_back(self, turn_id: str, mark: Audit, command: ResumeCommand) -> None:
+        """A resume whose save's answer was lost: its listeners hear of it
+        once the turn shows it saved (its ``mark`` in the turn's record),
+        asked again while the store refuses, for up to READ_BACK_SECONDS
+        (or until :meth:`settled` at a stop)."""
+        until, pause = time.monotonic() + READ_BACK_SECONDS, 0.05
+        while True:
+            try:
+                turn = await self.store.load(turn_id)
+                break
+            except StoreUnavailable as error:
+                if time.monotonic() + pause >= until:
+                    log.warning("whether %s's resume was saved is unknown: %s", turn_id, error)
+                    return
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+            except HuddleError as error:
+                log.warning("could not read back %s's resume: %s", turn_id, error)
+                return
+        if mark in turn.audit:
+            self._resumed(turn, mark, command)
+
+    def _in_background(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Future[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("the runner's background work failed", exc_info=error)
+
+    async def settled(self, until: float) -> None:
+        """At a stop: what the runner does in the background (a resume's
+        save read back, a tool's progress told) may finish up to ``until``
+        (``time.monotonic()``); what is left then is cancelled, logged."""
+        if not self._background:
+            return
+        _, left = await asyncio.wait(
+            list(self._background), timeout=max(0.0, until - time.monotonic())
+        )
+        if left:
+            log.error("%d of the runner's background tasks cut off at the stop", len(left))
+        for task in left:
+            task.cancel()
 
     def _check_resume(self, turn: Turn, command: ResumeCommand) -> None:
         def refuse(reason: str, errors: list[str] | None = None) -> None:
@@ -732,13 +786,11 @@ class Runner:
         cancelled: asyncio.Event,
     ) -> str:
         call = pending.call
-        port, loop = self.port, asyncio.get_running_loop()
+        port = self.port
 
         def progress(message: str, data: dict[str, Any]) -> None:
             self._emit(EventType.TOOL_PROGRESS, turn, call_id=call.id, message=message)
-            task = loop.create_task(port.tool_progress(turn, call, message, data))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._in_background(port.tool_progress(turn, call, message, data))
 
         context = ToolContext(
             turn_id=turn.id,

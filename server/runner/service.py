@@ -79,10 +79,13 @@ class AgentService:
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(worker.run()) for worker in self.workers]
 
-    async def stop(self) -> None:
+    async def stop(self, *, until: float | None = None) -> None:
+        """Stop the workers; a resume whose save's answer was lost is read
+        back up to ``until`` (``time.monotonic()``; default: no waiting)."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.runner.settled(time.monotonic() if until is None else until)
         await self.store.close()

@@ -349,7 +349,7 @@ class ChannelCore(Listener):
         while self._tasks:
             left = until - time.monotonic()
             if left <= 0:
-                log.error("%d follow-ups are still running at the stop", len(self._tasks))
+                log.error("%d follow-ups and catch-ups still run at the stop", len(self._tasks))
                 return
             await asyncio.wait(list(self._tasks), timeout=left)
 

@@ -274,6 +274,8 @@ class CreateSessionParams(Wire, frozen=True, kw_only=True):
     config: JsonObject | None = None
     active_client: ActiveClient | None = None
     title: str | None = None
+    fork: JsonObject | None = None
+    """Kept only to be refused: Huddle forks no session."""
 
 
 class CreateChatParams(Wire, frozen=True, kw_only=True):
@@ -284,6 +286,10 @@ class CreateChatParams(Wire, frozen=True, kw_only=True):
     initial_message: Message | None = None
     working_directories: list[URI] | None = None
     title: str | None = None
+    source: JsonObject | None = None
+    """Kept only to be refused: no agent Huddle serves advertises
+    ``multipleChats.fork`` or ``sideChat``, and AHP has the host reject an
+    unsupported source."""
 
 
 class ListSessionsParams(Wire, frozen=True, kw_only=True):

@@ -514,6 +514,12 @@ class Rpc:
         return title if TITLES in self.extensions else None
 
     async def _create_session(self, params: CreateSessionParams) -> None:
+        if params.fork is not None:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                "forking a session is not supported: leave fork out",
+                "$.params.fork",
+            )
         joining = params.active_client
         if joining is not None:
             if joining.client_id != self.client_id:
@@ -543,6 +549,13 @@ class Rpc:
         await self.commands.dispose_session(self.grant, params.channel)
 
     async def _create_chat(self, params: CreateChatParams) -> None:
+        if params.source is not None:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                "a chat's source (fork, sideChat) is not supported: the agents do not "
+                "advertise multipleChats.fork or sideChat",
+                "$.params.source",
+            )
         await self.commands.create_chat(
             self.grant,
             params.channel,

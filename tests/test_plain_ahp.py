@@ -238,6 +238,8 @@ async def test_create_session_takes_its_working_directories_and_active_client(
     [
         ({"activeClient": {"clientId": "someone-else", "tools": []}}, "activeClient.clientId"),
         ({"workingDirectories": ["file:///" + "x" * 2000]}, "workingDirectories"),
+        # Forking is not supported: a fork made an empty session, silently.
+        ({"fork": {"session": "ahp-session:/other", "turnId": "t1"}}, "fork"),
     ],
 )
 async def test_create_session_refuses_what_its_actions_would_and_creates_nothing(
@@ -251,6 +253,31 @@ async def test_create_session_refuses_what_its_actions_would_and_creates_nothing
     assert refused["error"]["code"] == -32602
     assert refused["error"]["data"]["path"] == f"$.params.{field}"
     assert listed["result"]["items"] == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"kind": "fork", "chat": "ahp-chat:/main", "turnId": "t1"},
+        {"kind": "sideChat", "chat": "ahp-chat:/main", "turnId": "t1"},
+    ],
+)
+async def test_a_chat_from_a_source_is_refused_as_the_agents_advertise_none(
+    huddle: RunningServer, source: Frame
+) -> None:
+    # AHP: the host MUST reject a source its agent does not advertise
+    # (multipleChats.fork, .sideChat); Huddle made an empty chat instead.
+    peer = await Peer.ready(huddle.ws, huddle.token(name="Lee"), "lee-1", extensions=())
+    await peer.request("createSession", {"channel": SESSION})
+
+    refused = await peer.request(
+        "createChat", {"channel": SESSION, "chat": "ahp-chat:/forked", "source": source}
+    )
+    state = (await peer.subscribe(SESSION))["state"]
+
+    assert refused["error"]["code"] == -32602
+    assert refused["error"]["data"]["path"] == "$.params.source"
+    assert "ahp-chat:/forked" not in [chat["resource"] for chat in state["chats"]]
 
 
 async def test_a_plain_client_gets_no_title_window_or_page_it_did_not_ask_for(

@@ -417,6 +417,11 @@ class AuditTrail:
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
 
+    def unwritten(self) -> int:
+        """How many records are queued and not written (at the end of a
+        stop: lost with the process)."""
+        return sum(len(chain.queue) for chain in self._chains.values())
+
     async def _logged(self, write: Awaitable[None]) -> None:
         try:
             await write

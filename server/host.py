@@ -186,6 +186,8 @@ class Host:
         await self.audit.settled(until=until)
         self.aggregate.stop()
         await self.core.stop()
+        if lost := self.audit.unwritten():
+            log.error("audit: %d records lost with the process", lost)
         self.waiters.abandon_all("the server is stopping")
 
     # ─── Channels ────────────────────────────────────────────────────────

@@ -836,3 +836,16 @@ async def test_a_stop_tries_every_sessions_audit_at_once() -> None:
     for session in sessions:
         [record] = [json.loads(line) for line in await store.read_audit(session, 0, 100)]
         assert record["what"] == "chat/turnStarted"
+
+
+async def test_records_a_stop_could_not_write_are_logged_as_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = AuditDownAWhile(refusals=1_000_000)
+    host = Host(store, agents=default_agents())
+    await host.start()
+    await host.dispatch(await host.create_session(SESSION), TURN)
+    await host.stop(until=time.monotonic())
+
+    assert "audit: 1 records lost with the process" in caplog.text
+    assert await store.read_audit(SESSION, 0, 100) == []

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -88,6 +89,10 @@ INPUT_NEEDED_BYTES = 256 << 10
 request and pending tool call of every chat in full (AHP), so an agent or
 an MCP server asking large questions in many chats made the session too
 large to load. Beyond, an entry is not listed there (its chat holds it)."""
+RETELL_AFTER = 1.0
+"""Seconds after which a change the store refused to tell is told again."""
+RETELL_FOR = 60.0
+"""Seconds a change is told again while the store refuses; then dropped."""
 RECHECK_FOR = 10.0
 """Seconds after this process last told a chat's session something during
 which another process's change of the chat makes it check the session
@@ -109,6 +114,8 @@ class _Told:
     check: bool = False
     """Not a change of this process's: the session checked against the chat
     (:meth:`SessionAggregate._corrections`)."""
+    failed_at: float | None = None
+    """When telling it first failed on the store (``time.monotonic()``)."""
 
 
 class SessionAggregate:
@@ -141,6 +148,8 @@ class SessionAggregate:
         (monotonic)."""
         self._checking: set[str] = set()
         """Chats whose session has a check queued."""
+        self._retelling: set[str] = set()
+        """Chats whose queue waits to be told again (the store refused it)."""
         self._listed: tuple[float, list[SessionSummary]] | None = None
         """The sessions list as last read, and until when it is served."""
         self._listing = asyncio.Lock()
@@ -231,6 +240,11 @@ class SessionAggregate:
                 except asyncio.CancelledError:
                     self.core.spawn(self._send(chat))
                     raise
+                except StoreError as error:
+                    # Redis away: told again, in order, once it may be back
+                    # (dropped, an answered request stayed listed for good).
+                    if self._retell_later(chat, last, error):
+                        return
                 except Exception:
                     log.exception("%s: its session was not told of a change", chat)
                 queue.pop(0)
@@ -239,6 +253,31 @@ class SessionAggregate:
             view = self.core.cached(chat)
             if last and not last.check and view is not None and view.state is not last.state:
                 await self._tell(chat, _Told(last.session, last.state, [], False, check=True))
+
+    def _retell_later(self, chat: str, told: _Told, error: StoreError) -> bool:
+        """Keep ``told``, the first of the chat's queue, to be told again in
+        RETELL_AFTER seconds (True), as the chat's entries brought in line
+        with the session's (a part of it may have landed); after RETELL_FOR
+        seconds of failures it is dropped (False), logged."""
+        now = time.monotonic()
+        failed_at = told.failed_at if told.failed_at is not None else now
+        if now - failed_at >= RETELL_FOR:
+            log.error("%s: its session was not told of a change: %s", chat, error)
+            return False
+        queue = self._pending.get(chat)
+        if queue and queue[0] is told:
+            queue[0] = dataclasses.replace(told, anew=not told.check, failed_at=failed_at)
+        if chat not in self._retelling:
+            self._retelling.add(chat)
+            self.core.spawn(self._retell(chat))
+        return True
+
+    async def _retell(self, chat: str) -> None:
+        try:
+            await asyncio.sleep(RETELL_AFTER)
+        finally:
+            self._retelling.discard(chat)
+        await self._send(chat)
 
     async def _tell(self, chat: str, told: _Told) -> None:
         actions = told.actions

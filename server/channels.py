@@ -337,12 +337,19 @@ class ChannelCore(Listener):
         running then is logged, and left to :meth:`stop`."""
         pause = 0.05
         while unsure := [ch for ch in self._channels.values() if ch.unsure is not None]:
+            left = until - time.monotonic()
             try:
-                for ch in unsure:
-                    await self._read_back(ch)
-            except StoreError as error:
+                if left <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(left):  # the channels at once, within the time left
+                    await asyncio.gather(*(self._read_back(ch) for ch in unsure))
+            except (StoreError, TimeoutError) as error:
                 if time.monotonic() + pause >= until:
-                    log.error("%d appends whose answer was lost are unread: %s", len(unsure), error)
+                    log.error(
+                        "%d appends whose answer was lost are unread: %s",
+                        len(unsure),
+                        error or "time",
+                    )
                     break
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)

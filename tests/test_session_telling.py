@@ -304,3 +304,66 @@ async def test_an_answer_whose_append_landed_unanswered_is_audited_at_a_stop_rig
     records = [json.loads(line) for line in await store.read_audit(SESSION, 0, 100)]
     answers = [r for r in records if r["what"] == "chat/inputCompleted"]
     assert [r["who"]["name"] for r in answers] == ["alice"]
+
+
+class SessionDownAWhile(MemoryStore):
+    """A memory store that refuses the first ``refusals`` appends of an
+    action of type ``refused`` (Redis away a moment)."""
+
+    def __init__(self, refused: str, refusals: int) -> None:
+        super().__init__()
+        self.tag = f'"{refused}"'.encode()
+        self.refusals = refusals
+
+    async def append(
+        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+    ) -> None:
+        if self.refusals > 0 and self.tag in envelope:
+            self.refusals -= 1
+            raise StoreUnavailable("down")
+        await super().append(channel, expected_seq, envelope, origin)
+
+
+async def test_an_answer_whose_telling_the_store_refused_is_told_again() -> None:
+    # Redis away a moment as the session was told of the answer: the telling
+    # was dropped, and the answered request stayed listed until the chat
+    # changed again (after a restart, for as long as the turn waited on).
+    store = SessionDownAWhile("session/inputNeededRemoved", refusals=1)
+    host = Host(store, agents=default_agents())
+    await host.start()
+    try:
+        chat, asking = await asked_and_listed(host)
+        await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+        await asking
+        await wait_until(host, SESSION, lambda state: not state.input_needed)
+    finally:
+        await host.stop()
+
+    assert store.refusals == 0
+
+
+class LostReplyThenHung(LostReply):
+    """LostReply, whose log reads then hang until ``release`` (Redis hung)."""
+
+    def __init__(self, lost: str) -> None:
+        super().__init__(lost)
+        self.release = asyncio.Event()
+
+    async def read_log(self, channel: str, after_seq: int, epoch: str) -> list[bytes] | None:
+        if self.lost:
+            await self.release.wait()
+        return await super().read_log(channel, after_seq, epoch)
+
+
+async def test_a_stop_reads_back_no_longer_than_its_time() -> None:
+    # Each read back could wait out a store timeout past the stop's time.
+    store = LostReplyThenHung("chat/turnStarted")
+    host = Host(store, agents=default_agents())
+    await host.start()
+    chat = await host.create_session(SESSION)
+    with pytest.raises(StoreUnavailable):
+        await start_turn(host, chat)
+    async with asyncio.timeout(2 * UNIT):
+        await host.core.settle(time.monotonic() + 0.1)
+    store.release.set()
+    await host.stop()

@@ -149,6 +149,8 @@ class SessionAggregate:
         self._checking: set[str] = set()
         """Chats whose session has a check queued."""
         self._retelling: set[str] = set()
+        self._verified: Lru[str, bool] = Lru(CACHED)
+        """Chats checked against their session when it was subscribed."""
         """Chats whose queue waits to be told again (the store refused it)."""
         self._listed: tuple[float, list[SessionSummary]] | None = None
         """The sessions list as last read, and until when it is served."""
@@ -294,6 +296,28 @@ class SessionAggregate:
             self._told.put(chat, time.monotonic())
             with contextlib.suppress(ChannelGone):
                 await self.dispatch(told.session, action)
+
+    def check_listing(self, session: str, state: SessionState) -> None:
+        """Someone subscribed to ``session``: each chat its ``inputNeeded``
+        lists that this process does not follow (it started since) is
+        checked against the session once, in the background. A stop with
+        the store down left an answered request listed (its unlisting
+        untold) until the chat changed again."""
+        for chat in {entry.chat for entry in state.input_needed or []}:
+            if self._shadows.get(chat) is None and self._verified.get(chat) is None:
+                self._verified.put(chat, True)
+                self.core.spawn(self._verify(session, chat))
+
+    async def _verify(self, session: str, chat: str) -> None:
+        try:
+            state = (await self.core.view(chat)).state
+        except (ChannelGone, StoreError):
+            return
+        if not isinstance(state, ChatState) or chat in self._checking:
+            return
+        self._checking.add(chat)
+        self._pending.setdefault(chat, []).append(_Told(session, state, [], False, check=True))
+        await self._send(chat)
 
     def _check_later(self, chat: str, state: ChatState) -> None:
         """After another process's change of a chat whose session this

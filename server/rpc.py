@@ -66,6 +66,7 @@ from protocol.messages import (
     SubscribeResult,
 )
 from protocol.rejections import Rejection, RejectionCode
+from protocol.session import SessionState
 from protocol.uris import ROOT_URI
 from server import presence
 from server.auth import Grant
@@ -453,6 +454,8 @@ class Rpc:
         except ChannelGone:
             raise not_found(uri) from None
         self.add_subscription(uri)
+        if isinstance(snapshot.state, SessionState):
+            self.host.aggregate.check_listing(uri, snapshot.state)
         return self.fitted(snapshot, turns, share)
 
     def fitted(self, snapshot: Snapshot, turns: int | None = None, share: int = 1) -> Snapshot:

@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 
-from protocol.actions import ChatDraftChanged, ChatInputCompleted, ChatTurnComplete
+from protocol.actions import (
+    ChatDraftChanged,
+    ChatInputCompleted,
+    ChatTurnComplete,
+    SessionInputNeededSet,
+)
 from protocol.chat import ChatState, InputRequest, TextQuestion
 from protocol.session import SessionState
 from protocol.status import ACTIVITY_MASK, SessionStatus
@@ -22,7 +27,7 @@ from server.channels import Applied
 from server.errors import StoreUnavailable
 from server.host import Host
 from server.store.memory import MemoryStore
-from tests.conftest import UNIT, user_message
+from tests.conftest import UNIT, RunningServer, user_message
 from tests.test_host_api import (
     ALICE,
     NOTE,
@@ -367,3 +372,26 @@ async def test_a_stop_reads_back_no_longer_than_its_time() -> None:
         await host.core.settle(time.monotonic() + 0.1)
     store.release.set()
     await host.stop()
+
+
+async def test_a_session_subscribed_to_unlists_what_its_chats_settled(
+    huddle: RunningServer,
+) -> None:
+    # A stop with the store down throughout left an answered request listed
+    # (its unlisting untold, the retries gone with the process); the next
+    # process listed it until the chat changed again, which a turn waiting
+    # on people may not do for long.
+    host = huddle.server.host
+    chat, asking = await asked_and_listed(host)
+    entry = (await listed(host, "q")).input_needed or []
+    await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+    await asking
+    await wait_until(host, SESSION, lambda state: not state.input_needed)
+    await host.dispatch(SESSION, SessionInputNeededSet(request=entry[0]))  # left listed
+    host.aggregate.forget(chat)  # a process that started since
+
+    person = await huddle.client(sessions=[SESSION])
+    mirror = await person.subscribe(SESSION)
+
+    async with asyncio.timeout(2 * UNIT):
+        await mirror.wait_for(lambda state: not getattr(state, "input_needed", None))

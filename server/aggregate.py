@@ -299,11 +299,13 @@ class SessionAggregate:
 
     def check_listing(self, session: str, state: SessionState) -> None:
         """Someone subscribed to ``session``: each chat its ``inputNeeded``
-        lists that this process does not follow (it started since) is
-        checked against the session once, in the background. A stop with
-        the store down left an answered request listed (its unlisting
-        untold) until the chat changed again."""
-        for chat in {entry.chat for entry in state.input_needed or []}:
+        lists or its catalog shows at work, that this process does not
+        follow (it started since), is checked against the session once, in
+        the background (:meth:`_corrections`). A stop with the store down
+        left an answered request listed (its unlisting untold), or an open
+        one unlisted, until the chat changed again."""
+        active = {c.resource for c in state.chats if c.status & SessionStatus.IN_PROGRESS}
+        for chat in active | {entry.chat for entry in state.input_needed or []}:
             if self._shadows.get(chat) is None and self._verified.get(chat) is None:
                 self._verified.put(chat, True)
                 self.core.spawn(self._verify(session, chat))
@@ -360,8 +362,9 @@ class SessionAggregate:
         """What the session, as this process has it, lists or says of the
         chat that the chat, as this process has it, shows is out of date:
         entries of requests and tool calls settled (never one the chat does
-        not hold: another process may have just opened it), and summary
-        fields that differ."""
+        not hold: another process may have just opened it), entries of open
+        ones missing (their listing was lost: a stop with the store down),
+        and summary fields that differ."""
         chat_view, session_view = self.core.cached(chat), self.core.cached(session)
         if chat_view is None or session_view is None:
             return []
@@ -372,6 +375,11 @@ class SessionAggregate:
         actions: list[SessionAction] = [
             SessionInputNeededRemoved(id=entry_id)
             for entry_id in select_settled_entries(latest, listed)
+        ]
+        actions += [
+            SessionInputNeededSet(request=entry)
+            for entry_id, entry in select_input_needed(latest).items()
+            if entry_id not in listed
         ]
         entry = next((c for c in state.chats if c.resource == chat), None)
         changes = catalog_changes(entry, latest) if entry is not None else {}

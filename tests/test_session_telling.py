@@ -16,6 +16,7 @@ from protocol.actions import (
     ChatDraftChanged,
     ChatInputCompleted,
     ChatTurnComplete,
+    SessionInputNeededRemoved,
     SessionInputNeededSet,
 )
 from protocol.chat import ChatState, InputRequest, TextQuestion
@@ -395,3 +396,43 @@ async def test_a_session_subscribed_to_unlists_what_its_chats_settled(
 
     async with asyncio.timeout(2 * UNIT):
         await mirror.wait_for(lambda state: not getattr(state, "input_needed", None))
+
+
+async def test_a_session_subscribed_to_lists_what_its_chats_hold_open(
+    huddle: RunningServer,
+) -> None:
+    # The other way round: the listing of a request was lost at such a stop,
+    # and the open request stayed unlisted until it was answered.
+    host = huddle.server.host
+    chat, asking = await asked_and_listed(host)
+    [entry] = (await listed(host, "q")).input_needed or []
+    await host.dispatch(SESSION, SessionInputNeededRemoved(id=entry.id))  # its listing lost
+    host.aggregate.forget(chat)  # a process that started since
+
+    person = await huddle.client(sessions=[SESSION])
+    mirror = await person.subscribe(SESSION)
+
+    async with asyncio.timeout(2 * UNIT):
+        await mirror.wait_for(lambda state: bool(getattr(state, "input_needed", None)))
+    asking.cancel()
+    await asyncio.gather(asking, return_exceptions=True)
+
+
+async def test_an_unwatched_chats_append_whose_answer_was_lost_is_read_back() -> None:
+    # The head check looked only at channels with subscribers or pins: a
+    # chat written over HTTP alone kept its landed append unread (not
+    # audited, its session not told) until the process stopped.
+    store = LostReply("chat/turnStarted")
+    host = Host(store, agents=default_agents())
+    await host.start()
+    try:
+        chat = await host.create_session(SESSION)
+        with pytest.raises(StoreUnavailable):
+            await start_turn(host, chat)
+        await host.core.check_heads()  # as the next head check would
+        await host.audit.settled()
+        records = [json.loads(line) for line in await store.read_audit(SESSION, 0, 100)]
+    finally:
+        await host.stop()
+
+    assert [r["what"] for r in records] == ["chat/turnStarted"]

@@ -734,10 +734,12 @@ class ChannelCore(Listener):
 
     async def check_heads(self, *, idle: bool = False) -> None:
         """Catch up every channel served here (with subscribers, or pinned)
-        that is behind the store (or whose log changed its epoch: then
-        subscribers start over); with ``idle``, the channels held here
-        unserved too."""
-        watched = [uri for uri, ch in self._channels.items() if idle or ch.served]
+        or holding an append whose answer was lost, that is behind the
+        store (or whose log changed its epoch: then subscribers start over);
+        with ``idle``, the channels held here unserved too."""
+        watched = [
+            uri for uri, ch in self._channels.items() if idle or ch.served or ch.unsure is not None
+        ]
         if not watched:
             return
         heads = await self.store.heads(watched)

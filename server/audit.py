@@ -114,6 +114,9 @@ PAGE: Final = 500
 MAX_QUEUED: Final = 10_000
 """Records of one session waiting for the store, at most (more are
 dropped, and logged: the store is down or far behind)."""
+RETRY_AFTER: Final = 1.0
+"""Seconds after the store refused a session's records before they are
+tried again (when no other record of the session comes first)."""
 MAX_ATTEMPTS: Final = 16
 GONE_RECORDS: Final = "audit-of-gone"
 RESERVED_SHARE: Final = 10
@@ -326,6 +329,8 @@ class AuditTrail:
         self._truncations: Lru[str, int] = Lru(4096)
         self.max_bytes = max_bytes
         self._tasks: set[asyncio.Task[None]] = set()
+        self._retrying: dict[str, asyncio.Task[None]] = {}
+        """Each session whose queue the store refused: its retry."""
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
         action = event.action
@@ -392,6 +397,9 @@ class AuditTrail:
         refuses up to ``until`` (``time.monotonic()``; at a stop: what is
         still queued then is lost with the process, logged)."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for retry in list(self._retrying.values()):
+            retry.cancel()  # the rounds below take over
+        await asyncio.gather(*self._retrying.values(), return_exceptions=True)
         pause = 0.05
         while True:
             # The sessions at once: a round costs one store timeout, not one
@@ -416,6 +424,11 @@ class AuditTrail:
                 return
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+    def stop(self) -> None:
+        """No more retries (after the stop's :meth:`settled`)."""
+        for retry in self._retrying.values():
+            retry.cancel()
 
     def unwritten(self) -> int:
         """How many records are queued and not written (at the end of a
@@ -455,7 +468,10 @@ class AuditTrail:
                 try:
                     await self._append(session, pending)
                 except StoreError:
-                    raise  # it stays first in line: the next write tries again
+                    # It stays first in line: the next write tries again, or,
+                    # when none comes, a retry a moment later.
+                    self._retry_later(session)
+                    raise
                 except Exception:
                     log.exception("audit of %s: a record that cannot be written", session)
                 chain.queue.popleft()
@@ -463,6 +479,26 @@ class AuditTrail:
             if not chain.queue and self._chains.get(session) is chain:
                 del self._chains[session]
         await mine.done
+
+    def _retry_later(self, session: str) -> None:
+        if session not in self._retrying:
+            self._retrying[session] = asyncio.get_running_loop().create_task(self._retry(session))
+
+    async def _retry(self, session: str) -> None:
+        """Write the session's queue once the store takes it again, asked
+        RETRY_AFTER seconds after a refusal, then less often (every 10 s at
+        most), for as long as the process runs; a stop takes over."""
+        pause = RETRY_AFTER
+        try:
+            while (chain := self._chains.get(session)) is not None and chain.queue:
+                await asyncio.sleep(pause)
+                try:
+                    await self._write_through(session, chain, chain.queue[-1])
+                except StoreError:
+                    pause = min(pause * 2, 10.0)
+        finally:
+            if self._retrying.get(session) is asyncio.current_task():
+                del self._retrying[session]
 
     async def _append(self, session: str, pending: _Pending) -> None:
         body = bounded(await self._redacted(pending))

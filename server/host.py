@@ -185,6 +185,7 @@ class Host:
             until = time.monotonic() + STOP_PATIENCE
         await self.quiesce(until)
         await self.audit.settled(until=until)
+        self.audit.stop()
         self.aggregate.stop()
         await self.core.stop()
         if lost := self.audit.unwritten():

@@ -849,3 +849,32 @@ async def test_records_a_stop_could_not_write_are_logged_as_lost(
 
     assert "audit: 1 records lost with the process" in caplog.text
     assert await store.read_audit(SESSION, 0, 100) == []
+
+
+class AuditWritten(AuditDownAWhile):
+    """AuditDownAWhile that says when a record is in."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__(refusals)
+        self.written = asyncio.Event()
+
+    async def append_audit(self, session: str, n: int, record: bytes) -> None:
+        await super().append_audit(session, n, record)
+        self.written.set()
+
+
+async def test_a_record_the_store_refused_is_written_without_waiting_for_the_next() -> None:
+    # It waited for the session's next record (or the stop): a session whose
+    # last decision met a Redis blip had it off the record for as long.
+    store = AuditWritten(refusals=1)
+    host = Host(store, agents=default_agents())
+    await host.start()
+    try:
+        await host.dispatch(await host.create_session(SESSION), TURN)
+        async with asyncio.timeout(10 * UNIT):
+            await store.written.wait()
+        [record] = [json.loads(line) for line in await store.read_audit(SESSION, 0, 100)]
+    finally:
+        await host.stop()
+
+    assert record["what"] == "chat/turnStarted"

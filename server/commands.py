@@ -202,9 +202,12 @@ class Commands:
     async def snapshot(self, grant: Grant, uri: str) -> ChannelView:
         await self.reach(grant, uri)
         try:
-            return await self.host.view(uri)
+            view = await self.host.view(uri)
         except ChannelGone:
             raise not_found(uri) from None
+        if isinstance(view.state, SessionState):  # read, as a subscribe reads it
+            self.host.aggregate.check_listing(uri, view.state)
+        return view
 
     # ─── Sessions and chats ──────────────────────────────────────────────
 

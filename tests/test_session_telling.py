@@ -29,6 +29,7 @@ from server.errors import StoreUnavailable
 from server.host import Host
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, RunningServer, user_message
+from tests.edge import http
 from tests.test_host_api import (
     ALICE,
     NOTE,
@@ -436,3 +437,23 @@ async def test_an_unwatched_chats_append_whose_answer_was_lost_is_read_back() ->
         await host.stop()
 
     assert [r["what"] for r in records] == ["chat/turnStarted"]
+
+
+async def test_a_session_read_over_http_unlists_what_its_chats_settled(
+    huddle: RunningServer,
+) -> None:
+    # As a subscribe does: HTTP clients read sessions with /api/snapshot.
+    host = huddle.server.host
+    chat, asking = await asked_and_listed(host)
+    [entry] = (await listed(host, "q")).input_needed or []
+    await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+    await asking
+    await wait_until(host, SESSION, lambda state: not state.input_needed)
+    await host.dispatch(SESSION, SessionInputNeededSet(request=entry))  # left listed
+    host.aggregate.forget(chat)  # a process that started since
+
+    url = f"{huddle.http}/api/snapshot?channel={SESSION}"
+    reply = await http("GET", url, token=huddle.token(sessions=[SESSION]))
+
+    assert reply.status == 200
+    await wait_until(host, SESSION, lambda state: not state.input_needed)

@@ -149,9 +149,9 @@ class SessionAggregate:
         self._checking: set[str] = set()
         """Chats whose session has a check queued."""
         self._retelling: set[str] = set()
-        self._verified: Lru[str, bool] = Lru(CACHED)
-        """Chats checked against their session when it was subscribed."""
         """Chats whose queue waits to be told again (the store refused it)."""
+        self._verified: Lru[str, bool] = Lru(CACHED)
+        """Chats checked against their session when it was subscribed or read."""
         self._listed: tuple[float, list[SessionSummary]] | None = None
         """The sessions list as last read, and until when it is served."""
         self._listing = asyncio.Lock()
@@ -298,12 +298,12 @@ class SessionAggregate:
                 await self.dispatch(told.session, action)
 
     def check_listing(self, session: str, state: SessionState) -> None:
-        """Someone subscribed to ``session``: each chat its ``inputNeeded``
-        lists or its catalog shows at work, that this process does not
-        follow (it started since), is checked against the session once, in
-        the background (:meth:`_corrections`). A stop with the store down
-        left an answered request listed (its unlisting untold), or an open
-        one unlisted, until the chat changed again."""
+        """Someone subscribed to ``session`` or read it: each chat its
+        ``inputNeeded`` lists or its catalog shows at work, that this
+        process does not follow (it started since), is checked against the
+        session once, in the background (:meth:`_corrections`). A stop with
+        the store down left an answered request listed (its unlisting
+        untold), or an open one unlisted, until the chat changed again."""
         active = {c.resource for c in state.chats if c.status & SessionStatus.IN_PROGRESS}
         for chat in active | {entry.chat for entry in state.input_needed or []}:
             if self._shadows.get(chat) is None and self._verified.get(chat) is None:

@@ -315,11 +315,15 @@ class SessionAggregate:
             state = (await self.core.view(chat)).state
         except (ChannelGone, StoreError):
             return
-        if not isinstance(state, ChatState) or chat in self._checking:
-            return
+        if isinstance(state, ChatState) and chat not in self._checking:
+            self._queue_check(session, chat, state)
+            await self._send(chat)
+
+    def _queue_check(self, session: str, chat: str, state: ChatState) -> None:
+        """Queue a check of ``session`` against ``chat`` (:meth:`_checked`)
+        after what is still to be told of the chat."""
         self._checking.add(chat)
         self._pending.setdefault(chat, []).append(_Told(session, state, [], False, check=True))
-        await self._send(chat)
 
     def _check_later(self, chat: str, state: ChatState) -> None:
         """After another process's change of a chat whose session this
@@ -338,8 +342,7 @@ class SessionAggregate:
         session = chat_session(state)
         if session is None:
             return
-        self._checking.add(chat)
-        self._pending.setdefault(chat, []).append(_Told(session, state, [], False, check=True))
+        self._queue_check(session, chat, state)
         self.core.spawn(self._send(chat))
 
     async def _checked(self, session: str, chat: str) -> list[SessionAction]:

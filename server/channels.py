@@ -345,10 +345,9 @@ class ChannelCore(Listener):
                     await asyncio.gather(*(self._read_back(ch) for ch in unsure))
             except (StoreError, TimeoutError) as error:
                 if time.monotonic() + pause >= until:
+                    reason = str(error) or "out of time"
                     log.error(
-                        "%d appends whose answer was lost are unread: %s",
-                        len(unsure),
-                        error or "time",
+                        "%d appends whose answer was lost are unread: %s", len(unsure), reason
                     )
                     break
                 await asyncio.sleep(pause)

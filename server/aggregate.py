@@ -151,7 +151,8 @@ class SessionAggregate:
         self._retelling: set[str] = set()
         """Chats whose queue waits to be told again (the store refused it)."""
         self._verified: Lru[str, bool] = Lru(CACHED)
-        """Chats checked against their session when it was subscribed or read."""
+        """Chats checked against their session when it was subscribed or read,
+        and sessions checked when they were listed."""
         self._listed: tuple[float, list[SessionSummary]] | None = None
         """The sessions list as last read, and until when it is served."""
         self._listing = asyncio.Lock()
@@ -309,6 +310,30 @@ class SessionAggregate:
             if self._shadows.get(chat) is None and self._verified.get(chat) is None:
                 self._verified.put(chat, True)
                 self.core.spawn(self._verify(session, chat))
+
+    def check_listed(self, summaries: list[SessionSummary]) -> None:
+        """Someone listed ``summaries`` (a page of ``listSessions``): each
+        session among them that shows work or a request, and that this
+        process has not checked yet, is read and checked as a subscribe
+        checks it (:meth:`check_listing`), and its entry derived again from
+        it (:meth:`announce`), in the background. Otherwise the list went on
+        saying what a stop with the store down left it saying until someone
+        opened the session. ``_verified`` holds the sessions checked as well
+        as the chats (their URIs never meet)."""
+        for summary in summaries:
+            uri = summary.resource
+            if summary.status & SessionStatus.IN_PROGRESS and self._verified.get(uri) is None:
+                self._verified.put(uri, True)
+                self.core.spawn(self._verify_session(uri))
+
+    async def _verify_session(self, session: str) -> None:
+        try:
+            state = (await self.core.view(session)).state
+            if isinstance(state, SessionState):
+                self.check_listing(session, state)
+                await self.announce(session)
+        except (ChannelGone, StoreError):
+            return
 
     async def _verify(self, session: str, chat: str) -> None:
         try:

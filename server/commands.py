@@ -402,6 +402,7 @@ class Commands:
         page = items[start : start + size]
         if budget is not None:
             page = page[: _fitting(page, budget)]
+        self.host.aggregate.check_listed(page)  # as a session read is checked
         end = start + len(page)
         return Page(page, _cursor(end) if end < len(items) else None)
 

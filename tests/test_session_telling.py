@@ -8,8 +8,10 @@ import asyncio
 import inspect
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from protocol.actions import (
@@ -20,11 +22,15 @@ from protocol.actions import (
     SessionInputNeededSet,
 )
 from protocol.chat import ChatState, InputRequest, TextQuestion
+from protocol.codec import encode
 from protocol.session import SessionState
 from protocol.status import ACTIVITY_MASK, SessionStatus
+from protocol.uris import ROOT_URI
 from reducers.aggregate import select_input_needed
+from server.aggregate import SESSION_RECORDS
 from server.build import default_agents
 from server.channels import Applied
+from server.client import HuddleClient
 from server.errors import StoreUnavailable
 from server.host import Host
 from server.store.memory import MemoryStore
@@ -50,6 +56,22 @@ async def asked_and_listed(host: Host) -> tuple[str, asyncio.Task[Any]]:
     asking = asyncio.create_task(host.request_input(chat, NOTE))
     await listed(host, "q")
     return chat, asking
+
+
+def status_heard(person: HuddleClient, holds: Callable[[int], bool]) -> asyncio.Event:
+    """Set once ``person`` (subscribed to the root) hears SESSION's entry in
+    the sessions list change to a status whose activity ``holds``."""
+    heard = asyncio.Event()
+
+    def notice(method: str, params: Any) -> None:
+        if method != "root/sessionSummaryChanged" or params.get("session") != SESSION:
+            return
+        status = params.get("changes", {}).get("status")
+        if status is not None and holds(status & ACTIVITY_MASK):
+            heard.set()
+
+    person.notices.append(notice)
+    return heard
 
 
 class HeldAppend(MemoryStore):
@@ -457,3 +479,64 @@ async def test_a_session_read_over_http_unlists_what_its_chats_settled(
 
     assert reply.status == 200
     await wait_until(host, SESSION, lambda state: not state.input_needed)
+
+
+async def test_a_session_listed_is_checked_and_its_entry_said_again(
+    huddle: RunningServer,
+) -> None:
+    # The sessions list said what such a stop left (a request still waiting
+    # on people) until someone opened the session: listSessions read the
+    # entries and checked nothing.
+    host = huddle.server.host
+    person = await huddle.client(sessions=[SESSION])
+    await person.subscribe(ROOT_URI)
+    chat, asking = await asked_and_listed(host)
+    [entry] = (await listed(host, "q")).input_needed or []
+    await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+    await asking
+    await wait_until(host, SESSION, lambda state: not state.input_needed)
+    waiting = status_heard(person, lambda status: status == SessionStatus.INPUT_NEEDED)
+    await host.dispatch(SESSION, SessionInputNeededSet(request=entry))  # left listed
+    host.aggregate.forget(chat)  # a process that started since
+    async with asyncio.timeout(2 * UNIT):
+        await waiting.wait()
+
+    settled = status_heard(person, lambda status: status != SessionStatus.INPUT_NEEDED)
+    [before] = await person.list_sessions()  # what it said, and then it is checked
+    assert before["status"] & ACTIVITY_MASK == SessionStatus.INPUT_NEEDED
+
+    async with asyncio.timeout(2 * UNIT):
+        await settled.wait()
+    [after] = await person.list_sessions()
+    assert after["status"] & ACTIVITY_MASK != SessionStatus.INPUT_NEEDED
+    state = (await host.view(SESSION)).state
+    assert isinstance(state, SessionState)
+    assert not state.input_needed
+
+
+async def test_a_listed_entry_the_store_kept_old_is_said_again(huddle: RunningServer) -> None:
+    # The session was told, but writing its entry failed: the list kept
+    # the entry from before, which the session no longer says.
+    host = huddle.server.host
+    person = await huddle.client(sessions=[SESSION])
+    await person.subscribe(ROOT_URI)
+    answered = status_heard(person, lambda status: status != SessionStatus.INPUT_NEEDED)
+    chat, asking = await asked_and_listed(host)
+    await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
+    await asking
+    async with asyncio.timeout(2 * UNIT):
+        await answered.wait()
+    [summary] = await host.aggregate.summaries()
+    busy = summary.status & ~ACTIVITY_MASK | SessionStatus.INPUT_NEEDED
+    stale = msgspec.structs.replace(summary, status=busy)
+    await host.core.store.put_record(SESSION_RECORDS, SESSION, encode(stale))  # left as was
+    host.aggregate.forget(SESSION)  # a process that started since
+    host.aggregate.forget(chat)
+
+    said_again = status_heard(person, lambda status: status != SessionStatus.INPUT_NEEDED)
+    await person.list_sessions()
+
+    async with asyncio.timeout(2 * UNIT):
+        await said_again.wait()
+    [after] = await person.list_sessions()
+    assert after["status"] & ACTIVITY_MASK != SessionStatus.INPUT_NEEDED

@@ -294,6 +294,30 @@ async def test_a_redis_gone_silent_is_noticed_by_a_ping(
         assert heard.appends == [(chat, 1, b"awake")]
 
 
+async def test_a_close_does_not_wait_on_an_append_a_hung_redis_holds(
+    redis_server: RedisServer,
+) -> None:
+    """A stop with Redis hung ended by closing the store, which waited out
+    the store timeout for the append still on its way, though nobody was
+    left to hear its answer."""
+    store = RedisStore(redis_server.url, timeout=10 * UNIT)
+    chat = "ahp-chat:/closing"
+    await store.create(chat, b"{}")
+    assert redis_server.process is not None
+    redis_server.process.send_signal(signal.SIGSTOP)
+    try:
+        first = asyncio.create_task(store.append(chat, 0, b"sent"))
+        await asyncio.sleep(0)  # the batch is on its way
+        second = asyncio.create_task(store.append(chat, 1, b"queued"))
+        await asyncio.sleep(0)
+        async with asyncio.timeout(2 * UNIT):
+            await store.close()
+            outcomes = await asyncio.gather(first, second, return_exceptions=True)
+    finally:
+        redis_server.process.send_signal(signal.SIGCONT)
+    assert [type(outcome) for outcome in outcomes] == [StoreUnavailable, StoreUnavailable]
+
+
 @pytest.fixture
 def replicated_cluster() -> Iterator[RunningCluster]:
     """Three primaries with a replica each, of this test's own."""

@@ -63,7 +63,6 @@ listeners are told to compare heads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Callable
@@ -282,6 +281,8 @@ class RedisStore(ChannelStore):
         self._listeners: list[Listener] = []
         self._pending: list[_Pending] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._sending: list[_Pending] = []
+        """The batch of appends the flusher has on its way."""
 
     # ─── Channels ────────────────────────────────────────────────────────
 
@@ -315,6 +316,7 @@ class RedisStore(ChannelStore):
         holds the channel's lock while it waits."""
         while self._pending:
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            self._sending = batch
             try:
                 calls = [
                     (
@@ -486,11 +488,24 @@ class RedisStore(ChannelStore):
         return await self.link.ping()
 
     async def close(self) -> None:
+        """Close the connections. An append still on its way is answered
+        StoreUnavailable (it may have landed, as after any timeout), not
+        waited for: whoever wanted its answer stopped before the store is
+        closed, and a Redis that hangs would hold the close for a store
+        timeout."""
         await self.topics.close()
-        if self._flusher is not None:
-            with contextlib.suppress(Exception):
-                await self._flusher
+        closed = StoreUnavailable("redis: the store was closed before Redis answered")
+        for item in (*self._sending, *self._pending):
+            if not item.future.done():
+                item.future.set_exception(closed)
+        self._pending.clear()
+        # Closing the connections ends the flusher's read at once. It is not
+        # cancelled: a cancel can be lost inside redis-py on Python 3.11
+        # (asyncio.wait_for drops one that meets a finished write), and the
+        # read then runs to the store timeout.
         await self.link.close()
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
 
 
 def _answer(item: _Pending, result: Any) -> None:

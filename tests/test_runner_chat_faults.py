@@ -313,3 +313,42 @@ async def test_a_turn_started_over_http_runs_the_agent() -> None:
 
     assert reply.status == 200
     assert done.turns[-1].state == "complete"
+
+
+async def test_an_approval_whose_resume_was_lost_is_resumed_by_the_sweep() -> None:
+    # The sweep built the approval's resume without `confirmed`, which
+    # ChatToolCallConfirmed refuses: the ValueError ended the sweep, and the
+    # approved turn waited for good.
+    runs = Runs()
+    agent = Agent(
+        name="deployer",
+        instructions="Deploy.",
+        model=scripted(use(call("c1", "deploy")), say("Deployed.")),
+        tools=(runs.tool("deploy"),),
+        approval_policy=require_approval_for("deploy"),
+    )
+    huddle = await start_server(agent=agent)
+    try:
+        service = huddle.server.parts.service
+        assert service is not None
+        alice, chat, mirror = await open_chat(huddle, "Deploy it")
+        await until(mirror, lambda s: pending(s) is not None)
+        turn_id = await service.bridge.turn_of(chat, "t1")
+        assert turn_id is not None
+        lost: list[str] = []
+
+        async def crash(turn: str, *args: Any, **kwargs: Any) -> None:
+            lost.append(turn)  # the process died between the chat's accept and the resume
+
+        runner: Any = service.runner
+        runner.submit_resume = crash
+        await approve(alice, chat, "t1", "c1")
+        del runner.submit_resume
+        assert lost == [turn_id]
+
+        assert await service.bridge.reconcile() == 1
+        done = await until(mirror, ended)
+    finally:
+        await huddle.stop()
+    assert done.turns[-1].state == "complete"
+    assert [run.tool for run in runs.runs] == ["deploy"]

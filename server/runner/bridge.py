@@ -112,7 +112,7 @@ from reducers.clock import iso_ms, iso_time
 from server.auth import Identity
 from server.cache import Lru
 from server.channels import Applied
-from server.errors import ActionRejected, ChannelGone, HuddleError
+from server.errors import ActionRejected, ChannelGone, HuddleError, StoreError
 from server.expiry import Expiry
 from server.host import Host
 from server.policy import same_turn, turn_stamp
@@ -792,21 +792,33 @@ class ChatBridge:
         audit = {"by": None, "role": None, "clientId": None, "via": "reconcile"}
         for status in (TurnStatus.WAITING_FOR_USER, TurnStatus.WAITING_FOR_APPROVAL):
             for turn_id in await store.by_status(status):
-                turn = await store.load(turn_id)
-                if turn.chat is None or turn.suspension is None:
-                    continue
                 try:
-                    state = (await self.host.view(turn.chat)).state
-                except ChannelGone:
-                    continue
-                assert isinstance(state, ChatState)
-                if await self._resume_answered(turn, state, audit) or await self._end_if_ended(
-                    turn, state, audit
-                ):
-                    resumed += 1
-                else:
-                    await self._ask_again_if_unseen(turn, state)
+                    resumed += await self._reconcile(turn_id, audit)
+                except StoreError:
+                    raise  # the next sweep tries again
+                except Exception:  # one turn's fault must not end the sweep for the others
+                    log.exception("turn %s: the sweep could not reconcile it", turn_id)
         return resumed
+
+    async def _reconcile(self, turn_id: str, audit: dict[str, Any]) -> bool:
+        """Resume or end waiting turn ``turn_id`` if its chat says so, else
+        show its suspension again if the chat never showed it; True if it
+        was resumed or ended."""
+        assert self.runner is not None
+        turn = await self.runner.store.load(turn_id)
+        if turn.chat is None or turn.suspension is None:
+            return False
+        try:
+            state = (await self.host.view(turn.chat)).state
+        except ChannelGone:
+            return False
+        assert isinstance(state, ChatState)
+        if await self._resume_answered(turn, state, audit) or await self._end_if_ended(
+            turn, state, audit
+        ):
+            return True
+        await self._ask_again_if_unseen(turn, state)
+        return False
 
     async def _end_if_ended(self, turn: Turn, state: ChatState, audit: dict[str, Any]) -> bool:
         """End ``turn`` if the chat turn it waits in is over (a crash lost
@@ -906,6 +918,7 @@ class ChatBridge:
                     turn_id=turn.chat_turn or "",
                     tool_call_id=call.tool_call_id,
                     approved=True,
+                    confirmed=getattr(call, "confirmed", "user-action"),
                     edited_tool_input=edited,
                 )
             )

@@ -31,7 +31,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from protocol.actions import ChatInputRequested, StateAction
 from protocol.chat import ChatState, InputAnswer, InputRequest
-from protocol.codec import convert, decode_snapshot, encode
+from protocol.codec import MalformedFrame, convert, decode_snapshot, encode
 from protocol.messages import (
     PROTOCOL_VERSION,
     ActionEnvelope,
@@ -248,7 +248,7 @@ class HuddleClient:
                 self.resumed[mirror.uri] = item["type"]
                 if item["type"] == "replay":
                     for envelope in item["actions"]:
-                        self._on_envelope(convert(envelope, ActionEnvelope))
+                        self._on_raw_envelope(envelope)
                 elif item["type"] == "snapshot":
                     mirror._reset(decode_snapshot(item["snapshot"]))
                 else:
@@ -324,10 +324,33 @@ class HuddleClient:
                 future.set_result(value)
             return
         if frame["method"] == "action":
-            self._on_envelope(convert(frame["params"], ActionEnvelope))
+            self._on_raw_envelope(frame["params"])
             return
         for notice in list(self.notices):
             notice(frame["method"], frame.get("params"))
+
+    def _on_raw_envelope(self, params: Any) -> None:
+        """An envelope as received. One that does not decode (a server
+        echoing a rejected action as it was sent: a number this client sent
+        as NaN went out as null) is not applied; if it answers an action of
+        ours, that action fails with the envelope's rejection. It used to
+        end the reader, and the reconnect sent the action again, for ever."""
+        try:
+            envelope = convert(params, ActionEnvelope)
+        except MalformedFrame as error:
+            log.warning("an envelope that does not decode: %s", error)
+            raw = params if isinstance(params, dict) else {}
+            origin = raw.get("origin")
+            if not isinstance(origin, dict) or origin.get("clientId") != self.client_id:
+                return
+            waiter = self._echoes.pop(origin.get("clientSeq"), None)  # type: ignore[arg-type]
+            if waiter is not None and not waiter.done():
+                reason = raw.get("rejectionReason")
+                if not isinstance(reason, str):
+                    reason = f"the echo of this action does not decode: {error}"
+                waiter.set_exception(ActionRejected.parse(reason))
+            return
+        self._on_envelope(envelope)
 
     def _on_envelope(self, envelope: ActionEnvelope) -> None:
         origin = envelope.origin

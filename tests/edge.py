@@ -338,6 +338,7 @@ class CuttingProxy:
         self._open = asyncio.Event()
         self._open.set()
         self.cuts = 0
+        self._live: set[asyncio.Event] = set()
 
     async def start(self) -> Self:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -367,6 +368,12 @@ class CuttingProxy:
     def release(self) -> None:
         self._open.set()
 
+    def go_silent(self) -> None:
+        """The connections open now carry nothing more either way, and are
+        not closed: a network gone dead under them (new ones pass)."""
+        for silenced in self._live:
+            silenced.set()
+
     async def close(self) -> None:
         self._open.set()
         if self._server is not None:
@@ -375,7 +382,8 @@ class CuttingProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self._open.wait()
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
-        cut = asyncio.Event()
+        cut, silent = asyncio.Event(), asyncio.Event()
+        self._live.add(silent)
 
         async def upstream() -> None:
             while data := await reader.read(65536):
@@ -383,6 +391,8 @@ class CuttingProxy:
                 if armed:
                     self._armed = False
                     cut.set()  # nothing more comes back on this connection
+                if silent.is_set():
+                    continue
                 if not armed or self._forward_last:
                     up_writer.write(data)
                     await up_writer.drain()
@@ -395,6 +405,8 @@ class CuttingProxy:
             while data := await up_reader.read(65536):
                 if cut.is_set():
                     return
+                if silent.is_set():
+                    continue
                 writer.write(data)
                 await writer.drain()
 
@@ -404,6 +416,7 @@ class CuttingProxy:
         except (ConnectionError, OSError):
             pass
         finally:
+            self._live.discard(silent)
             for task in tasks:
                 task.cancel()
             writer.transport.abort()

@@ -62,6 +62,7 @@ from server.runner.store import MemoryTurnStore
 from server.serve import UvicornServer, uvicorn_config
 from server.store.memory import MemoryStore
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, WallClock, start_server
+from tests.edge import CuttingProxy
 
 pytestmark = pytest.mark.browser
 
@@ -925,3 +926,28 @@ async def chat_state_of(host: Any, chat: str) -> ChatState:
     state = (await host.view(chat)).state
     assert isinstance(state, ChatState)
     return state
+
+
+async def test_a_connection_gone_dead_is_given_up_at_the_ping_timeout(
+    browser: Browser, demo_server: RunningServer
+) -> None:
+    # A network that goes dead without closing anything: the ping timed out
+    # and the page closed its socket, but Chromium held the close event for
+    # the close handshake, about a minute; the page said nothing and a
+    # submit showed "Sending…" all that while.
+    proxy = await CuttingProxy(demo_server.port).start()
+    try:
+        base = f"http://127.0.0.1:{proxy.listening_port}"
+        session, _ = await create_session(demo_server.http, "Dead network")
+        opened: list[str] = []
+        token = demo_server.token(name="alice")
+        _, page = await open_client(
+            browser, base, token, session=session, prepare=counting_sockets(opened)
+        )
+        proxy.go_silent()
+        async with page.expect_websocket() as reopened:
+            await page.clock.run_for("00:31")  # the ping's wait, its timeout, the first retry
+        assert (await reopened.value).url == opened[-1]
+        await expect(page.get_by_label("Message to the agent")).to_be_enabled()
+    finally:
+        await proxy.close()

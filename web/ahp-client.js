@@ -375,7 +375,12 @@ export class AhpClient extends EventTarget {
     clearTimeout(this.pingTimer);
     this.pingTimer = setTimeout(async () => {
       if (socket !== this.socket) return;
-      const timeout = setTimeout(() => socket.close(4001, 'ping timeout'), PING_TIMEOUT_MS);
+      const timeout = setTimeout(() => {
+        // Given up now: on a network gone dead the browser holds the close
+        // handshake (and the close event) for a minute or more.
+        socket.close(4001, 'ping timeout');
+        this.lost(socket, true);
+      }, PING_TIMEOUT_MS);
       try {
         await this.call('ping', { channel: ROOT }, socket);
       } catch {

@@ -31,12 +31,15 @@ import base64
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 from msgspec.structs import replace
 
 from protocol.actions import (
+    ChatDraftChanged,
     ChatPendingMessageSet,
+    ChatToolCallConfirmed,
     ChatTurnStarted,
     SessionActiveClientSet,
     SessionWorkingDirectorySet,
@@ -52,6 +55,7 @@ from protocol.uris import ROOT_URI, BadChannelUri, channel_kind
 from protocol.wire import quoted
 from reducers.clock import iso_time
 from reducers.limits import json_bytes
+from reducers.notes import HUDDLE
 from reducers.validation import working_directories_problem
 from server.auth import ROLES, Grant, Identity, Role, TokenAuthority
 from server.channels import ChannelView
@@ -616,6 +620,9 @@ def refused(rejected: ActionRejected, path: str) -> CommandError | MalformedFram
     return MalformedFrame(ErrorCode.INVALID_PARAMS, rejected.reason, path)
 
 
+_Struct = TypeVar("_Struct", bound=msgspec.Struct)
+
+
 def _as_sent_by(grant: Grant, who: Identity, action: StateAction) -> StateAction:
     """``action`` as the server records it from ``who``: a person's entry in
     the session's active clients carries the name the server knows them by,
@@ -626,14 +633,31 @@ def _as_sent_by(grant: Grant, who: Identity, action: StateAction) -> StateAction
         if isinstance(action, ChatTurnStarted):
             return replace(action, message=stamped(action.message, None, turn=new_turn_stamp()))
         return action
+    action = _without_huddle_meta(action)
     if isinstance(action, SessionActiveClientSet):
         entry = replace(action.active_client, display_name=who.display)
         return replace(action, active_client=entry)
+    if isinstance(action, ChatDraftChanged) and action.draft is not None:
+        return replace(action, draft=_without_huddle_meta(action.draft))
+    if isinstance(action, ChatToolCallConfirmed) and action.user_suggestion is not None:
+        return replace(action, user_suggestion=_without_huddle_meta(action.user_suggestion))
     if isinstance(action, ChatTurnStarted):
         return replace(action, message=stamped(action.message, grant, turn=new_turn_stamp()))
     if isinstance(action, ChatPendingMessageSet):
         return replace(action, message=stamped(action.message, grant))
     return action
+
+
+def _without_huddle_meta(value: _Struct) -> _Struct:
+    """``value`` (a person's action, or a message in one) without
+    ``_meta.huddle``: what is there is the server's word (who sent it, an
+    expiry that made it), which a person's client may not say. The messages
+    of turns and pending messages are stamped instead (server.policy.stamped)."""
+    meta = getattr(value, "meta", None)
+    if not meta or HUDDLE not in meta:
+        return value
+    rest = {key: item for key, item in meta.items() if key != HUDDLE}
+    return replace(value, meta=rest or None)
 
 
 def expect_kind(uri: str, kind: str, path: str = "$.channel") -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from msgspec.structs import replace
 
 from protocol.actions import (
+    ChatDraftChanged,
     ChatInputCompleted,
     ChatInputRequested,
     ChatPendingMessageSet,
@@ -436,3 +437,24 @@ async def eventually_envelope(peer: Peer, mine: Callable[[Frame], bool]) -> Fram
     while not mine(envelope := await peer.envelope()):
         pass
     return envelope
+
+
+async def test_a_persons_action_carries_no_huddle_meta_of_its_own(huddle: RunningServer) -> None:
+    # `_meta.huddle` is the server's word (who sent it, the expiry that made
+    # it); a participant's action or draft put Alice's token there, and every
+    # subscriber and the chat's log had it as sent.
+    chat = await chat_of(huddle)
+    alice = token_id(huddle.token(name="alice"))
+    forged = {"huddle": {"by": alice, "expired": {"family": "input"}}, "x": 1}
+    mallory = await huddle.client(name="mallory")
+    draft = ChatDraftChanged(draft=replace(user_message("draft"), meta=forged))
+
+    drafted = (await mallory.dispatch_and_wait(chat, draft)).action
+
+    assert isinstance(drafted, ChatDraftChanged)
+    assert drafted.draft is not None
+    assert drafted.draft.meta == {"x": 1}
+    state = (await huddle.server.host.view(chat)).state
+    assert isinstance(state, ChatState)
+    assert state.draft is not None
+    assert state.draft.meta == {"x": 1}

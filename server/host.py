@@ -67,7 +67,6 @@ STOP_PATIENCE: Final = 5.0
 """Seconds a stop goes on finishing what was begun (an action's follow-ups,
 a resume, the audit's records) while the store refuses it (Redis down):
 beyond, what is left is lost with the process, logged."""
-
 log = logging.getLogger("huddle.host")
 
 ANSWERS = (ChatInputAnswerChanged, ChatInputCompleted, ChatToolCallConfirmed)

@@ -222,15 +222,21 @@ async def test_a_turn_whose_agent_version_is_gone_fails_with_the_reason_in_its_c
 # ─── A suspension its chat never showed ──────────────────────────────────────
 
 
-async def test_an_approval_the_chat_never_showed_is_shown_by_the_next_sweep() -> None:
-    runs = Runs()
-    agent = Agent(
+def deploying(runs: Runs) -> Agent:
+    """An agent whose one call, ``deploy`` (recorded in ``runs``), needs a
+    person's approval."""
+    return Agent(
         name="deployer",
         instructions="Deploy.",
         model=scripted(use(call("c1", "deploy")), say("Deployed.")),
         tools=(runs.tool("deploy"),),
         approval_policy=require_approval_for("deploy"),
     )
+
+
+async def test_an_approval_the_chat_never_showed_is_shown_by_the_next_sweep() -> None:
+    runs = Runs()
+    agent = deploying(runs)
     huddle = await start_server(agent=agent, workers=0)
     try:
         service = huddle.server.parts.service
@@ -320,13 +326,7 @@ async def test_an_approval_whose_resume_was_lost_is_resumed_by_the_sweep() -> No
     # ChatToolCallConfirmed refuses: the ValueError ended the sweep, and the
     # approved turn waited for good.
     runs = Runs()
-    agent = Agent(
-        name="deployer",
-        instructions="Deploy.",
-        model=scripted(use(call("c1", "deploy")), say("Deployed.")),
-        tools=(runs.tool("deploy"),),
-        approval_policy=require_approval_for("deploy"),
-    )
+    agent = deploying(runs)
     huddle = await start_server(agent=agent)
     try:
         service = huddle.server.parts.service

@@ -128,6 +128,7 @@ def build(
             agent,
             turn_store if turn_store is not None else open_turn_store(settings),
             workers=settings.workers if workers is None else workers,
+            spare_workers=settings.spare_workers,
             clock=clock,
             lease_seconds=settings.lease_seconds,
         )

@@ -35,6 +35,11 @@ from server.errors import StoreError
 from server.runner.service import load_agent
 from server.serve import UvicornServer, uvicorn_config
 
+SPARE_WORKERS = (
+    "workers more, at most, while tools wait for people (8): an MCP server's question "
+    "holds its turn's worker until answered, and a spare runs other turns meanwhile"
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -75,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker tasks running turns in this process (1; 0 when `huddle worker` "
         "processes run them)",
     )
+    serve.add_argument("--spare-workers", type=int, help=SPARE_WORKERS)
     serve.add_argument("--max-frame-bytes", type=int, help="largest frame accepted (1 MiB)")
     serve.add_argument(
         "--max-body-bytes", type=int, help="largest HTTP API body, refused unread (1 MiB)"
@@ -245,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--agent", help="module:attribute (default: the demo agent)")
     worker.add_argument("--workers", type=int, help="concurrent workers (1)")
+    worker.add_argument("--spare-workers", type=int, help=SPARE_WORKERS)
     return parser
 
 

@@ -48,6 +48,10 @@ class Settings:
     """``module:attribute`` naming the agent (the demo by default), or ``none``."""
     workers: int = 1
     """Worker tasks running the agent's turns in this process."""
+    spare_workers: int = 8
+    """Workers more, at most, while tools wait for people (an MCP server's
+    question put to a chat holds its worker until answered; a spare runs the
+    other turns meanwhile)."""
     lease_seconds: float = 30.0
     """How long a worker holds a turn without renewing its lease: after a
     worker dies, another takes its turn over that much later."""
@@ -150,6 +154,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         origins=src.items("origins"),
         agent=src.text("agent", base.agent),
         workers=src.integer("workers", base.workers),
+        spare_workers=src.integer("spare_workers", base.spare_workers),
         lease_seconds=src.number("lease_seconds", base.lease_seconds),
         max_frame_bytes=src.integer("max_frame_bytes", base.max_frame_bytes),
         max_body_bytes=src.integer("max_body_bytes", base.max_body_bytes),

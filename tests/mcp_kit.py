@@ -118,6 +118,10 @@ FORMS: dict[str, dict[str, Any]] = {
         "properties": {"address": {"type": "object", "properties": {"city": {"type": "string"}}}},
     },
     "negated": {"type": "object", "properties": {"code": {"type": "string", "not": {"const": ""}}}},
+    "huge": {  # about 600 KB as a chat request: over the 512 KiB an action may be
+        "type": "object",
+        "properties": {f"f{i}": {"type": "string", "description": "x" * 15_000} for i in range(40)},
+    },
 }
 
 BOOKING: dict[str, Any] = {

@@ -16,18 +16,24 @@ import uvicorn
 from protocol.actions import ChatToolCallConfirmed, ChatTurnStarted
 from protocol.chat import (
     ChatState,
+    InputRequestPart,
     MarkdownPart,
     NumberValue,
     SelectedValue,
+    TextValue,
     ToolCallPart,
     ToolCallPendingConfirmation,
 )
+from server.config import Settings
 from server.mcp import McpServerConfig, McpToolFailed, McpToolSource
 from server.runner.agent import Agent, Tool, require_approval_for
 from server.runner.model import ModelReply, ScriptedModel, last_tool_result
+from server.runner.redis_store import RedisTurnStore
 from server.runner.turn import ModelMessage, ToolCall
 from server.serve import UvicornServer
+from server.store.redis import RedisStore
 from tests.conftest import RunningServer, start_server, user_message
+from tests.edge import eventually
 from tests.mcp_kit import (
     LEGACY,
     MODERN,
@@ -36,11 +42,13 @@ from tests.mcp_kit import (
     Room,
     build_server,
     next_request,
+    open_room,
     reply,
     stdio_command,
     submitted,
     wait_for,
 )
+from tests.redis_server import RedisServer
 
 
 @asynccontextmanager
@@ -198,3 +206,85 @@ async def test_tools_listed_outside_an_event_loop_are_called_in_the_servers_loop
         assert tools["book_table"].description == "Book a table at a restaurant"
         with pytest.raises(McpToolFailed, match="the kitchen is closed"):
             await source.call("broken", {}, people=None)
+
+
+def asker(tools: Sequence[Tool]) -> Agent:
+    """Has the MCP server ask for a contact, then reports what it said."""
+
+    def script(messages: Sequence[ModelMessage]) -> ModelReply:
+        result = last_tool_result(messages, "fill")
+        if result is None:
+            return ModelReply(tool_calls=[ToolCall(id="c1", name="fill", arguments=CONTACT)])
+        return ModelReply(text=f"Said: {result}")
+
+    return Agent(name="asker", instructions="Ask.", model=ScriptedModel(script), tools=tuple(tools))
+
+
+CONTACT = {"form_name": "contact"}
+ALICE = submitted(name=TextValue(value="Alice"), email=TextValue(value="alice@example.com"))
+
+
+async def asked(huddle: RunningServer, name: str) -> tuple[Room, InputRequestPart]:
+    """``name``'s chat, where the asker's turn waits on the MCP server's question."""
+    room = await open_room(huddle, name)
+    return room, await next_request(room.mirror)
+
+
+async def answered(room: Room, part: InputRequestPart) -> ChatState:
+    await reply(room, part.request.id, "accept", ALICE)
+    return await wait_for(room.mirror, lambda s: bool(s.turns))
+
+
+async def lends_its_place(huddle: RunningServer) -> None:
+    """One worker (the default): an MCP question holds it, and a spare runs
+    the other chats' turns meanwhile."""
+    try:
+        crew = huddle.server.parts.service.crew  # type: ignore[union-attr]
+        first, waiting = await asked(huddle, "alice")
+        assert crew.lent == 1
+        second, other = await asked(huddle, "bob")  # stalled here before
+        assert crew.lent == 2  # the spare's own question lent its place too
+        assert (await answered(second, other)).turns[-1].state == "complete"
+        done = await answered(first, waiting)
+        await eventually(lambda: crew.lent == 0)  # the spares retire
+    finally:
+        await huddle.stop()
+    assert done.turns[-1].state == "complete"
+    assert "Alice" in final_text(done)
+
+
+async def test_an_unanswered_mcp_question_leaves_the_worker_to_other_chats() -> None:
+    config = McpServerConfig.in_process("kit", build_server("kit"))
+    async with McpToolSource(config) as source:
+        await lends_its_place(await start_server(agent=asker(await source.list_tools())))
+
+
+async def test_a_spare_worker_waits_for_work_in_redis(redis_server: RedisServer) -> None:
+    config = McpServerConfig.in_process("kit", build_server("kit"))
+    async with McpToolSource(config) as source:
+        agent, url = asker(await source.list_tools()), redis_server.url
+        turns = RedisTurnStore(url)
+        await lends_its_place(
+            await start_server(None, RedisStore(url), agent=agent, turn_store=turns)
+        )
+
+
+async def test_with_no_spare_left_other_turns_wait_for_an_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = McpServerConfig.in_process("kit", build_server("kit"))
+    async with McpToolSource(config) as source:
+        huddle = await start_server(
+            Settings(port=0, spare_workers=0), agent=asker(await source.list_tools())
+        )
+        try:
+            crew = huddle.server.parts.service.crew  # type: ignore[union-attr]
+            first, waiting = await asked(huddle, "alice")
+            assert "all 0 spare workers are lent" in caplog.text
+            second = await open_room(huddle, "bob")  # waits for the worker
+            assert (await answered(first, waiting)).turns[-1].state == "complete"
+            other = await next_request(second.mirror)  # its turn ran once the worker was free
+            assert (await answered(second, other)).turns[-1].state == "complete"
+            assert crew.lent == 0
+        finally:
+            await huddle.stop()

@@ -329,6 +329,24 @@ async def test_what_cannot_be_asked_gets_a_clear_error_and_asks_nobody(
     assert input_parts(room.mirror.chat) == []
 
 
+@pytest.mark.parametrize("through", ["host", "remote"])
+async def test_a_question_too_large_for_the_chat_is_an_error_naming_the_size(
+    huddle: RunningServer, through: str
+) -> None:
+    room = await open_room(huddle)
+    if through == "host":
+        people: HostChat | RemoteChat = HostChat(huddle.server.host, room.chat)
+    else:
+        people = RemoteChat(await huddle.client("agent"), room.chat)
+    async with connected(build_server(), MODES[0], ChatElicitation(people)) as client:
+        with pytest.raises(MCPError) as raised:  # not a cancel, as from a person
+            await within(call_tool(client, "fill", {"form_name": "huge"}))
+    assert raised.value.code == types.INVALID_PARAMS
+    assert "too-large: the chat/inputRequested action is" in raised.value.message
+    assert "the limit is 524,288" in raised.value.message
+    assert input_parts(room.mirror.chat) == []
+
+
 async def test_without_a_chat_to_ask_in_the_server_gets_an_error(huddle: RunningServer) -> None:
     asker = ChatElicitation(route=lambda: None)
     async with connected(build_server(), MODES[1], asker) as client:

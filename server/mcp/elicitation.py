@@ -293,6 +293,9 @@ class ChatElicitation:
             except InputAbandoned as why:
                 log.info("%s: %s: %s", people.chat, question.request.id, why.reason)
                 return types.ElicitResult(action="cancel")
+            except Unaskable as error:
+                log.info("%s: the chat refused %s: %s", people.chat, question.request.id, error)
+                return types.ErrorData(code=types.INVALID_PARAMS, message=str(error))
             except HuddleError as error:
                 log.warning("%s: could not ask: %s", people.chat, error)
                 message = "Huddle could not reach the chat to ask this"

@@ -6,7 +6,10 @@ accept whose data fails it). :class:`RemoteChat` asks through a
 :class:`~server.client.HuddleClient` with an agent token (a bridge living
 outside the server). Both raise :class:`~server.errors.InputAbandoned` when
 nobody will answer: the chat has no active turn, the turn ended, the chat
-was truncated or is gone; and :class:`~server.mcp.errors.ElicitationExpired`
+was truncated or is gone; :class:`~server.mcp.errors.Unaskable` when the chat
+refuses the request itself (too large for it, the chat full: the MCP
+server gets an error naming why, not a ``cancel`` it would take for a
+person's); and :class:`~server.mcp.errors.ElicitationExpired`
 when the turn ended because nobody answered in time (an expiry whose
 policy is ``fail``). With an expiry whose policy is ``cancel`` or
 ``decline``, nobody answering in time is that reply.
@@ -28,11 +31,25 @@ from protocol.chat import (
     InputRequestPart,
     InputResponseKind,
 )
+from protocol.rejections import RejectionCode
 from server.client import HuddleClient, ProtocolError
 from server.errors import ActionRejected, ChannelGone, HuddleError, InputAbandoned
 from server.expiry import Expiry
 from server.host import Host
-from server.mcp.errors import ElicitationExpired
+from server.mcp.errors import ElicitationExpired, Unaskable
+from server.runner.context import Lend
+
+UNASKABLE = frozenset(
+    {
+        RejectionCode.TOO_LARGE,
+        RejectionCode.TOO_MANY,
+        RejectionCode.CHAT_FULL,
+        RejectionCode.INVALID_OPTIONS,
+        RejectionCode.INVALID_ACTION,
+    }
+)
+"""What a chat refusing a request says about the request itself (it cannot
+be asked there: Unaskable), not about people who will not answer."""
 
 _RESPONSES: dict[str, InputResponseKind] = {
     "accept": "accept",
@@ -67,7 +84,9 @@ class People(Protocol):
     ) -> Reply:
         """Open ``request`` in the chat (with ``expiry``, if given) and wait
         until it is resolved. Raises InputAbandoned when nobody will answer
-        it, ElicitationExpired when its time ran out with ``fail``."""
+        it, ElicitationExpired when its time ran out with ``fail``, and
+        Unaskable when the chat refuses the request itself (too large, too
+        many questions, the chat full)."""
 
     async def withdraw(self, request_id: str) -> None:
         """Resolve the request as ``cancel`` if it is still open (the MCP
@@ -80,21 +99,31 @@ class HostChat:
     schema_enforced = True
 
     def __init__(
-        self, host: Host, chat: str, in_turn: Callable[[ActiveTurn], bool] | None = None
+        self,
+        host: Host,
+        chat: str,
+        in_turn: Callable[[ActiveTurn], bool] | None = None,
+        answering: Lend = contextlib.nullcontext,
     ) -> None:
         self.host = host
         self.chat = chat
         self.in_turn = in_turn
         """The chat turns it may ask in (None: the active one, whichever)."""
+        self.answering = answering
+        """Held while people answer (the asking tool's
+        ``ToolContext.people_answering``: its worker lends its place)."""
 
     async def ask(
         self, request: InputRequest, schema: dict[str, Any] | None, expiry: Expiry | None = None
     ) -> Reply:
         try:
-            outcome = await self.host.request_input(
-                self.chat, request, schema=schema, expiry=expiry, in_turn=self.in_turn
-            )
-        except (ActionRejected, ChannelGone) as error:
+            with self.answering():
+                outcome = await self.host.request_input(
+                    self.chat, request, schema=schema, expiry=expiry, in_turn=self.in_turn
+                )
+        except ActionRejected as error:
+            raise _not_asked(error) from None
+        except ChannelGone as error:
             raise InputAbandoned(str(error)) from None
         except InputAbandoned:
             if expiry is not None and expiry.on_expiry == "fail":
@@ -130,7 +159,9 @@ class RemoteChat:
                 completion = await self.client.request_input(
                     self.chat, request, expires_in=expiry.seconds, on_expiry=expiry.on_expiry
                 )
-        except (ActionRejected, ProtocolError) as error:
+        except ActionRejected as error:
+            raise _not_asked(error) from None
+        except ProtocolError as error:
             raise InputAbandoned(str(error)) from None
         except InputAbandoned:
             mirror = self.client.mirrors.get(self.chat)
@@ -145,6 +176,14 @@ class RemoteChat:
         # Rejected when resolved already; a lost connection has nothing to withdraw.
         with contextlib.suppress(HuddleError):
             await self.client.dispatch_and_wait(self.chat, action)
+
+
+def _not_asked(rejected: ActionRejected) -> Unaskable | InputAbandoned:
+    """Why a chat refused to open a request: the request itself (too large,
+    too many questions, the chat full), or nobody left to answer it."""
+    if rejected.code in UNASKABLE:
+        return Unaskable(rejected.reason)
+    return InputAbandoned(str(rejected))
 
 
 def _raise_if_expired(chat: str, state: object, request_id: str) -> None:

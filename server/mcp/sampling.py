@@ -39,7 +39,7 @@ from protocol.forms import answers_from_form_data, parse_form
 from server.errors import HuddleError, InputAbandoned
 from server.expiry import Expiry
 from server.mcp.elicitation import Question, expired_error, form_content, server_label
-from server.mcp.errors import ElicitationExpired
+from server.mcp.errors import ElicitationExpired, Unaskable
 from server.mcp.people import People
 from server.runner.ids import mcp_request_id
 from server.runner.model import ChatModel
@@ -156,6 +156,8 @@ class ChatSampling:
             return expired_error(expired)
         except InputAbandoned:
             return types.ErrorData(code=DECLINED, message="nobody in the chat will answer this")
+        except Unaskable as error:
+            return types.ErrorData(code=types.INVALID_PARAMS, message=str(error))
         except HuddleError as error:
             log.warning("%s: could not ask to sample: %s", people.chat, error)
             return types.ErrorData(code=types.INTERNAL_ERROR, message="Huddle could not ask")

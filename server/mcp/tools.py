@@ -509,10 +509,15 @@ def people_of_current_call() -> People | None:
         return None
     chat_turn, stamp = context.chat_turn, context.chat_turn_stamp
     if chat_turn is None:
-        return HostChat(port.host, context.chat)
+        return HostChat(port.host, context.chat, answering=context.people_answering)
     # Only in its own chat turn: one the tool's turn lost (cancelled, then
     # truncated away) may bear its id again, or the next one may be active.
-    return HostChat(port.host, context.chat, lambda active: same_turn(active, chat_turn, stamp))
+    return HostChat(
+        port.host,
+        context.chat,
+        lambda active: same_turn(active, chat_turn, stamp),
+        answering=context.people_answering,
+    )
 
 
 def tool_output(name: str, result: types.CallToolResult) -> Any:

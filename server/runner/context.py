@@ -7,6 +7,7 @@ data, by call id).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,8 +21,14 @@ from server.runner.port import ChatPort
 from server.runner.turn import ToolCall
 
 ProgressSink = Callable[[str, dict[str, Any]], None]
+Lend = Callable[[], contextlib.AbstractContextManager[None]]
+"""What lends a worker's place while its tool waits for people (see
+:meth:`ToolContext.people_answering`)."""
 
 _current: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("huddle_tool_context")
+_lender: contextvars.ContextVar[Lend | None] = contextvars.ContextVar(
+    "huddle_worker_lender", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class ToolContext:
     """The agent's default expiry for questions (MCP elicitations use it)."""
     _progress: ProgressSink | None = None
     _cancelled: Callable[[], bool] = lambda: False
+    _lend: Lend = contextlib.nullcontext
 
     @property
     def idempotency_key(self) -> str:
@@ -72,6 +80,14 @@ class ToolContext:
         a tool."""
         return self._cancelled()
 
+    def people_answering(self) -> contextlib.AbstractContextManager[None]:
+        """Wrap a wait for people inside the tool in this (an MCP server's
+        question put to the chat does): the worker running the turn lends its
+        place meanwhile, and a spare worker runs other turns until the wait
+        ends (:class:`~server.runner.worker.Crew`). Usable from any task;
+        outside a worker it does nothing."""
+        return self._lend()
+
     def emit_progress(self, message: str, **data: Any) -> None:
         """Report progress (shown on the tool call); never changes the result."""
         if self._progress is not None:
@@ -81,6 +97,18 @@ class ToolContext:
     def current() -> ToolContext:
         """The context of the tool call running now; LookupError outside one."""
         return _current.get()
+
+
+def lender() -> Lend:
+    """What lends the place of the worker running this task (nothing lends
+    outside a worker): the runner gives it to the tool's context."""
+    return _lender.get() or contextlib.nullcontext
+
+
+def lend_with(lend: Lend) -> None:
+    """Make ``lend`` what the tools run in this task (a worker's own) lend
+    its place with."""
+    _lender.set(lend)
 
 
 def enter(context: ToolContext) -> contextvars.Token[ToolContext]:

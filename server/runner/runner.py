@@ -58,7 +58,7 @@ import msgspec
 from server.errors import HuddleError, StoreError, StoreUnavailable
 from server.runner import approvals, user_input
 from server.runner.agent import Agent, Outcome, Tool
-from server.runner.context import ToolContext, enter, leave
+from server.runner.context import ToolContext, enter, leave, lender
 from server.runner.errors import (
     AgentVersionGone,
     Fenced,
@@ -810,6 +810,7 @@ class Runner:
             input_expiry=agent.input_expiry,
             _progress=progress,
             _cancelled=cancelled.is_set,
+            _lend=lender(),
         )
         token = enter(context)
         try:

@@ -4,8 +4,6 @@ workers, started and stopped together (by ``huddle serve`` and by
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import importlib
 import time
 from collections.abc import Callable
@@ -17,7 +15,7 @@ from server.runner.bridge import ChatBridge
 from server.runner.metrics import RunnerMetrics
 from server.runner.runner import Runner
 from server.runner.store import TurnStore
-from server.runner.worker import Worker
+from server.runner.worker import Crew
 from server.sessions import CAPABILITIES
 
 
@@ -49,7 +47,9 @@ def agent_info(agent: Agent) -> AgentInfo:
 
 class AgentService:
     """Runs ``agent``'s turns for ``host``: people's chat actions start and
-    resume turns (in this process), and ``workers`` tasks execute them."""
+    resume turns (in this process), and ``workers`` tasks execute them, with
+    up to ``spare_workers`` more while tools wait for people (a
+    :class:`~server.runner.worker.Crew`)."""
 
     def __init__(
         self,
@@ -58,6 +58,7 @@ class AgentService:
         store: TurnStore,
         *,
         workers: int = 1,
+        spare_workers: int = 8,
         clock: Callable[[], float] = time.time,
         idle_wait: float = 1.0,
         lease_seconds: float = 30.0,
@@ -70,22 +71,20 @@ class AgentService:
         self.runner.listeners.append(self.metrics)
         self.bridge = ChatBridge(host, agent)
         self.bridge.attach(self.runner)
-        self.workers = [
-            Worker(self.runner, reconcile=self.bridge.reconcile, idle_wait=idle_wait)
-            for _ in range(workers)
-        ]
-        self._tasks: list[asyncio.Task[None]] = []
+        self.crew = Crew(
+            self.runner,
+            workers,
+            spares=spare_workers if workers else 0,
+            reconcile=self.bridge.reconcile,
+            idle_wait=idle_wait,
+        )
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(worker.run()) for worker in self.workers]
+        self.crew.start()
 
     async def stop(self, *, until: float | None = None) -> None:
         """Stop the workers; a resume whose save's answer was lost is read
         back up to ``until`` (``time.monotonic()``; default: no waiting)."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.crew.stop()
         await self.runner.settled(time.monotonic() if until is None else until)
         await self.store.close()

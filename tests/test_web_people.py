@@ -617,3 +617,56 @@ async def test_the_audit_downloads_as_a_chain_that_verifies_and_an_observer_is_t
     await expect(olga.get_by_role("alert")).to_contain_text(
         "You may not download this session's audit"
     )
+
+
+# ─── An observer ─────────────────────────────────────────────────────────────
+
+
+async def test_an_observer_watches_the_requests_live_with_nothing_to_press(
+    browser: Browser, demo_server: RunningServer
+) -> None:
+    base = demo_server.http
+    session, _ = await create_session(base, "Watched work")
+    _, lee = await open_client(browser, base, demo_server.token(name="Lee"), session=session)
+    wire = Wire()
+    _, olga = await open_client(
+        browser,
+        base,
+        demo_server.token("observer", name="Olga"),
+        session=session,
+        prepare=recording(wire),
+    )
+    # No composer (so no Stop), no suggestions, no new session: a line saying why.
+    await expect(olga.get_by_text("You are watching this chat.")).to_be_visible()
+    await expect(olga.get_by_label("Message to the agent")).to_be_hidden()
+    await expect(olga.get_by_role("button", name="+ New session")).to_be_hidden()
+    await expect(olga.locator(".suggestion")).to_be_hidden()
+    await expect(lee.get_by_label("Message to the agent")).to_be_visible()
+
+    # The form: its questions as people fill them in, none of them editable.
+    await start_ticket_story(lee)
+    system = olga.get_by_label("Affected system")
+    await expect(system).to_be_disabled()
+    await expect(olga.get_by_text("Waiting for a participant to answer.")).to_be_visible()
+    await expect(olga.get_by_text("Waiting for a participant", exact=True)).to_be_visible()
+    for button in ("Submit", "Decline", "Cancel request"):
+        await expect(olga.get_by_role("button", name=button)).to_have_count(0)
+    await lee.get_by_label("Affected system").fill("SSO")
+    await lee.get_by_label("Some users").check()
+    await expect(system).to_have_value("SSO")
+    await shot(olga, "observer-form")
+    await lee.get_by_role("button", name="Submit").click()
+
+    # The approval: what the tool will do, nothing to approve or deny with.
+    await expect(lee.get_by_role("button", name="Approve")).to_be_visible()
+    await expect(
+        olga.get_by_text("Waiting for a participant to approve or deny it.")
+    ).to_be_visible()
+    for button in ("Approve", "Deny"):
+        await expect(olga.get_by_role("button", name=button)).to_have_count(0)
+    await expect(olga.get_by_role("textbox")).to_have_count(0)  # nor a tool input to edit
+    await shot(olga, "observer-approval")
+    await lee.get_by_role("button", name="Approve").click()
+    await expect(olga.get_by_text("Approved by Lee")).to_be_visible()
+    assert [frame for frame in wire.sent[0] if frame.get("method") == "dispatchAction"] == []
+    await expect(olga.get_by_role("alert")).to_have_count(0)  # nothing refused: nothing sent

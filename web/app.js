@@ -7,7 +7,7 @@
 // a chat that is full.
 
 import { AhpClient, randomId, RpcError } from './ahp-client.js';
-import { createChatParams, isChatFull, listsChat, madeBefore, mayCreateChats, newChatUri } from './chats.js';
+import { createChatParams, isChatFull, listsChat, madeBefore, mayCreateChats, newChatUri, watchesOnly } from './chats.js';
 import { ChatView } from './chat-view.js';
 import { h } from './dom.js';
 import { isRead, reasonSentence } from './format.js';
@@ -173,12 +173,13 @@ function renderSessions() {
       const unread = !current && (!isRead(summary.status) || (seen !== undefined && summary.modifiedAt > seen));
       return { summary, current, unread, href: sessionHref(uri) };
     });
-  sessionsView.update(entries, { loaded: app.loaded });
+  sessionsView.update(entries, { loaded: app.loaded, watching: watchesOnly(client.identity) });
 }
 
 function renderMain() {
   const main = document.getElementById('main');
   if (!app.sessionUri) {
+    welcomeCreate.hidden = watchesOnly(client.identity);
     if (main.firstChild !== welcome) main.replaceChildren(welcome);
     document.title = 'Huddle';
     return;
@@ -196,6 +197,7 @@ function renderMain() {
     me: client.identity,
     clientId: client.clientId,
     mayCreateChats: mayCreateChats(client.identity),
+    watching: watchesOnly(client.identity),
     full: app.fullChats.get(app.chatUri) ?? null,
   });
 }
@@ -205,7 +207,7 @@ function renderMain() {
 function markRead(session) {
   const uri = app.sessionUri;
   if (!session || isRead(session.status) || app.markedRead.has(uri)) return;
-  if (client.identity?.role === 'observer') return;
+  if (watchesOnly(client.identity)) return;
   app.markedRead.add(uri);
   client.dispatch(uri, { type: 'session/isReadChanged', isRead: true });
 }
@@ -221,7 +223,7 @@ function markRead(session) {
  */
 function enter() {
   const uri = app.sessionUri;
-  if (!uri || !client.connected || app.naming === 'asking' || client.identity?.role === 'observer') return;
+  if (!uri || !client.connected || app.naming === 'asking' || watchesOnly(client.identity)) return;
   const replica = client.replicas.get(uri);
   if (!replica?.ready || replica.state?.activeClients?.some((c) => c.clientId === client.clientId)) return;
   const tries = app.presenceTries.get(uri) ?? 0;
@@ -409,6 +411,9 @@ const chatCtx = {
     return state ? rejectReason(state, action, session) : 'not-ready: the chat is still loading';
   },
   isSending: pendingFor,
+  /** Whether this page only watches (an observer): request and approval
+   * cards show what is asked and who answers, with nothing to press. */
+  watching: () => watchesOnly(client.identity),
   takeError(id) {
     if (!app.errors.has(id)) return undefined;
     const reason = app.errors.get(id);
@@ -574,6 +579,7 @@ const sessionsView = new SessionsView({
 });
 document.getElementById('sidebar').append(sessionsView.el);
 
+const welcomeCreate = h('button', { type: 'button', class: 'primary', onclick: () => sessionsView.toggleForm(true) }, 'Create a session');
 const welcome = h(
   'section',
   { class: 'welcome', 'aria-labelledby': 'welcome-title' },
@@ -584,7 +590,7 @@ const welcome = h(
     'When an agent needs a person — answers to a few questions, a page to visit, or approval before it runs a tool — it asks here. Everyone in the chat sees the request at once, answers appear live as people type, and the agent continues as soon as someone submits.',
   ),
   h('p', null, 'Open a session from the list, or create a new one.'),
-  h('button', { type: 'button', class: 'primary', onclick: () => sessionsView.toggleForm(true) }, 'Create a session'),
+  welcomeCreate,
 );
 
 // ─── Client events ──────────────────────────────────────────────────────

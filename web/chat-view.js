@@ -153,7 +153,7 @@ class TurnView {
           (p.kind === 'inputRequest' && p.response == null) ||
           (p.kind === 'toolCall' && ['pending-confirmation', 'pending-result-confirmation'].includes(p.toolCall.status)),
       );
-      if (waiting) return [h('span', { class: 'waiting' }, 'Waiting for you')];
+      if (waiting) return [h('span', { class: 'waiting' }, this.ctx.watching?.() ? 'Waiting for a participant' : 'Waiting for you')];
       return [h('span', { class: 'working' }, h('span', { class: 'dots', 'aria-hidden': 'true' }, h('i'), h('i'), h('i')), 'Working')];
     }
     if (turn.state === 'cancelled') return [h('span', { class: 'badge muted' }, 'Stopped')];
@@ -200,20 +200,22 @@ export class ChatView {
     this.tabs = h('nav', { class: 'chat-tabs', 'aria-label': 'Chats in this session', hidden: true });
     this.older = h('button', { type: 'button', class: 'ghost load-older', hidden: true, onclick: () => ctx.loadOlder() }, 'Load earlier turns');
     this.list = h('div', { class: 'turns' });
+    this.suggestions = suggestions.length
+      ? h(
+          'div',
+          { class: 'suggestions' },
+          suggestions.map((text) =>
+            h('button', { type: 'button', class: 'suggestion', onclick: () => this.suggest(text) }, text),
+          ),
+        )
+      : null;
+    this.emptyHint = h('p', { class: 'muted' });
     this.empty = h(
       'div',
       { class: 'empty-chat', hidden: true },
       h('p', { class: 'empty-title' }, 'Nothing here yet'),
-      h('p', { class: 'muted' }, 'Tell the agent what you need. When it needs answers or an approval, it asks everyone in this chat.'),
-      suggestions.length
-        ? h(
-            'div',
-            { class: 'suggestions' },
-            suggestions.map((text) =>
-              h('button', { type: 'button', class: 'suggestion', onclick: () => this.suggest(text) }, text),
-            ),
-          )
-        : null,
+      this.emptyHint,
+      this.suggestions,
     );
     this.transcript = h(
       'div',
@@ -260,6 +262,11 @@ export class ChatView {
       h('div', { class: 'composer-buttons' }, this.sendButton, this.stopButton),
       this.help,
     );
+    this.watchNote = h(
+      'p',
+      { class: 'watch-note', hidden: true },
+      'You are watching this chat. You can read everything here, but only participants can write, answer or approve.',
+    );
     this.back = h('a', { class: 'back button ghost', href: '#/' }, h('span', { 'aria-hidden': 'true' }, '← '), 'Sessions');
     this.el = h(
       'section',
@@ -279,6 +286,7 @@ export class ChatView {
       this.tabs,
       this.transcript,
       this.composer,
+      this.watchNote,
     );
     this.seen = null;
   }
@@ -349,6 +357,7 @@ export class ChatView {
   /**
    * Show the chat. `view` = {uri, session, chat, chatHref(uri), missing,
    * me (who the server takes this page for), clientId, mayCreateChats,
+   * watching (this page only watches: nothing to write or stop),
    * full (the reason the server refused a turn here as full, or null)}.
    */
   update(view) {
@@ -383,6 +392,12 @@ export class ChatView {
     this.activeTurn = chat?.activeTurn ?? null;
     syncKeyed(this.list, this.turns, items, (item) => item.turn.id, (item) => new TurnView(item, this.ctx));
     this.empty.hidden = !chat || items.length > 0;
+    this.composer.hidden = Boolean(view.watching);
+    this.watchNote.hidden = !view.watching;
+    if (this.suggestions) this.suggestions.hidden = Boolean(view.watching);
+    this.emptyHint.textContent = view.watching
+      ? 'When the agent asks for answers or an approval, you will see it here, and who gives them.'
+      : 'Tell the agent what you need. When it needs answers or an approval, it asks everyone in this chat.';
     this.older.hidden = !chat?.turnsNextCursor;
     this.sendButton.disabled = !chat;
     this.sendButton.hidden = Boolean(this.activeTurn);

@@ -17,7 +17,14 @@ export const ALREADY_EXISTS = -32010;
 /** Whether the server lets `identity` (initialize's) create chats; not
  * while who this page is is still unknown. */
 export function mayCreateChats(identity) {
-  return identity != null && identity.role !== 'observer';
+  return identity != null && !watchesOnly(identity);
+}
+
+/** Whether `identity` only watches (an observer token: the server refuses
+ * every action it sends), so the page offers it nothing to write, answer,
+ * approve or stop. */
+export function watchesOnly(identity) {
+  return identity?.role === 'observer';
 }
 
 /** The URI of a new chat whose id is `id` (random: the client chooses it). */

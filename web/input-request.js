@@ -148,18 +148,22 @@ export class InputRequestView {
       this.fields.set(question.id, field);
       return field.el;
     });
+    // An observer sees the answers as people type them, with nothing to change or press.
+    const watching = this.ctx.watching?.() ?? false;
     const form = h(
       'form',
       { novalidate: true, onsubmit: (event) => { event.preventDefault(); this.complete('accept'); } },
-      fields,
+      watching ? h('fieldset', { class: 'answers', disabled: true }, fields) : fields,
       this.formError,
-      h(
-        'div',
-        { class: 'actions' },
-        h('button', { type: 'submit', class: 'primary' }, 'Submit'),
-        h('button', { type: 'button', class: 'secondary', onclick: () => this.complete('decline') }, 'Decline'),
-        h('button', { type: 'button', class: 'ghost', onclick: () => this.complete('cancel') }, 'Cancel request'),
-      ),
+      watching
+        ? h('p', { class: 'watch-only' }, 'Waiting for a participant to answer.')
+        : h(
+            'div',
+            { class: 'actions' },
+            h('button', { type: 'submit', class: 'primary' }, 'Submit'),
+            h('button', { type: 'button', class: 'secondary', onclick: () => this.complete('decline') }, 'Decline'),
+            h('button', { type: 'button', class: 'ghost', onclick: () => this.complete('cancel') }, 'Cancel request'),
+          ),
     );
     return [
       h('div', { class: 'card-head' }, h('span', { class: 'badge need' }, 'Input needed'), this.deadlineSlot, shared()),
@@ -191,6 +195,14 @@ export class InputRequestView {
     const warning = parts.ok
       ? h('p', { class: 'muted' }, 'Check the address before you open it. It opens in a new tab; come back and press Done when you have finished there.')
       : h('p', { class: 'warning' }, 'This is not an http or https link, so Huddle will not open it.');
+    if (this.ctx.watching?.()) {
+      return [
+        h('div', { class: 'card-head' }, h('span', { class: 'badge need' }, 'Link to visit'), this.deadlineSlot, shared()),
+        this.title(request, 'The agent asks someone to visit a page.'),
+        h('div', { class: 'url-box' }, h('span', { class: 'url-label' }, 'Address'), urlDisplay(request.url)),
+        h('p', { class: 'watch-only' }, 'Waiting for a participant to visit it.'),
+      ];
+    }
     return [
       h('div', { class: 'card-head' }, h('span', { class: 'badge need' }, 'Link to visit'), this.deadlineSlot, shared()),
       this.title(request, 'The agent asks you to visit a page.'),

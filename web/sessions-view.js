@@ -108,8 +108,11 @@ export class SessionsView {
     }
   }
 
-  /** `entries`: [{summary, current, unread, href}], most recent first. */
-  update(entries, { loaded }) {
+  /** `entries`: [{summary, current, unread, href}], most recent first;
+   * `watching`: this page only watches (no new sessions). */
+  update(entries, { loaded, watching = false }) {
+    this.newButton.hidden = watching;
+    if (watching) this.form.hidden = true;
     const now = Date.now();
     syncKeyed(
       this.list,

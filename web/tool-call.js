@@ -182,13 +182,14 @@ export class ToolCallView {
   buildApproval() {
     const call = this.call;
     const sending = this.ctx.isSending(call.toolCallId);
+    const watching = this.ctx.watching?.() ?? false; // an observer: what is asked, nothing to press
     const options = call.options?.length
       ? call.options
       : [{ id: null, label: 'Approve', kind: 'approve' }, { id: null, label: 'Deny', kind: 'deny' }];
     const original = call.toolInput ?? '';
     let editor = null;
     let inputError = null;
-    if (call.editable) {
+    if (call.editable && !watching) {
       const editorId = uid('tool-input');
       inputError = h('p', { class: 'q-error', id: `${editorId}-error`, hidden: true });
       editor = h('textarea', {
@@ -246,8 +247,9 @@ export class ToolCallView {
           ? h('div', { class: 'field' }, h('p', { class: 'q-title' }, 'Input'), h('pre', null, prettyJson(original)))
           : null,
       this.errorEl,
-      h('div', { class: 'actions approval-actions' }, buttons),
-      denyForm,
+      watching
+        ? h('p', { class: 'watch-only' }, 'Waiting for a participant to approve or deny it.')
+        : [h('div', { class: 'actions approval-actions' }, buttons), denyForm],
     ];
   }
 
@@ -347,12 +349,14 @@ export class ToolCallView {
       call.error?.message ? h('p', { class: 'warning' }, call.error.message) : null,
       output ? h('pre', null, prettyJson(output)) : null,
       this.errorEl,
-      h(
-        'div',
-        { class: 'actions' },
-        h('button', { type: 'button', class: 'primary', onclick: () => confirm(true) }, 'Accept result'),
-        h('button', { type: 'button', class: 'danger-outline', onclick: () => confirm(false) }, 'Reject result'),
-      ),
+      this.ctx.watching?.()
+        ? h('p', { class: 'watch-only' }, 'Waiting for a participant to check it.')
+        : h(
+            'div',
+            { class: 'actions' },
+            h('button', { type: 'button', class: 'primary', onclick: () => confirm(true) }, 'Accept result'),
+            h('button', { type: 'button', class: 'danger-outline', onclick: () => confirm(false) }, 'Reject result'),
+          ),
     ];
   }
 }

@@ -15,6 +15,7 @@ import {
   mayCreateChats,
   newChatUri,
   reasonCode,
+  watchesOnly,
 } from '../chats.js';
 import { RpcError } from '../ahp-client.js';
 
@@ -36,6 +37,11 @@ for (const [what, identity, may] of ROLES) {
     assert.equal(mayCreateChats(identity), may);
   });
 }
+
+test('only an observer only watches (nobody known yet may still write: the server decides)', () => {
+  const watching = ROLES.filter(([, identity]) => watchesOnly(identity)).map(([what]) => what);
+  assert.deepEqual(watching, ['an observer']);
+});
 
 test('createChat carries the session as its channel and the new chat, in AHP form only', () => {
   const chat = newChatUri('0a1b2c3d4e5f6789');

@@ -642,9 +642,10 @@ def _as_sent_by(grant: Grant, who: Identity, action: StateAction) -> StateAction
     if isinstance(action, ChatToolCallConfirmed) and action.user_suggestion is not None:
         return replace(action, user_suggestion=_without_huddle_meta(action.user_suggestion))
     if isinstance(action, ChatTurnStarted):
-        return replace(action, message=stamped(action.message, grant, turn=new_turn_stamp()))
+        message = _without_huddle_meta(action.message)
+        return replace(action, message=stamped(message, grant, turn=new_turn_stamp()))
     if isinstance(action, ChatPendingMessageSet):
-        return replace(action, message=stamped(action.message, grant))
+        return replace(action, message=stamped(_without_huddle_meta(action.message), grant))
     return action
 
 
@@ -652,7 +653,8 @@ def _without_huddle_meta(value: _Struct) -> _Struct:
     """``value`` (a person's action, or a message in one) without
     ``_meta.huddle``: what is there is the server's word (who sent it, an
     expiry that made it), which a person's client may not say. The messages
-    of turns and pending messages are stamped instead (server.policy.stamped)."""
+    of turns and pending messages are then stamped (server.policy.stamped),
+    with the server's keys only."""
     meta = getattr(value, "meta", None)
     if not meta or HUDDLE not in meta:
         return value

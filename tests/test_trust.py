@@ -458,3 +458,11 @@ async def test_a_persons_action_carries_no_huddle_meta_of_its_own(huddle: Runnin
     assert isinstance(state, ChatState)
     assert state.draft is not None
     assert state.draft.meta == {"x": 1}
+
+    # A queued message is stamped with the server's keys, and only those.
+    queued = ChatPendingMessageSet(
+        kind="queued", id="q1", message=replace(user_message("next"), meta=forged)
+    )
+    sent = (await mallory.dispatch_and_wait(chat, queued)).action
+    assert isinstance(sent, ChatPendingMessageSet)
+    assert sent.message.meta == {"huddle": {"by": token_id(mallory.token)}, "x": 1}

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Locator, Page, WebSocket, expect
+from playwright.async_api import Browser, Locator, Page, WebSocket, WebSocketRoute, expect
 
 from protocol.actions import (
     ChatDelta,
@@ -45,6 +45,7 @@ from tests import test_web_client as web
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
 from tests.edge import CuttingProxy
 from tests.test_web_client import (
+    answer_ticket_form,
     chat_state,
     create_session,
     open_client,
@@ -670,3 +671,72 @@ async def test_an_observer_watches_the_requests_live_with_nothing_to_press(
     await expect(olga.get_by_text("Approved by Lee")).to_be_visible()
     assert [frame for frame in wire.sent[0] if frame.get("method") == "dispatchAction"] == []
     await expect(olga.get_by_role("alert")).to_have_count(0)  # nothing refused: nothing sent
+
+
+# ─── Two people deciding at once ─────────────────────────────────────────────
+
+
+@dataclass
+class Deaf:
+    """A page's sockets whose frames from the server can be held back, as a
+    slow network would: what the page sends goes on at once."""
+
+    holding: bool = False
+    held: list[tuple[WebSocketRoute, str | bytes]] = field(default_factory=list)
+    refused: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a held frame refuses an action of the page's."""
+
+    async def prepare(self, page: Page) -> None:
+        def route(ws: WebSocketRoute) -> None:
+            server = ws.connect_to_server()
+            ws.on_message(server.send)
+
+            def from_server(message: str | bytes) -> None:
+                if self.holding:
+                    self.held.append((ws, message))
+                    if "rejectionReason" in str(message):
+                        self.refused.set()
+                else:
+                    ws.send(message)
+
+            server.on_message(from_server)
+
+        await page.route_web_socket(re.compile(r"/ahp"), route)
+
+    def release(self) -> None:
+        self.holding = False
+        for ws, message in self.held:
+            ws.send(message)
+        self.held.clear()
+
+
+async def test_a_denial_that_lost_the_race_to_an_approval_is_told_so(
+    browser: Browser, demo_server: RunningServer
+) -> None:
+    base = demo_server.http
+    session, _ = await create_session(base, "Both at once")
+    _, lee = await open_client(browser, base, demo_server.token(name="Lee"), session=session)
+    dana_ears = Deaf()
+    _, dana = await open_client(
+        browser, base, demo_server.token(name="Dana"), session=session, prepare=dana_ears.prepare
+    )
+    await start_ticket_story(lee)
+    await answer_ticket_form(lee)
+    await expect(dana.get_by_role("button", name="Deny")).to_be_visible()
+
+    # Lee approves while Dana's page has not heard of it yet; Dana denies.
+    dana_ears.holding = True
+    await lee.get_by_role("button", name="Approve").click()
+    await expect(lee.get_by_text("Approved by Lee")).to_be_visible()
+    await dana.get_by_role("button", name="Deny").click()
+    await dana.get_by_role("button", name="Deny the call").click()
+    async with asyncio.timeout(10 * UNIT):
+        await dana_ears.refused.wait()
+    dana_ears.release()
+
+    await expect(
+        dana.get_by_role("status").filter(has_text="Your denial did not count")
+    ).to_be_visible()
+    await expect(dana.get_by_text("Approved by Lee")).to_be_visible()
+    await expect(dana.get_by_role("alert")).to_have_count(0)
+    await shot(dana, "race-lost")

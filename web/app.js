@@ -10,7 +10,7 @@ import { AhpClient, randomId, RpcError } from './ahp-client.js';
 import { createChatParams, isChatFull, listsChat, madeBefore, mayCreateChats, newChatUri, watchesOnly } from './chats.js';
 import { ChatView } from './chat-view.js';
 import { h } from './dom.js';
-import { isRead, reasonSentence } from './format.js';
+import { isRead, reasonSentence, tooLateText } from './format.js';
 import { isoTime } from './reducers.js';
 import { SessionsView } from './sessions-view.js';
 import { rejectReason } from './validation.js';
@@ -658,6 +658,13 @@ client.addEventListener('missing', ({ detail: { uri } }) => {
 
 client.addEventListener('rejected', ({ detail: { uri, action, reason } }) => {
   const sentence = reasonSentence(reason);
+  const late = tooLateText(action, reason);
+  if (late) {
+    // Someone else's decision came first: the card already shows theirs.
+    toast(late, 'info');
+    scheduleRender();
+    return;
+  }
   switch (action.type) {
     case 'chat/inputCompleted':
       app.errors.set(action.requestId, reason);

@@ -90,3 +90,26 @@ export function reasonSentence(reason) {
   const sentence = String(reason ?? '').replace(/^[a-z-]+:\s*/, '');
   return sentence.charAt(0).toUpperCase() + sentence.slice(1);
 }
+
+/**
+ * What a person is told when their decision came too late: their approval,
+ * denial, result check or reply reached the server after the call or the
+ * request was decided (by someone else, or by its deadline: the first
+ * decision wins, every later one is rejected). Null for any other
+ * rejection. The card itself shows what was decided, and by whom.
+ */
+export function tooLateText(action, reason) {
+  const code = /^([a-z-]+):/.exec(String(reason ?? ''))?.[1];
+  if (code === 'tool-call-not-pending' && action.type === 'chat/toolCallConfirmed') {
+    const what = action.approved ? 'approval' : 'denial';
+    return `Your ${what} did not count: the call was already decided when it arrived.`;
+  }
+  if (code === 'tool-call-not-pending' && action.type === 'chat/toolCallResultConfirmed') {
+    return 'Your check of the result did not count: it was already checked when it arrived.';
+  }
+  if (code === 'no-open-input-request' && action.type === 'chat/inputCompleted') {
+    const [what, it] = action.response === 'accept' ? ['answers', 'they'] : [action.response === 'decline' ? 'decline' : 'cancel', 'it'];
+    return `Your ${what} did not count: the request was already closed when ${it} arrived.`;
+  }
+  return null;
+}

@@ -23,6 +23,7 @@ from playwright.async_api import Browser, Locator, Page, WebSocket, WebSocketRou
 
 from protocol.actions import (
     ChatDelta,
+    ChatInputAnswerChanged,
     ChatInputCompleted,
     ChatInputRequested,
     ChatResponsePart,
@@ -30,9 +31,12 @@ from protocol.actions import (
 )
 from protocol.chat import (
     ChatState,
+    InputAnswer,
     InputRequest,
+    InputRequestPart,
     MarkdownPart,
     TextQuestion,
+    TextValue,
     ToolCallPart,
     ToolCallPendingConfirmation,
 )
@@ -740,3 +744,38 @@ async def test_a_denial_that_lost_the_race_to_an_approval_is_told_so(
     await expect(dana.get_by_text("Approved by Lee")).to_be_visible()
     await expect(dana.get_by_role("alert")).to_have_count(0)
     await shot(dana, "race-lost")
+
+
+# ─── An answer typed offline, another given meanwhile ────────────────────────
+
+
+async def test_an_answer_typed_offline_does_not_replace_one_given_meanwhile(
+    browser: Browser, plain_server: RunningServer, proxied: CuttingProxy
+) -> None:
+    wire = Wire()
+    page, agent, _ = await answered_through(browser, plain_server, proxied, wire)
+    proxied.hold_new_connections()
+    proxied.cut_at_next_send()
+    system = page.get_by_label("Affected system")
+    await system.fill("SSO only")
+    await system.press("Tab")  # lost with the connection: it waits on the page
+    await expect(page.locator("#connection")).to_contain_text("Reconnecting")
+
+    # Dana answers while Lee's page is away; Lee's older edit must not replace it.
+    dana = InputAnswer(state="submitted", value=TextValue(value="SSO and VPN"))
+    changed = ChatInputAnswerChanged(request_id=FORM.id, question_id="system", answer=dana)
+    await plain_server.server.host.dispatch(agent.chat, changed)
+    proxied.release()
+
+    told = page.get_by_role("status").filter(has_text="was not sent")
+    await expect(told).to_contain_text("someone else changed it while you were offline")
+    await expect(told).to_contain_text("You had answered: “SSO only”")
+    await expect(page.locator("#connection")).to_be_hidden()
+    await expect(system).to_have_value("SSO and VPN")
+    turn = (await chat_state(plain_server, agent.chat)).active_turn
+    assert turn is not None
+    request = next(p.request for p in turn.response_parts if isinstance(p, InputRequestPart))
+    assert (request.answers or {})["system"].value == TextValue(value="SSO and VPN")
+    later = range(1, len(wire.sent))  # the sockets after the cut
+    assert [wire.dispatched(i, "chat/inputAnswerChanged") for i in later] == [[] for _ in later]
+    await shot(page, "answer-overtaken")

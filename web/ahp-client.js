@@ -31,7 +31,8 @@
 // `rejected` {uri, action, reason}, `notice` {method, params} for root
 // notifications, `missing` {uri}, `identity` {identity} after every
 // initialize, `resumed` {renaming} after every reconnect (renaming: one
-// `rename` asked for, not a drop).
+// `rename` asked for, not a drop), `overtaken` {uri, action} for a pending
+// action dropped instead of sent again (overtaken.js).
 
 import { reduce } from './reducers.js';
 import { Replica } from './replica.js';
@@ -546,10 +547,17 @@ export class AhpClient extends EventTarget {
   }
 
   /** Send every pending action not sent on this connection, in clientSeq order
-   * (after a reconnect: all of them, the ones that landed before the drop too). */
+   * (after a reconnect: all of them, the ones that landed before the drop too),
+   * but those someone else's overtook meanwhile (replica.js): dropped, and
+   * told (`overtaken`). */
   flushPending() {
     const unsent = [];
     for (const replica of this.replicas.values()) {
+      for (const entry of replica.pending.filter((e) => !e.sentOn && e.overtaken)) {
+        replica.dropPending(entry.clientSeq);
+        this.emit('overtaken', { uri: replica.uri, action: entry.action });
+        this.emit('change', { uri: replica.uri });
+      }
       for (const entry of replica.pending) if (!entry.sentOn) unsent.push([replica, entry]);
     }
     unsent.sort((a, b) => a[1].clientSeq - b[1].clientSeq);

@@ -11,6 +11,7 @@ import { createChatParams, isChatFull, listsChat, madeBefore, mayCreateChats, ne
 import { ChatView } from './chat-view.js';
 import { h } from './dom.js';
 import { isRead, reasonSentence, tooLateText } from './format.js';
+import { overtakenText } from './overtaken.js';
 import { isoTime } from './reducers.js';
 import { SessionsView } from './sessions-view.js';
 import { rejectReason } from './validation.js';
@@ -654,6 +655,10 @@ client.addEventListener('missing', ({ detail: { uri } }) => {
   app.missing.add(uri);
   if (uri === app.sessionUri || uri === app.chatUri) toast('This session no longer exists.', 'error');
   scheduleRender();
+});
+
+client.addEventListener('overtaken', ({ detail: { uri, action } }) => {
+  toast(overtakenText(client.state(uri), action), 'info');
 });
 
 client.addEventListener('rejected', ({ detail: { uri, action, reason } }) => {

@@ -11,6 +11,11 @@
 // - The client's own echo confirms its pending action (removes it; the
 //   server's copy is what gets applied); a rejection removes it and reports
 //   why. Pure apart from the reducer it is given: no I/O, no clock.
+// - A pending action someone else's overtook while it waited (overtaken.js:
+//   an answer they changed meanwhile) is marked `overtaken`: the client
+//   drops it instead of sending it again after a reconnect.
+
+import { overtakenBySnapshot, overtakes } from './overtaken.js';
 
 export class Replica {
   /**
@@ -42,6 +47,10 @@ export class Replica {
 
   /** Start over from a snapshot (`{state, fromSeq}`); pending actions stay and are rebased. */
   reset(snapshot) {
+    const before = this.confirmed;
+    for (const entry of this.pending) {
+      entry.overtaken = overtakenBySnapshot(before, snapshot.state, entry.action, Boolean(entry.overtaken), this.pending);
+    }
     this.confirmed = snapshot.state;
     this.serverSeq = snapshot.fromSeq;
     this.ready = true;
@@ -89,6 +98,9 @@ export class Replica {
     this.confirmed = this.reduce(this.confirmed, envelope.action, nowMs);
     this.serverSeq = envelope.serverSeq;
     if (own) this.dropPending(origin.clientSeq);
+    else {
+      for (const entry of this.pending) if (overtakes(envelope.action, entry.action)) entry.overtaken = true;
+    }
     this.cached = null;
     return { kind: 'applied', own };
   }

@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import { AhpClient } from '../ahp-client.js';
+import { overtakenText } from '../overtaken.js';
 import { reduce } from '../reducers.js';
 import { Replica } from '../replica.js';
 
@@ -172,4 +173,76 @@ test("the server's answer to an action sent again confirms it without applying i
   const foreign = { channel: CHAT, action: draft('a', 'x'), serverSeq: 7, origin: { clientId: 'web-other', clientSeq: 5 } };
   assert.deepEqual(r.applyEnvelope(foreign, ME, NOW), { kind: 'duplicate' });
   assert.equal(r.pending.length, 1);
+});
+
+// ─── Answers others changed while ours waited (web/overtaken.js) ────────────
+
+/** A client holding `r`, on a socket that records what it sends. */
+function clientOf(r) {
+  const client = new AhpClient({ url: 'ws://unused/ahp', clientId: ME });
+  client.replicas.set(CHAT, r);
+  const sent = [];
+  client.socket = { send: (text) => sent.push(JSON.parse(text).params.action) };
+  const told = [];
+  client.addEventListener('overtaken', ({ detail }) => told.push(detail.action));
+  return { client, sent, told };
+}
+
+test("an answer someone else changed while ours waited offline is dropped and told, not sent", () => {
+  const r = replica(5);
+  const { client, sent, told } = clientOf(r);
+  r.addPending(1, draft('a', 'mine, typed offline'), NOW);
+  r.addPending(2, draft('b', 'nobody else touched this'), NOW);
+  const theirs = { channel: CHAT, action: draft('a', 'theirs'), serverSeq: 6, origin: { clientId: 'web-dana', clientSeq: 1 } };
+  r.applyEnvelope(theirs, ME, NOW);
+  client.flushPending(); // back online
+  assert.deepEqual(told, [draft('a', 'mine, typed offline')]);
+  assert.deepEqual(sent, [draft('b', 'nobody else touched this')]);
+  assert.equal(answers(r.state).a.value.value, 'theirs');
+});
+
+test('an edit in flight when another arrives is still sent by a page that stays connected', () => {
+  const r = replica(5);
+  const { client, sent } = clientOf(r);
+  r.addPending(1, draft('a', 'mine'), NOW);
+  client.sendPending(r, r.pending[0]); // online: out at once; the server orders both
+  r.applyEnvelope({ channel: CHAT, action: draft('a', 'theirs'), serverSeq: 6, origin: { clientId: 'web-dana', clientSeq: 1 } }, ME, NOW);
+  client.flushPending();
+  assert.deepEqual(sent, [draft('a', 'mine')]);
+  r.applyEnvelope({ channel: CHAT, action: draft('a', 'mine'), serverSeq: 7, origin: { clientId: ME, clientSeq: 1 } }, ME, NOW);
+  assert.equal(answers(r.state).a.value.value, 'mine');
+});
+
+test('after a snapshot, an answer changed to something not ours overtakes our edits of it', () => {
+  const r = replica(5);
+  const { client, sent, told } = clientOf(r);
+  r.addPending(1, draft('a', 'SSO'), NOW);
+  r.addPending(2, draft('a', 'SSO only'), NOW);
+  r.addPending(3, draft('b', 'kept'), NOW);
+  const changed = reduce('chat', chatWithRequest(), draft('a', 'SSO and VPN'), NOW);
+  client.applyResume({ type: 'snapshot', channel: CHAT, snapshot: { resource: CHAT, state: changed, fromSeq: 9 } });
+  client.flushPending();
+  assert.deepEqual(told.map((a) => a.answer.value.value), ['SSO', 'SSO only']);
+  assert.deepEqual(sent, [draft('b', 'kept')]);
+});
+
+test('after a snapshot, our own edit that landed before the drop overtakes nothing of ours', () => {
+  const r = replica(5);
+  const { client, sent, told } = clientOf(r);
+  r.addPending(1, draft('a', 'SSO'), NOW); // landed before the drop; its echo was lost
+  r.addPending(2, draft('a', 'SSO only'), NOW); // typed offline
+  const landed = reduce('chat', chatWithRequest(), draft('a', 'SSO'), NOW);
+  client.applyResume({ type: 'snapshot', channel: CHAT, snapshot: { resource: CHAT, state: landed, fromSeq: 6 } });
+  client.flushPending();
+  assert.deepEqual(told, []);
+  assert.deepEqual(sent, [draft('a', 'SSO'), draft('a', 'SSO only')]);
+});
+
+test('what the page says of an overtaken answer names the question and keeps what was typed', () => {
+  const text = overtakenText(chatWithRequest(), draft('a', 'mine, typed offline'));
+  assert.equal(
+    text,
+    'Your answer to “A?” was not sent: someone else changed it while you were offline, and theirs stays. You had answered: “mine, typed offline”.',
+  );
+  assert.match(overtakenText(null, draft('a', 'x')), /^Your answer to “a question” was not sent/);
 });

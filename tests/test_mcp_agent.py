@@ -33,7 +33,7 @@ from server.runner.turn import ModelMessage, ToolCall
 from server.serve import UvicornServer
 from server.store.redis import RedisStore
 from tests.conftest import RunningServer, start_server, user_message
-from tests.edge import eventually
+from tests.edge import eventually, http
 from tests.mcp_kit import (
     LEGACY,
     MODERN,
@@ -235,6 +235,11 @@ async def answered(room: Room, part: InputRequestPart) -> ChatState:
     return await wait_for(room.mirror, lambda s: bool(s.turns))
 
 
+async def metrics_of(huddle: RunningServer) -> str:
+    reply = await http("GET", f"{huddle.http}/metrics", token=huddle.token("agent"))
+    return reply.body.decode()
+
+
 async def lends_its_place(huddle: RunningServer) -> None:
     """One worker (the default): an MCP question holds it, and a spare runs
     the other chats' turns meanwhile."""
@@ -244,6 +249,7 @@ async def lends_its_place(huddle: RunningServer) -> None:
         assert crew.lent == 1
         second, other = await asked(huddle, "bob")  # stalled here before
         assert crew.lent == 2  # the spare's own question lent its place too
+        assert "huddle_runner_spare_workers 2.0" in await metrics_of(huddle)
         assert (await answered(second, other)).turns[-1].state == "complete"
         done = await answered(first, waiting)
         await eventually(lambda: crew.lent == 0)  # the spares retire
@@ -281,6 +287,7 @@ async def test_with_no_spare_left_other_turns_wait_for_an_answer(
             crew = huddle.server.parts.service.crew  # type: ignore[union-attr]
             first, waiting = await asked(huddle, "alice")
             assert "all 0 spare workers are lent" in caplog.text
+            assert "huddle_runner_spares_exhausted_total 1.0" in await metrics_of(huddle)
             second = await open_room(huddle, "bob")  # waits for the worker
             assert (await answered(first, waiting)).turns[-1].state == "complete"
             other = await next_request(second.mirror)  # its turn ran once the worker was free

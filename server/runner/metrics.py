@@ -9,16 +9,26 @@ that counts them, and a collector a registry can take
                                                 theirs stopped
     huddle_runner_retries_scheduled_total       transient failures retried later
     huddle_runner_turns_ended_total{status}     turns that ended, by status
+    huddle_runner_spare_workers                 spare workers running now, in
+                                                the place of workers whose
+                                                tools wait for people
+    huddle_runner_spares_exhausted_total        waits for people that found
+                                                every spare lent (other turns
+                                                waited: --spare-workers)
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from server.runner.events import EventType, RunnerEvent
+
+if TYPE_CHECKING:
+    from server.runner.worker import Crew
 
 _ENDINGS = {
     EventType.TURN_COMPLETED,
@@ -28,9 +38,11 @@ _ENDINGS = {
 
 
 class RunnerMetrics:
-    """Counts runner events (add it to ``runner.listeners``)."""
+    """Counts runner events (add it to ``runner.listeners``); ``crew``: the
+    workers whose spares it shows."""
 
-    def __init__(self) -> None:
+    def __init__(self, crew: Crew | None = None) -> None:
+        self.crew = crew
         self.failed: Counter[str] = Counter()
         self.taken_over = 0
         self.retries = 0
@@ -71,3 +83,14 @@ class RunnerMetrics:
         for status, count in sorted(self.ended.items()):
             ended.add_metric([status], count)
         yield ended
+        if self.crew is not None:
+            yield GaugeMetricFamily(
+                "huddle_runner_spare_workers",
+                "Spare workers running in the place of workers whose tools wait for people",
+                value=self.crew.lent,
+            )
+            yield CounterMetricFamily(
+                "huddle_runner_spares_exhausted",
+                "Waits for people inside tools that found every spare worker lent",
+                value=self.crew.exhausted,
+            )

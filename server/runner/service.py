@@ -66,9 +66,6 @@ class AgentService:
         self.host = host
         self.store = store
         self.runner = Runner(store, [agent], clock=clock, lease_seconds=lease_seconds)
-        self.metrics = RunnerMetrics()
-        """The runner's counters (a Prometheus collector)."""
-        self.runner.listeners.append(self.metrics)
         self.bridge = ChatBridge(host, agent)
         self.bridge.attach(self.runner)
         self.crew = Crew(
@@ -78,6 +75,9 @@ class AgentService:
             reconcile=self.bridge.reconcile,
             idle_wait=idle_wait,
         )
+        self.metrics = RunnerMetrics(self.crew)
+        """The runner's counters (a Prometheus collector)."""
+        self.runner.listeners.append(self.metrics)
 
     async def start(self) -> None:
         self.crew.start()

@@ -177,6 +177,8 @@ class Crew:
         self._options = options
         self.workers = [Worker(runner, spare=self._spare, **options) for _ in range(size)]
         self._lent = 0
+        self.exhausted = 0
+        """Waits for people that found every spare lent."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -196,6 +198,7 @@ class Crew:
 
     def _spare(self) -> asyncio.Event | None:
         if self._lent >= self.spares:
+            self.exhausted += 1
             log.warning(
                 "a tool waits for people and all %d spare workers are lent: other turns "
                 "wait until someone answers (--spare-workers)",

@@ -121,6 +121,14 @@ class _Source:
         value = self.raw(name)
         return default if value is None else int(value)
 
+    def count(self, name: str, default: int) -> int:
+        """:meth:`integer`, refused below 0 (a number of things)."""
+        value = self.integer(name, default)
+        if value < 0:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} is a count: 0 or more, not {value}")
+        return value
+
     def number(self, name: str, default: float) -> float:
         value = self.raw(name)
         return default if value is None else float(value)
@@ -153,8 +161,8 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         token=None if token is None else str(token),
         origins=src.items("origins"),
         agent=src.text("agent", base.agent),
-        workers=src.integer("workers", base.workers),
-        spare_workers=src.integer("spare_workers", base.spare_workers),
+        workers=src.count("workers", base.workers),
+        spare_workers=src.count("spare_workers", base.spare_workers),
         lease_seconds=src.number("lease_seconds", base.lease_seconds),
         max_frame_bytes=src.integer("max_frame_bytes", base.max_frame_bytes),
         max_body_bytes=src.integer("max_body_bytes", base.max_body_bytes),

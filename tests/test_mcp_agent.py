@@ -6,6 +6,7 @@ Huddle server running the agent, a participant on a real WebSocket."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -24,9 +25,10 @@ from protocol.chat import (
     ToolCallPart,
     ToolCallPendingConfirmation,
 )
-from server.config import Settings
+from server.config import Settings, settings_from
 from server.mcp import McpServerConfig, McpToolFailed, McpToolSource
 from server.runner.agent import Agent, Tool, require_approval_for
+from server.runner.context import ToolContext
 from server.runner.model import ModelReply, ScriptedModel, last_tool_result
 from server.runner.redis_store import RedisTurnStore
 from server.runner.turn import ModelMessage, ToolCall
@@ -208,13 +210,19 @@ async def test_tools_listed_outside_an_event_loop_are_called_in_the_servers_loop
             await source.call("broken", {}, people=None)
 
 
-def asker(tools: Sequence[Tool]) -> Agent:
-    """Has the MCP server ask for a contact, then reports what it said."""
+def asker(tools: Sequence[Tool], *, asks: int = 1, seen: list[str] | None = None) -> Agent:
+    """Has the MCP server ask for a contact (``asks`` times, one call after
+    the other), then reports what it said. ``seen`` collects the chat of any
+    tool context the model finds itself in (it runs outside every tool)."""
 
     def script(messages: Sequence[ModelMessage]) -> ModelReply:
+        with contextlib.suppress(LookupError):
+            if seen is not None:
+                seen.append(str(ToolContext.current().chat))
         result = last_tool_result(messages, "fill")
         if result is None:
-            return ModelReply(tool_calls=[ToolCall(id="c1", name="fill", arguments=CONTACT)])
+            calls = [ToolCall(id=f"c{i}", name="fill", arguments=CONTACT) for i in range(asks)]
+            return ModelReply(tool_calls=calls)
         return ModelReply(text=f"Said: {result}")
 
     return Agent(name="asker", instructions="Ask.", model=ScriptedModel(script), tools=tuple(tools))
@@ -242,7 +250,8 @@ async def metrics_of(huddle: RunningServer) -> str:
 
 async def lends_its_place(huddle: RunningServer) -> None:
     """One worker (the default): an MCP question holds it, and a spare runs
-    the other chats' turns meanwhile."""
+    the other chats' turns meanwhile (the spare in a context of its own: not
+    the tool's that lent it)."""
     try:
         crew = huddle.server.parts.service.crew  # type: ignore[union-attr]
         first, waiting = await asked(huddle, "alice")
@@ -261,8 +270,11 @@ async def lends_its_place(huddle: RunningServer) -> None:
 
 async def test_an_unanswered_mcp_question_leaves_the_worker_to_other_chats() -> None:
     config = McpServerConfig.in_process("kit", build_server("kit"))
+    seen: list[str] = []
     async with McpToolSource(config) as source:
-        await lends_its_place(await start_server(agent=asker(await source.list_tools())))
+        agent = asker(await source.list_tools(), seen=seen)
+        await lends_its_place(await start_server(agent=agent))
+    assert seen == []  # bob's model ran in the spare, which alice's tool had started
 
 
 async def test_a_spare_worker_waits_for_work_in_redis(redis_server: RedisServer) -> None:
@@ -293,5 +305,70 @@ async def test_with_no_spare_left_other_turns_wait_for_an_answer(
             other = await next_request(second.mirror)  # its turn ran once the worker was free
             assert (await answered(second, other)).turns[-1].state == "complete"
             assert crew.lent == 0
+        finally:
+            await huddle.stop()
+
+
+async def test_a_place_that_comes_free_goes_to_a_wait_that_found_none() -> None:
+    config = McpServerConfig.in_process("kit", build_server("kit"))
+    async with McpToolSource(config) as source:
+        agent = asker(await source.list_tools())
+        huddle = await start_server(Settings(port=0, spare_workers=1), agent=agent)
+        try:
+            crew = huddle.server.parts.service.crew  # type: ignore[union-attr]
+            alice, for_alice = await asked(huddle, "alice")  # the worker lends its place
+            bob, for_bob = await asked(huddle, "bob")  # the spare asks, and finds none
+            await answered(alice, for_alice)  # the worker is free again...
+            carol, for_carol = await asked(huddle, "carol")  # ...and asks: none to be had
+            await answered(bob, for_bob)  # the spare ends bob's turn and stops
+            dave, for_dave = await asked(huddle, "dave")  # stalled here before
+            assert crew.lent == 1  # carol's worker's place, which dave's turn took
+            for room, part in ((carol, for_carol), (dave, for_dave)):
+                assert (await answered(room, part)).turns[-1].state == "complete"
+            await eventually(lambda: crew.lent == 0)
+        finally:
+            await huddle.stop()
+
+
+async def test_one_turns_questions_in_a_row_keep_one_spare() -> None:
+    config = McpServerConfig.in_process("kit", build_server("kit"))
+    async with McpToolSource(config) as source:
+        huddle = await start_server(agent=asker(await source.list_tools(), asks=3))
+        try:
+            crew = huddle.server.parts.service.crew  # type: ignore[union-attr]
+            room, part = await asked(huddle, "alice")
+            for seen in (1, 2):
+                await reply(room, part.request.id, "accept", ALICE)
+                part = await next_request(room.mirror, seen)
+                assert crew.lent == 1  # the spare still finishing stays; no second one
+            assert (await answered(room, part)).turns[-1].state == "complete"
+        finally:
+            await huddle.stop()
+
+
+def test_worker_counts_are_zero_or_more() -> None:
+    assert settings_from({"spare_workers": 0}, {}).spare_workers == 0
+    with pytest.raises(ValueError, match="--spare-workers is a count: 0 or more, not -5"):
+        settings_from({"spare_workers": -5}, {})
+    with pytest.raises(ValueError, match="--workers is a count"):
+        settings_from({}, {"HUDDLE_WORKERS": "-1"})
+
+
+async def test_a_spare_that_stops_gives_its_place_to_the_first_wait_without_one() -> None:
+    config = McpServerConfig.in_process("kit", build_server("kit"))
+    async with McpToolSource(config) as source:
+        agent = asker(await source.list_tools())
+        huddle = await start_server(Settings(port=0, spare_workers=2), agent=agent)
+        try:
+            crew = huddle.server.parts.service.crew  # type: ignore[union-attr]
+            alice, for_alice = await asked(huddle, "alice")  # the worker lends: spare 1
+            bob, for_bob = await asked(huddle, "bob")  # spare 1 lends: spare 2
+            carol, for_carol = await asked(huddle, "carol")  # spare 2 asks: none left
+            assert (crew.lent, crew.exhausted) == (2, 1)
+            await answered(alice, for_alice)  # spare 1 is to stop once bob's turn ends
+            await answered(bob, for_bob)  # it does; its place goes to spare 2's wait
+            await eventually(lambda: crew.lent == 2 and not crew._wanting)
+            assert (await answered(carol, for_carol)).turns[-1].state == "complete"
+            await eventually(lambda: crew.lent == 0)
         finally:
             await huddle.stop()

@@ -21,16 +21,24 @@ answers; meanwhile the worker lends its place (``ToolContext.people_answering``)
 and the crew runs a spare worker in it, so that one unanswered question does
 not stall every other chat's turns. Spares are bounded per process; one
 whose lender's wait has ended finishes the turn it has and stops (so for a
-moment a process may run one turn more than its workers).
+moment a process may run one turn more than its workers), unless the lender
+waits again first (questions in a row keep one spare). A wait that finds
+every spare lent gets the first place that comes free. Spares run in a
+context of their own, never the asking tool's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import logging
 import secrets
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from server.errors import StoreError
@@ -39,6 +47,9 @@ from server.runner.runner import Runner
 from server.runner.store import Claim, Fenced, VersionConflict, Waiter
 
 log = logging.getLogger("huddle.runner.worker")
+
+WARN_EVERY = 60.0
+"""Seconds between warnings that every spare worker is lent."""
 
 
 class Worker:
@@ -49,20 +60,19 @@ class Worker:
         idle_wait: float = 1.0,
         recover_every: float = 5.0,
         reconcile: Callable[[], Awaitable[int]] | None = None,
-        spare: Callable[[], asyncio.Event | None] | None = None,
+        crew: Crew | None = None,
         retire: asyncio.Event | None = None,
     ) -> None:
         self.runner = runner
         self.idle_wait = idle_wait
         self.recover_every = recover_every
         self.reconcile = reconcile
-        self.spare = spare
-        """Starts a spare worker in this one's place and returns what
-        retires it (None: no spare to be had; see :class:`Crew`)."""
+        self.crew = crew
+        """Where this worker lends its place while its tools wait for
+        people (None: nowhere; see :class:`Crew`)."""
         self.retire = retire
         """Set: this spare stops once it has no turn (None: a crew's own)."""
         self._waits = 0
-        self._retire_spare: asyncio.Event | None = None
         self.executed = 0
         self.waiter_id = f"{runner.owner}:{secrets.token_hex(4)}"
         """Names this worker's waits (one worker task of a runner among
@@ -107,20 +117,25 @@ class Worker:
         except Exception:
             log.exception("recovery sweep failed")
 
+    @property
+    def waiting_for_people(self) -> bool:
+        """Whether a tool of this worker's turn waits for people now."""
+        return self._waits > 0
+
     @contextlib.contextmanager
     def _lend(self) -> Iterator[None]:
         """While a tool of this worker's turn waits for people: a spare in
-        its place (one, however many waits the turn has at once)."""
+        its place (one, however many waits the turn has, at once or in a
+        row)."""
         self._waits += 1
-        if self._waits == 1 and self.spare is not None:
-            self._retire_spare = self.spare()
+        if self._waits == 1 and self.crew is not None:
+            self.crew.lend(self)
         try:
             yield
         finally:
             self._waits -= 1
-            if self._waits == 0 and self._retire_spare is not None:
-                self._retire_spare.set()
-                self._retire_spare = None
+            if self._waits == 0 and self.crew is not None:
+                self.crew.lent_back(self)
 
     async def run(self) -> None:
         """Work until cancelled (a spare: until retired, too)."""
@@ -166,56 +181,110 @@ def _stop_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
+@dataclass
+class _Spare:
+    """A spare worker running in a lender's place: retired (it stops once
+    it has no turn) when the lender's wait ends."""
+
+    retire: asyncio.Event
+    task: asyncio.Task[None]
+
+
 class Crew:
     """The ``size`` workers of a process and the spares they lend their
     place to while their tools wait for people, at most ``spares`` at once
-    (see the module docstring). ``options`` go to every worker."""
+    (see the module docstring). ``options`` go to every worker.
+
+    A lender has one spare at a time: a wait that begins while its last
+    spare is still finishing keeps that one. A wait that finds every spare
+    lent is queued, and the first place that comes free is its spare."""
 
     def __init__(self, runner: Runner, size: int, *, spares: int = 0, **options: Any) -> None:
         self.runner = runner
         self.spares = spares
         self._options = options
-        self.workers = [Worker(runner, spare=self._spare, **options) for _ in range(size)]
-        self._lent = 0
+        self.workers = [Worker(runner, crew=self, **options) for _ in range(size)]
+        self._lent: dict[Worker, _Spare] = {}
+        """By lender: the spare in its place (retired or not, until it stops)."""
+        self._wanting: deque[Worker] = deque()
+        """Lenders whose wait found every spare lent, first come first."""
         self.exhausted = 0
         """Waits for people that found every spare lent."""
+        self._warned = -WARN_EVERY
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
 
     @property
     def lent(self) -> int:
         """Spares running now (lent a place, or finishing a turn)."""
-        return self._lent
+        return len(self._lent)
 
     def start(self) -> None:
         for worker in self.workers:
             self._launch(worker)
 
     def _launch(self, worker: Worker) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(worker.run())
+        # A context of its own: a spare started from a tool's wait must not
+        # carry that tool's context (ToolContext.current(), the lender).
+        run = worker.run()
+        task = asyncio.get_running_loop().create_task(run, context=contextvars.Context())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _spare(self) -> asyncio.Event | None:
-        if self._lent >= self.spares:
+    def lend(self, lender: Worker) -> None:
+        """``lender``'s tool began to wait for people: a spare in its place."""
+        spare = self._lent.get(lender)
+        if spare is not None:
+            spare.retire.clear()  # still finishing: it stays (if it has not stopped)
+            return
+        if self._stopping:
+            return
+        if len(self._lent) >= self.spares:
             self.exhausted += 1
-            log.warning(
-                "a tool waits for people and all %d spare workers are lent: other turns "
-                "wait until someone answers (--spare-workers)",
-                self.spares,
-            )
-            return None
-        self._lent += 1  # until the spare stops: a retired one may still finish a turn
-        retire = asyncio.Event()
-        spare = Worker(self.runner, spare=self._spare, retire=retire, **self._options)
-        self._launch(spare).add_done_callback(self._returned)
-        return retire
+            if lender not in self._wanting:
+                self._wanting.append(lender)
+            now = time.monotonic()
+            if now - self._warned >= WARN_EVERY:
+                self._warned = now
+                log.warning(
+                    "a tool waits for people and all %d spare workers are lent: other turns "
+                    "wait until someone answers (--spare-workers)",
+                    self.spares,
+                )
+            return
+        self._start(lender)
 
-    def _returned(self, _: asyncio.Task[None]) -> None:
-        self._lent -= 1
+    def lent_back(self, lender: Worker) -> None:
+        """``lender``'s wait ended: its spare stops once it has no turn."""
+        spare = self._lent.get(lender)
+        if spare is not None:
+            spare.retire.set()
+        with contextlib.suppress(ValueError):
+            self._wanting.remove(lender)
+
+    def _start(self, lender: Worker) -> None:
+        retire = asyncio.Event()
+        task = self._launch(Worker(self.runner, crew=self, retire=retire, **self._options))
+        self._lent[lender] = _Spare(retire, task)
+        task.add_done_callback(functools.partial(self._returned, lender))
+
+    def _returned(self, lender: Worker, task: asyncio.Task[None]) -> None:
+        """A spare stopped: its place goes to a lender still waiting without
+        one (its own lender first, if it waits again)."""
+        spare = self._lent.get(lender)
+        if spare is not None and spare.task is task:
+            del self._lent[lender]
+            if lender.waiting_for_people and lender not in self._wanting:
+                self._wanting.appendleft(lender)  # un-retired too late
+        while self._wanting and len(self._lent) < self.spares and not self._stopping:
+            wanting = self._wanting.popleft()
+            if wanting.waiting_for_people and wanting not in self._lent:
+                self._start(wanting)
 
     async def stop(self) -> None:
         """Stop every worker and spare (what each was handed goes back)."""
+        self._stopping = True
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -760,6 +760,7 @@ async def test_an_answer_typed_offline_does_not_replace_one_given_meanwhile(
     await system.fill("SSO only")
     await system.press("Tab")  # lost with the connection: it waits on the page
     await expect(page.locator("#connection")).to_contain_text("Reconnecting")
+    await page.get_by_role("button", name="Submit").click()  # with that answer, it waits too
 
     # Dana answers while Lee's page is away; Lee's older edit must not replace it.
     dana = InputAnswer(state="submitted", value=TextValue(value="SSO and VPN"))
@@ -767,9 +768,12 @@ async def test_an_answer_typed_offline_does_not_replace_one_given_meanwhile(
     await plain_server.server.host.dispatch(agent.chat, changed)
     proxied.release()
 
-    told = page.get_by_role("status").filter(has_text="was not sent")
+    told = page.get_by_role("status").filter(has_text="Your answer to")
     await expect(told).to_contain_text("someone else changed it while you were offline")
     await expect(told).to_contain_text("You had answered: “SSO only”")
+    not_submitted = page.get_by_role("status").filter(has_text="Your submit was not sent either")
+    await expect(not_submitted).to_be_visible()
+    await expect(page.get_by_role("button", name="Submit")).to_be_visible()  # still open
     await expect(page.locator("#connection")).to_be_hidden()
     await expect(system).to_have_value("SSO and VPN")
     turn = (await chat_state(plain_server, agent.chat)).active_turn
@@ -777,5 +781,6 @@ async def test_an_answer_typed_offline_does_not_replace_one_given_meanwhile(
     request = next(p.request for p in turn.response_parts if isinstance(p, InputRequestPart))
     assert (request.answers or {})["system"].value == TextValue(value="SSO and VPN")
     later = range(1, len(wire.sent))  # the sockets after the cut
-    assert [wire.dispatched(i, "chat/inputAnswerChanged") for i in later] == [[] for _ in later]
+    for kind in ("chat/inputAnswerChanged", "chat/inputCompleted"):
+        assert [wire.dispatched(i, kind) for i in later] == [[] for _ in later]
     await shot(page, "answer-overtaken")

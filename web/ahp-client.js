@@ -35,6 +35,7 @@
 // action dropped instead of sent again (overtaken.js).
 
 import { reduce } from './reducers.js';
+import { restsOn } from './overtaken.js';
 import { Replica } from './replica.js';
 
 const PROTOCOL_VERSION = '0.7.0';
@@ -548,16 +549,22 @@ export class AhpClient extends EventTarget {
 
   /** Send every pending action not sent on this connection, in clientSeq order
    * (after a reconnect: all of them, the ones that landed before the drop too),
-   * but those someone else's overtook meanwhile (replica.js): dropped, and
-   * told (`overtaken`). */
+   * but those someone else's overtook meanwhile (replica.js), and those that
+   * rest on them (a submit after an overtaken answer): dropped, and told
+   * (`overtaken`). */
   flushPending() {
     const unsent = [];
     for (const replica of this.replicas.values()) {
-      for (const entry of replica.pending.filter((e) => !e.sentOn && e.overtaken)) {
+      const dropped = [];
+      for (const entry of replica.pending) {
+        if (entry.sentOn) continue;
+        if (entry.overtaken || dropped.some((d) => restsOn(entry.action, d.action))) dropped.push(entry);
+      }
+      for (const entry of dropped) {
         replica.dropPending(entry.clientSeq);
         this.emit('overtaken', { uri: replica.uri, action: entry.action });
-        this.emit('change', { uri: replica.uri });
       }
+      if (dropped.length) this.emit('change', { uri: replica.uri });
       for (const entry of replica.pending) if (!entry.sentOn) unsent.push([replica, entry]);
     }
     unsent.sort((a, b) => a[1].clientSeq - b[1].clientSeq);

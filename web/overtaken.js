@@ -21,6 +21,13 @@ export function overtakes(other, mine) {
   return key !== null && answerKey(other) === key;
 }
 
+/** Whether `later`, pending after the overtaken edit `dropped`, rests on it:
+ * the submit of the same request (made with the answer that is not sent,
+ * it would go out with the other person's instead). Dropped too, and told. */
+export function restsOn(later, dropped) {
+  return later.type === 'chat/inputCompleted' && later.requestId === dropped.requestId;
+}
+
 /** The open request `action` is about in `state` (a chat's), if any. */
 function requestIn(state, action) {
   const part = (state?.activeTurn?.responseParts ?? []).find(
@@ -37,6 +44,10 @@ function answerIn(state, action) {
 /** What the page says of an overtaken edit (`state`: the chat now): whose
  * answer stays, and what this page had typed, so that it can be put back. */
 export function overtakenText(state, action) {
+  if (action.type === 'chat/inputCompleted') {
+    const what = action.response === 'accept' ? 'submit' : action.response === 'decline' ? 'decline' : 'cancel';
+    return `Your ${what} was not sent either: an answer changed while you were offline. Check the answers, then ${what} again.`;
+  }
   const question = requestIn(state, action)?.questions?.find((q) => q.id === action.questionId);
   const name = question?.title || question?.message || 'a question';
   const typed = question && action.answer ? answerText(question, action.answer) : null;

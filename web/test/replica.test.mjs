@@ -246,3 +246,18 @@ test('what the page says of an overtaken answer names the question and keeps wha
   );
   assert.match(overtakenText(null, draft('a', 'x')), /^Your answer to “a question” was not sent/);
 });
+
+test('a submit queued after an overtaken answer is dropped too, and told', () => {
+  const r = replica(5);
+  const { client, sent, told } = clientOf(r);
+  const submit = { type: 'chat/inputCompleted', requestId: 'r1', response: 'accept', answers: {} };
+  const other = { type: 'chat/inputCompleted', requestId: 'r2', response: 'accept', answers: {} };
+  r.addPending(1, draft('a', 'mine'), NOW);
+  r.addPending(2, submit, NOW);
+  r.addPending(3, other, NOW); // another request's: it rests on nothing dropped
+  r.applyEnvelope({ channel: CHAT, action: draft('a', 'theirs'), serverSeq: 6, origin: { clientId: 'web-dana', clientSeq: 1 } }, ME, NOW);
+  client.flushPending();
+  assert.deepEqual(told, [draft('a', 'mine'), submit]);
+  assert.deepEqual(sent, [other]);
+  assert.match(overtakenText(r.state, submit), /^Your submit was not sent either: an answer changed while you were offline/);
+});

@@ -32,6 +32,7 @@ from server.runner.context import ToolContext
 from server.runner.model import ModelReply, ScriptedModel, last_tool_result
 from server.runner.redis_store import RedisTurnStore
 from server.runner.turn import ModelMessage, ToolCall
+from server.runner.worker import Crew
 from server.serve import UvicornServer
 from server.store.redis import RedisStore
 from tests.conftest import RunningServer, start_server, user_message
@@ -287,63 +288,59 @@ async def test_a_spare_worker_waits_for_work_in_redis(redis_server: RedisServer)
         )
 
 
+@asynccontextmanager
+async def asking_server(
+    spares: int = 8, asks: int = 1
+) -> AsyncIterator[tuple[RunningServer, Crew]]:
+    """A server whose agent the kit's MCP server asks through (``asks``
+    questions a turn), with one worker and ``spares`` spares; and its crew."""
+    config = McpServerConfig.in_process("kit", build_server("kit"))
+    async with McpToolSource(config) as source:
+        agent = asker(await source.list_tools(), asks=asks)
+        huddle = await start_server(Settings(port=0, spare_workers=spares), agent=agent)
+        try:
+            assert huddle.server.parts.service is not None
+            yield huddle, huddle.server.parts.service.crew
+        finally:
+            await huddle.stop()
+
+
 async def test_with_no_spare_left_other_turns_wait_for_an_answer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    config = McpServerConfig.in_process("kit", build_server("kit"))
-    async with McpToolSource(config) as source:
-        huddle = await start_server(
-            Settings(port=0, spare_workers=0), agent=asker(await source.list_tools())
-        )
-        try:
-            crew = huddle.server.parts.service.crew  # type: ignore[union-attr]
-            first, waiting = await asked(huddle, "alice")
-            assert "all 0 spare workers are lent" in caplog.text
-            assert "huddle_runner_spares_exhausted_total 1.0" in await metrics_of(huddle)
-            second = await open_room(huddle, "bob")  # waits for the worker
-            assert (await answered(first, waiting)).turns[-1].state == "complete"
-            other = await next_request(second.mirror)  # its turn ran once the worker was free
-            assert (await answered(second, other)).turns[-1].state == "complete"
-            assert crew.lent == 0
-        finally:
-            await huddle.stop()
+    async with asking_server(spares=0) as (huddle, crew):
+        first, waiting = await asked(huddle, "alice")
+        assert "all 0 spare workers are lent" in caplog.text
+        assert "huddle_runner_spares_exhausted_total 1.0" in await metrics_of(huddle)
+        second = await open_room(huddle, "bob")  # waits for the worker
+        assert (await answered(first, waiting)).turns[-1].state == "complete"
+        other = await next_request(second.mirror)  # its turn ran once the worker was free
+        assert (await answered(second, other)).turns[-1].state == "complete"
+        assert crew.lent == 0
 
 
 async def test_a_place_that_comes_free_goes_to_a_wait_that_found_none() -> None:
-    config = McpServerConfig.in_process("kit", build_server("kit"))
-    async with McpToolSource(config) as source:
-        agent = asker(await source.list_tools())
-        huddle = await start_server(Settings(port=0, spare_workers=1), agent=agent)
-        try:
-            crew = huddle.server.parts.service.crew  # type: ignore[union-attr]
-            alice, for_alice = await asked(huddle, "alice")  # the worker lends its place
-            bob, for_bob = await asked(huddle, "bob")  # the spare asks, and finds none
-            await answered(alice, for_alice)  # the worker is free again...
-            carol, for_carol = await asked(huddle, "carol")  # ...and asks: none to be had
-            await answered(bob, for_bob)  # the spare ends bob's turn and stops
-            dave, for_dave = await asked(huddle, "dave")  # stalled here before
-            assert crew.lent == 1  # carol's worker's place, which dave's turn took
-            for room, part in ((carol, for_carol), (dave, for_dave)):
-                assert (await answered(room, part)).turns[-1].state == "complete"
-            await eventually(lambda: crew.lent == 0)
-        finally:
-            await huddle.stop()
+    async with asking_server(spares=1) as (huddle, crew):
+        alice, for_alice = await asked(huddle, "alice")  # the worker lends its place
+        bob, for_bob = await asked(huddle, "bob")  # the spare asks, and finds none
+        await answered(alice, for_alice)  # the worker is free again...
+        carol, for_carol = await asked(huddle, "carol")  # ...and asks: the cap is reached
+        await answered(bob, for_bob)  # the spare ends bob's turn, in carol's worker's place
+        dave, for_dave = await asked(huddle, "dave")  # stalled here before
+        assert crew.lent == 1
+        for room, part in ((carol, for_carol), (dave, for_dave)):
+            assert (await answered(room, part)).turns[-1].state == "complete"
+        await eventually(lambda: crew.lent == 0)
 
 
 async def test_one_turns_questions_in_a_row_keep_one_spare() -> None:
-    config = McpServerConfig.in_process("kit", build_server("kit"))
-    async with McpToolSource(config) as source:
-        huddle = await start_server(agent=asker(await source.list_tools(), asks=3))
-        try:
-            crew = huddle.server.parts.service.crew  # type: ignore[union-attr]
-            room, part = await asked(huddle, "alice")
-            for seen in (1, 2):
-                await reply(room, part.request.id, "accept", ALICE)
-                part = await next_request(room.mirror, seen)
-                assert crew.lent == 1  # the spare still finishing stays; no second one
-            assert (await answered(room, part)).turns[-1].state == "complete"
-        finally:
-            await huddle.stop()
+    async with asking_server(asks=3) as (huddle, crew):
+        room, part = await asked(huddle, "alice")
+        for seen in (1, 2):
+            await reply(room, part.request.id, "accept", ALICE)
+            part = await next_request(room.mirror, seen)
+            assert crew.lent == 1  # the spare still finishing stays; no second one
+        assert (await answered(room, part)).turns[-1].state == "complete"
 
 
 def test_worker_counts_are_zero_or_more() -> None:
@@ -355,20 +352,13 @@ def test_worker_counts_are_zero_or_more() -> None:
 
 
 async def test_a_spare_that_stops_gives_its_place_to_the_first_wait_without_one() -> None:
-    config = McpServerConfig.in_process("kit", build_server("kit"))
-    async with McpToolSource(config) as source:
-        agent = asker(await source.list_tools())
-        huddle = await start_server(Settings(port=0, spare_workers=2), agent=agent)
-        try:
-            crew = huddle.server.parts.service.crew  # type: ignore[union-attr]
-            alice, for_alice = await asked(huddle, "alice")  # the worker lends: spare 1
-            bob, for_bob = await asked(huddle, "bob")  # spare 1 lends: spare 2
-            carol, for_carol = await asked(huddle, "carol")  # spare 2 asks: none left
-            assert (crew.lent, crew.exhausted) == (2, 1)
-            await answered(alice, for_alice)  # spare 1 is to stop once bob's turn ends
-            await answered(bob, for_bob)  # it does; its place goes to spare 2's wait
-            await eventually(lambda: crew.lent == 2 and not crew._wanting)
-            assert (await answered(carol, for_carol)).turns[-1].state == "complete"
-            await eventually(lambda: crew.lent == 0)
-        finally:
-            await huddle.stop()
+    async with asking_server(spares=2) as (huddle, crew):
+        alice, for_alice = await asked(huddle, "alice")  # the worker lends: spare 1
+        bob, for_bob = await asked(huddle, "bob")  # spare 1 lends: spare 2
+        carol, for_carol = await asked(huddle, "carol")  # spare 2 asks: none left
+        assert (crew.lent, crew.exhausted) == (2, 1)
+        await answered(alice, for_alice)  # spare 1 is to stop once bob's turn ends
+        await answered(bob, for_bob)  # it does; its place goes to spare 2's wait
+        await eventually(lambda: crew.lent == 2 and not crew._wanting)
+        assert (await answered(carol, for_carol)).turns[-1].state == "complete"
+        await eventually(lambda: crew.lent == 0)

@@ -554,20 +554,25 @@ async def test_a_submit_that_landed_is_confirmed_by_the_server_after_a_snapshot_
         await proxy.close()
 
 
+async def lee_and_olga(
+    browser: Browser, running: RunningServer, title: str
+) -> tuple[str, Page, Page, Wire]:
+    """A new session with Lee (a participant) in it, then Olga (an
+    observer), whose frames are recorded: (session, Lee, Olga, her wire)."""
+    base = running.http
+    session, _ = await create_session(base, title)
+    _, lee = await open_client(browser, base, running.token(name="Lee"), session=session)
+    wire = Wire()
+    olga_token = running.token("observer", name="Olga")
+    _, olga = await open_client(browser, base, olga_token, session=session, prepare=recording(wire))
+    return session, lee, olga, wire
+
+
 async def test_an_observer_sees_who_is_here_without_being_listed(
     browser: Browser, plain_server: RunningServer
 ) -> None:
     base = plain_server.http
-    session, _ = await create_session(base, "Watching")
-    _, lee = await open_client(browser, base, plain_server.token(name="Lee"), session=session)
-    wire = Wire()
-    _, olga = await open_client(
-        browser,
-        base,
-        plain_server.token("observer", name="Olga"),
-        session=session,
-        prepare=recording(wire),
-    )
+    _, lee, olga, wire = await lee_and_olga(browser, plain_server, "Watching")
     await expect(here(olga)).to_have_text(["Lee"])
     # Lee leaves and comes back: Olga's page has long settled by then.
     await lee.goto(base + "/#/")
@@ -630,17 +635,7 @@ async def test_the_audit_downloads_as_a_chain_that_verifies_and_an_observer_is_t
 async def test_an_observer_watches_the_requests_live_with_nothing_to_press(
     browser: Browser, demo_server: RunningServer
 ) -> None:
-    base = demo_server.http
-    session, _ = await create_session(base, "Watched work")
-    _, lee = await open_client(browser, base, demo_server.token(name="Lee"), session=session)
-    wire = Wire()
-    _, olga = await open_client(
-        browser,
-        base,
-        demo_server.token("observer", name="Olga"),
-        session=session,
-        prepare=recording(wire),
-    )
+    _, lee, olga, wire = await lee_and_olga(browser, demo_server, "Watched work")
     # No composer (so no Stop), no suggestions, no new session: a line saying why.
     await expect(olga.get_by_text("You are watching this chat.")).to_be_visible()
     await expect(olga.get_by_label("Message to the agent")).to_be_hidden()

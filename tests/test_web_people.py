@@ -764,7 +764,7 @@ async def test_an_answer_typed_offline_does_not_replace_one_given_meanwhile(
     proxied.release()
 
     told = page.get_by_role("status").filter(has_text="Your answer to")
-    await expect(told).to_contain_text("someone else changed it while you were offline")
+    await expect(told).to_contain_text("someone changed it while you were offline")
     await expect(told).to_contain_text("You had answered: “SSO only”")
     not_submitted = page.get_by_role("status").filter(has_text="Your submit was not sent either")
     await expect(not_submitted).to_be_visible()
@@ -779,3 +779,33 @@ async def test_an_answer_typed_offline_does_not_replace_one_given_meanwhile(
     for kind in ("chat/inputAnswerChanged", "chat/inputCompleted"):
         assert [wire.dispatched(i, kind) for i in later] == [[] for _ in later]
     await shot(page, "answer-overtaken")
+
+
+async def test_an_answer_still_being_typed_when_it_is_overtaken_is_not_sent_on_leaving(
+    browser: Browser, plain_server: RunningServer, proxied: CuttingProxy
+) -> None:
+    wire = Wire()
+    page, agent, _ = await answered_through(browser, plain_server, proxied, wire)
+    proxied.hold_new_connections()
+    proxied.cut_at_next_send()
+    system = page.get_by_label("Affected system")
+    await system.fill("SSO only")  # the draft goes out after a pause: lost, it waits
+    await expect(page.locator("#connection")).to_contain_text("Reconnecting")
+    dana = InputAnswer(state="submitted", value=TextValue(value="SSO and VPN"))
+    changed = ChatInputAnswerChanged(request_id=FORM.id, question_id="system", answer=dana)
+    await plain_server.server.host.dispatch(agent.chat, changed)
+    proxied.release()
+
+    told = page.get_by_role("status").filter(has_text="Your answer to")
+    await expect(told).to_contain_text("You had answered: “SSO only”")
+    await expect(system).to_be_focused()  # still in the field...
+    await expect(system).to_have_value("SSO and VPN")  # ...which shows theirs
+    await system.press("Tab")  # leaving it sends nothing...
+    await expect(page.get_by_role("button", name="Submit")).to_be_focused()
+    await page.keyboard.press("Enter")  # ...so the submit, after it, completes with theirs
+    async with asyncio.timeout(10 * UNIT):
+        outcome = await plain_server.server.host.wait_input(agent.chat, FORM.id)
+    assert outcome.answers["system"].value == TextValue(value="SSO and VPN")
+    later = range(1, len(wire.sent))
+    assert [wire.dispatched(i, "chat/inputAnswerChanged") for i in later] == [[] for _ in later]
+    await expect(told).to_be_visible()  # it stays until dismissed: the typed text is in it

@@ -31,8 +31,8 @@
 // `rejected` {uri, action, reason}, `notice` {method, params} for root
 // notifications, `missing` {uri}, `identity` {identity} after every
 // initialize, `resumed` {renaming} after every reconnect (renaming: one
-// `rename` asked for, not a drop), `overtaken` {uri, action} for a pending
-// action dropped instead of sent again (overtaken.js).
+// `rename` asked for, not a drop), `overtaken` {uri, actions} for the
+// pending actions of a channel dropped instead of sent again (overtaken.js).
 
 import { reduce } from './reducers.js';
 import { restsOn } from './overtaken.js';
@@ -560,11 +560,11 @@ export class AhpClient extends EventTarget {
         if (entry.sentOn) continue;
         if (entry.overtaken || dropped.some((d) => restsOn(entry.action, d.action))) dropped.push(entry);
       }
-      for (const entry of dropped) {
-        replica.dropPending(entry.clientSeq);
-        this.emit('overtaken', { uri: replica.uri, action: entry.action });
+      for (const entry of dropped) replica.dropPending(entry.clientSeq);
+      if (dropped.length) {
+        this.emit('overtaken', { uri: replica.uri, actions: dropped.map((entry) => entry.action) });
+        this.emit('change', { uri: replica.uri });
       }
-      if (dropped.length) this.emit('change', { uri: replica.uri });
       for (const entry of replica.pending) if (!entry.sentOn) unsent.push([replica, entry]);
     }
     unsent.sort((a, b) => a[1].clientSeq - b[1].clientSeq);

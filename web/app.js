@@ -11,7 +11,7 @@ import { createChatParams, isChatFull, listsChat, madeBefore, mayCreateChats, ne
 import { ChatView } from './chat-view.js';
 import { h } from './dom.js';
 import { isRead, reasonSentence, tooLateText } from './format.js';
-import { overtakenText } from './overtaken.js';
+import { discardedAnswers, overtakenTexts } from './overtaken.js';
 import { isoTime } from './reducers.js';
 import { SessionsView } from './sessions-view.js';
 import { rejectReason } from './validation.js';
@@ -37,6 +37,8 @@ const app = {
   sessionUri: null,
   chatUri: null,
   errors: new Map(),
+  /** Answers whose field drops what was typed (overtaken.js), "request\nquestion". */
+  discarded: new Set(),
   markedRead: new Set(),
   missing: new Set(),
   seen: loadSeen(),
@@ -369,7 +371,7 @@ function refusedText(refusal, pending) {
 
 // ─── Toasts and announcements ───────────────────────────────────────────
 
-function toast(text, tone = 'info') {
+function toast(text, tone = 'info', { stay = false } = {}) {
   const box = document.getElementById('toasts');
   const item = h(
     'div',
@@ -378,7 +380,7 @@ function toast(text, tone = 'info') {
     h('button', { type: 'button', class: 'ghost small', 'aria-label': 'Dismiss', onclick: () => item.remove() }, '×'),
   );
   box.append(item);
-  setTimeout(() => item.remove(), 8000);
+  if (!stay) setTimeout(() => item.remove(), 8000);
 }
 
 function announce(text) {
@@ -412,6 +414,11 @@ const chatCtx = {
     return state ? rejectReason(state, action, session) : 'not-ready: the chat is still loading';
   },
   isSending: pendingFor,
+  /** Whether the field of `questionId` must drop what was typed in it and
+   * show the shared answer (an overtaken edit: overtaken.js); asked once. */
+  takeDiscarded(requestId, questionId) {
+    return app.discarded.delete(`${requestId}\n${questionId}`);
+  },
   /** Whether this page only watches (an observer): request and approval
    * cards show what is asked and who answers, with nothing to press. */
   watching: () => watchesOnly(client.identity),
@@ -657,8 +664,11 @@ client.addEventListener('missing', ({ detail: { uri } }) => {
   scheduleRender();
 });
 
-client.addEventListener('overtaken', ({ detail: { uri, action } }) => {
-  toast(overtakenText(client.state(uri), action), 'info');
+client.addEventListener('overtaken', ({ detail: { uri, actions } }) => {
+  // They stay until dismissed: what was typed lives on only in them.
+  for (const text of overtakenTexts(client.state(uri), actions)) toast(text, 'info', { stay: true });
+  for (const key of discardedAnswers(actions)) app.discarded.add(key);
+  scheduleRender();
 });
 
 client.addEventListener('rejected', ({ detail: { uri, action, reason } }) => {

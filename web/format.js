@@ -94,22 +94,28 @@ export function reasonSentence(reason) {
 /**
  * What a person is told when their decision came too late: their approval,
  * denial, result check or reply reached the server after the call or the
- * request was decided (by someone else, or by its deadline: the first
- * decision wins, every later one is rejected). Null for any other
- * rejection. The card itself shows what was decided, and by whom.
+ * request stopped waiting (decided by someone else, skipped with its turn,
+ * or closed by its deadline: the first decision wins, every later one is
+ * rejected). Null for any other rejection. The card shows what happened.
  */
 export function tooLateText(action, reason) {
   const code = /^([a-z-]+):/.exec(String(reason ?? ''))?.[1];
-  if (code === 'tool-call-not-pending' && action.type === 'chat/toolCallConfirmed') {
-    const what = action.approved ? 'approval' : 'denial';
-    return `Your ${what} did not count: the call was already decided when it arrived.`;
+  const expired = code === 'expired'; // its deadline passed first (reducers/notes.py expired_wait)
+  /** Why `thing` took no decision from this person, who sent `what`. */
+  const late = (what, thing, they = 'it') =>
+    expired
+      ? `Your ${what} did not count: the ${thing}'s time ran out before ${they} arrived.`
+      : `Your ${what} did not count: the ${thing} was no longer waiting when ${they} arrived.`;
+  if ((code === 'tool-call-not-pending' || expired) && action.type === 'chat/toolCallConfirmed') {
+    return late(action.approved ? 'approval' : 'denial', 'call');
   }
   if (code === 'tool-call-not-pending' && action.type === 'chat/toolCallResultConfirmed') {
-    return 'Your check of the result did not count: it was already checked when it arrived.';
+    return late('check of the result', 'call');
   }
-  if (code === 'no-open-input-request' && action.type === 'chat/inputCompleted') {
-    const [what, it] = action.response === 'accept' ? ['answers', 'they'] : [action.response === 'decline' ? 'decline' : 'cancel', 'it'];
-    return `Your ${what} did not count: the request was already closed when ${it} arrived.`;
+  if ((code === 'no-open-input-request' || expired) && action.type === 'chat/inputCompleted') {
+    if (action.response === 'decline') return late('decline', 'request');
+    if (action.response === 'cancel') return late('cancel', 'request');
+    return action.answers ? late('answers', 'request', 'they') : late('reply', 'request');
   }
   return null;
 }

@@ -88,7 +88,9 @@ export class InputRequestView {
       const me = people?.me ?? null;
       for (const question of request.questions ?? []) {
         const field = this.fields.get(question.id);
-        field?.sync(request.answers?.[question.id]);
+        const answer = request.answers?.[question.id];
+        if (this.ctx.takeDiscarded?.(request.id, question.id)) field?.discard(answer);
+        field?.sync(answer);
         field?.showAuthor(answerActivity(note, question.id, me));
       }
       this.showError(this.ctx.takeError(request.id));

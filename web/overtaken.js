@@ -4,68 +4,98 @@
 // replace a newer answer someone else gave while it was away, and take the
 // credit for it. Such an edit is overtaken: the page drops it instead of
 // sending it, and says so (with what was typed, so that nothing is lost).
-// Pure: the Replica marks its pending actions, the client drops them.
+// So is a submit that carries such an answer, and one queued after such an
+// edit (made with the answer that is not sent, it would complete the request
+// with the other person's, never seen). Pure: the Replica marks its pending
+// actions, the client drops them, the page tells.
 
 import { answerText } from './format.js';
 
 const ANSWER = 'chat/inputAnswerChanged';
+const COMPLETED = 'chat/inputCompleted';
 
-/** The answer `action` edits ("request\nquestion"), or null for another action. */
-function answerKey(action) {
-  return action?.type === ANSWER ? `${action.requestId}\n${action.questionId}` : null;
+/** The answers `action` sets, by "request\nquestion" (an edit sets one, a
+ * completion those it carries; other actions none). */
+function answersOf(action) {
+  if (action?.type === ANSWER) return new Map([[`${action.requestId}\n${action.questionId}`, action.answer ?? null]]);
+  if (action?.type === COMPLETED) {
+    return new Map(Object.entries(action.answers ?? {}).map(([q, a]) => [`${action.requestId}\n${q}`, a]));
+  }
+  return new Map();
 }
 
-/** Whether someone else's `other`, applied while `mine` waited, changed the answer `mine` edits. */
+/** Whether someone else's `other`, applied while `mine` waited, changed an answer `mine` sets. */
 export function overtakes(other, mine) {
-  const key = answerKey(mine);
-  return key !== null && answerKey(other) === key;
+  const mineSets = answersOf(mine);
+  return [...answersOf(other).keys()].some((key) => mineSets.has(key));
 }
 
-/** Whether `later`, pending after the overtaken edit `dropped`, rests on it:
- * the submit of the same request (made with the answer that is not sent,
- * it would go out with the other person's instead). Dropped too, and told. */
+/** Whether `later`, pending after the overtaken `dropped`, rests on it: the
+ * completion of the same request. Dropped too, and told. */
 export function restsOn(later, dropped) {
-  return later.type === 'chat/inputCompleted' && later.requestId === dropped.requestId;
+  return later.type === COMPLETED && dropped.requestId === later.requestId;
 }
 
-/** The open request `action` is about in `state` (a chat's), if any. */
-function requestIn(state, action) {
+/** The open request `requestId` in `state` (a chat's), if any. */
+function requestIn(state, requestId) {
   const part = (state?.activeTurn?.responseParts ?? []).find(
-    (p) => p.kind === 'inputRequest' && p.request.id === action.requestId,
+    (p) => p.kind === 'inputRequest' && p.request.id === requestId,
   );
   return part?.request ?? null;
 }
 
-/** The answer `action` edits as `state` has it, as JSON. */
-function answerIn(state, action) {
-  return JSON.stringify(requestIn(state, action)?.answers?.[action.questionId] ?? null);
-}
-
-/** What the page says of an overtaken edit (`state`: the chat now): whose
- * answer stays, and what this page had typed, so that it can be put back. */
-export function overtakenText(state, action) {
-  if (action.type === 'chat/inputCompleted') {
-    const what = action.response === 'accept' ? 'submit' : action.response === 'decline' ? 'decline' : 'cancel';
-    return `Your ${what} was not sent either: an answer changed while you were offline. Check the answers, then ${what} again.`;
-  }
-  const question = requestIn(state, action)?.questions?.find((q) => q.id === action.questionId);
-  const name = question?.title || question?.message || 'a question';
-  const typed = question && action.answer ? answerText(question, action.answer) : null;
-  const had = typed ? ` You had answered: “${typed}”.` : '';
-  return `Your answer to “${name}” was not sent: someone else changed it while you were offline, and theirs stays.${had}`;
+/** The answer `key` names as `state` has it, as JSON. */
+function answerIn(state, key) {
+  const [requestId, questionId] = key.split('\n');
+  return JSON.stringify(requestIn(state, requestId)?.answers?.[questionId] ?? null);
 }
 
 /**
  * Whether `mine` (pending) is overtaken once the channel starts over from a
- * snapshot (`after`, where it held `before`): the answer changed, and not to
- * what one of this page's own pending edits of it says (one that landed
+ * snapshot (`after`, where it held `before`): an answer it sets changed, and
+ * not to what one of this page's own pending actions says (one that landed
  * before the connection dropped). `marked`: it was overtaken already.
  */
 export function overtakenBySnapshot(before, after, mine, marked, pending) {
-  const key = answerKey(mine);
-  if (key === null || before == null) return false; // a first snapshot: nothing was typed on it
-  const now = answerIn(after, mine);
-  const ours = pending.some((entry) => answerKey(entry.action) === key && JSON.stringify(entry.action.answer ?? null) === now);
-  if (ours) return false;
-  return marked || now !== answerIn(before, mine);
+  const sets = answersOf(mine);
+  if (sets.size === 0 || before == null) return false; // a first snapshot: nothing was typed on it
+  return [...sets.keys()].some((key) => {
+    const now = answerIn(after, key);
+    const ours = pending.some((entry) => {
+      const theirs = answersOf(entry.action);
+      return theirs.has(key) && JSON.stringify(theirs.get(key)) === now;
+    });
+    return !ours && (marked || now !== answerIn(before, key));
+  });
+}
+
+/**
+ * What the page says of the `actions` it dropped (`state`: the chat now):
+ * for each answer, once, what this page had typed last and that the other
+ * answer stays; then, for a completion, that it was not sent either.
+ */
+export function overtakenTexts(state, actions) {
+  const typed = new Map();
+  for (const action of actions) for (const [key, answer] of answersOf(action)) typed.set(key, answer);
+  const texts = [];
+  for (const [key, answer] of typed) {
+    const [requestId, questionId] = key.split('\n');
+    const question = requestIn(state, requestId)?.questions?.find((q) => q.id === questionId);
+    const name = question?.title || question?.message || 'a question';
+    const text = question && answer ? answerText(question, answer) : null;
+    const had = text ? ` You had answered: “${text}”.` : '';
+    texts.push(`Your answer to “${name}” was not sent: someone changed it while you were offline, and theirs stays.${had}`);
+  }
+  for (const action of actions) {
+    if (action.type !== COMPLETED) continue;
+    const what = action.response === 'accept' ? 'submit' : action.response === 'decline' ? 'decline' : 'cancel';
+    texts.push(`Your ${what} was not sent either: an answer changed while you were offline. Check the answers, then ${what} again.`);
+  }
+  return texts;
+}
+
+/** The answers `actions` set that a field must show the shared value of
+ * again ("request\nquestion"): what the person typed was not sent. */
+export function discardedAnswers(actions) {
+  return new Set(actions.flatMap((action) => [...answersOf(action).keys()]));
 }

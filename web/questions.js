@@ -247,6 +247,16 @@ class Field {
     return null;
   }
 
+  /** Drop what was typed here, even while the person is still in the
+   * field, and show `answer` (the shared one): the edit was not sent
+   * (overtaken.js), and leaving the field must not send it after all. */
+  discard(answer) {
+    this.cancel();
+    this.ownDraft = false;
+    this.lastAnswer = answer ?? null;
+    this.write(answer?.value ?? null);
+  }
+
   /** Drop unsent typing (the request is being completed). */
   cancel() {
     clearTimeout(this.timer);

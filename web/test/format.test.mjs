@@ -1,5 +1,6 @@
 // What the page says when a person's decision came too late (web/format.js):
-// the server's rejection codes of a second decision (reducers/validation.py).
+// the server's rejection codes of a late decision (reducers/validation.py,
+// reducers/notes.py expired_wait).
 //
 //   node --test web/test/
 
@@ -10,24 +11,27 @@ import { tooLateText } from '../format.js';
 
 const NOT_PENDING = "tool-call-not-pending: tool call 'c1' is not pending confirmation";
 const CLOSED = "no-open-input-request: the active turn has no open input request 'r1'";
+const EXPIRED = "expired: the tool call 'c1' expired at 2026-12-03T10:00:00.000Z and takes no answer any more";
 
-test('a second decision on a tool call is told as too late, approval or denial', () => {
+test('a late decision on a tool call is told as late, approval or denial, decided or expired', () => {
   const approve = { type: 'chat/toolCallConfirmed', turnId: 't', toolCallId: 'c1', approved: true };
   const deny = { ...approve, approved: false };
-  assert.equal(tooLateText(approve, NOT_PENDING), 'Your approval did not count: the call was already decided when it arrived.');
-  assert.equal(tooLateText(deny, NOT_PENDING), 'Your denial did not count: the call was already decided when it arrived.');
+  assert.equal(tooLateText(approve, NOT_PENDING), 'Your approval did not count: the call was no longer waiting when it arrived.');
+  assert.equal(tooLateText(deny, NOT_PENDING), 'Your denial did not count: the call was no longer waiting when it arrived.');
+  assert.equal(tooLateText(deny, EXPIRED), "Your denial did not count: the call's time ran out before it arrived.");
   const check = { type: 'chat/toolCallResultConfirmed', turnId: 't', toolCallId: 'c1', approved: true };
   assert.match(tooLateText(check, NOT_PENDING), /^Your check of the result did not count/);
 });
 
-test('a second reply to a request is told as too late, whatever it was', () => {
-  const reply = (response) => ({ type: 'chat/inputCompleted', requestId: 'r1', response });
-  assert.equal(tooLateText(reply('accept'), CLOSED), 'Your answers did not count: the request was already closed when they arrived.');
-  assert.equal(tooLateText(reply('decline'), CLOSED), 'Your decline did not count: the request was already closed when it arrived.');
-  assert.equal(tooLateText(reply('cancel'), CLOSED), 'Your cancel did not count: the request was already closed when it arrived.');
+test('a late reply to a request is told as late, whatever it was', () => {
+  const reply = (response, extra = {}) => ({ type: 'chat/inputCompleted', requestId: 'r1', response, ...extra });
+  assert.equal(tooLateText(reply('accept', { answers: {} }), CLOSED), 'Your answers did not count: the request was no longer waiting when they arrived.');
+  assert.equal(tooLateText(reply('accept'), CLOSED), 'Your reply did not count: the request was no longer waiting when it arrived.'); // a link's Done
+  assert.equal(tooLateText(reply('decline'), CLOSED), 'Your decline did not count: the request was no longer waiting when it arrived.');
+  assert.equal(tooLateText(reply('cancel'), EXPIRED), "Your cancel did not count: the request's time ran out before it arrived.");
 });
 
-test('other rejections are not too late: they say their own reason', () => {
+test('other rejections are not late: they say their own reason', () => {
   const reply = { type: 'chat/inputCompleted', requestId: 'r1', response: 'accept' };
   assert.equal(tooLateText(reply, "required-unanswered: question 'q' is required"), null);
   assert.equal(tooLateText(reply, 'forbidden: observers may not dispatch'), null);

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import { AhpClient } from '../ahp-client.js';
-import { overtakenText } from '../overtaken.js';
+import { overtakenTexts } from '../overtaken.js';
 import { reduce } from '../reducers.js';
 import { Replica } from '../replica.js';
 
@@ -184,7 +184,7 @@ function clientOf(r) {
   const sent = [];
   client.socket = { send: (text) => sent.push(JSON.parse(text).params.action) };
   const told = [];
-  client.addEventListener('overtaken', ({ detail }) => told.push(detail.action));
+  client.addEventListener('overtaken', ({ detail }) => told.push(...detail.actions));
   return { client, sent, told };
 }
 
@@ -238,13 +238,14 @@ test('after a snapshot, our own edit that landed before the drop overtakes nothi
   assert.deepEqual(sent, [draft('a', 'SSO'), draft('a', 'SSO only')]);
 });
 
-test('what the page says of an overtaken answer names the question and keeps what was typed', () => {
-  const text = overtakenText(chatWithRequest(), draft('a', 'mine, typed offline'));
-  assert.equal(
-    text,
-    'Your answer to “A?” was not sent: someone else changed it while you were offline, and theirs stays. You had answered: “mine, typed offline”.',
-  );
-  assert.match(overtakenText(null, draft('a', 'x')), /^Your answer to “a question” was not sent/);
+test('what the page says of dropped edits: once per answer, its last text, and the submit', () => {
+  const submit = { type: 'chat/inputCompleted', requestId: 'r1', response: 'accept', answers: {} };
+  const texts = overtakenTexts(chatWithRequest(), [draft('a', 'SS'), draft('a', 'SSO only'), submit]);
+  assert.deepEqual(texts, [
+    'Your answer to “A?” was not sent: someone changed it while you were offline, and theirs stays. You had answered: “SSO only”.',
+    'Your submit was not sent either: an answer changed while you were offline. Check the answers, then submit again.',
+  ]);
+  assert.match(overtakenTexts(null, [draft('a', 'x')])[0], /^Your answer to “a question” was not sent/);
 });
 
 test('a submit queued after an overtaken answer is dropped too, and told', () => {
@@ -259,5 +260,27 @@ test('a submit queued after an overtaken answer is dropped too, and told', () =>
   client.flushPending();
   assert.deepEqual(told, [draft('a', 'mine'), submit]);
   assert.deepEqual(sent, [other]);
-  assert.match(overtakenText(r.state, submit), /^Your submit was not sent either: an answer changed while you were offline/);
+});
+
+test('a submit that carries an answer someone else changed meanwhile is dropped, and the answer told', () => {
+  const r = replica(5);
+  const { client, sent, told } = clientOf(r);
+  const enter = { type: 'chat/inputCompleted', requestId: 'r1', response: 'accept', answers: { a: draft('a', '5').answer } };
+  r.addPending(1, enter, NOW); // Enter in a field, offline: the submit carries the answer
+  r.applyEnvelope({ channel: CHAT, action: draft('a', '500'), serverSeq: 6, origin: { clientId: 'web-dana', clientSeq: 1 } }, ME, NOW);
+  client.flushPending();
+  assert.deepEqual(told, [enter]);
+  assert.deepEqual(sent, []);
+  assert.equal(overtakenTexts(r.state, told).length, 2); // the answer, and the submit
+});
+
+test('after a snapshot, a submit carrying an answer changed to something not ours is overtaken', () => {
+  const r = replica(5);
+  const { client, told } = clientOf(r);
+  const enter = { type: 'chat/inputCompleted', requestId: 'r1', response: 'accept', answers: { a: draft('a', '5').answer } };
+  r.addPending(1, enter, NOW);
+  const changed = reduce('chat', chatWithRequest(), draft('a', '500'), NOW);
+  client.applyResume({ type: 'snapshot', channel: CHAT, snapshot: { resource: CHAT, state: changed, fromSeq: 9 } });
+  client.flushPending();
+  assert.deepEqual(told, [enter]);
 });

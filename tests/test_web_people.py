@@ -246,6 +246,19 @@ async def test_answers_show_who_types_who_answered_who_submitted_and_who_approve
 # ─── A shared link ───────────────────────────────────────────────────────────
 
 
+async def test_a_shared_observer_link_asks_no_name_nobody_would_see(
+    browser: Browser, plain_server: RunningServer
+) -> None:
+    session, _ = await create_session(plain_server.http, "Shared watching")
+    link_token = plain_server.authority.mint(
+        "observer", name="observer", expires_at=time.time() + 3600, shared=True
+    )
+    _, olga = await open_client(browser, plain_server.http, link_token, session=session)
+    await expect(olga.get_by_text("You are watching this chat.")).to_be_visible()
+    await expect(olga.get_by_role("dialog")).to_have_count(0)
+    await expect(olga.get_by_role("button", name="Set your name")).to_be_hidden()
+
+
 async def test_a_shared_link_asks_for_a_name_once_and_shows_it_marked(
     browser: Browser, plain_server: RunningServer
 ) -> None:

@@ -315,7 +315,7 @@ function renderIdentity() {
   if (!identity) return;
   const text = identity.display ?? identity.name;
   if (identityName.textContent !== text) identityName.textContent = text;
-  renameButton.hidden = !identity.shared;
+  renameButton.hidden = !identity.shared || watchesOnly(identity);
   renameButton.textContent = identity.declared ? 'Change name' : 'Set your name';
 }
 
@@ -338,7 +338,7 @@ function renderConnection() {
   } else if (status === 'reconnecting') {
     text = 'Connection lost. Reconnecting…';
     if (pending) text += ` ${pending} change${pending === 1 ? '' : 's'} will be sent when it is back.`;
-    else text += ' You can keep typing; nothing is lost.';
+    else if (!watchesOnly(client.identity)) text += ' You can keep typing; nothing is lost.';
     tone = 'warning';
   } else if (status === 'refused') {
     text = refusedText(client.refusal, pending);
@@ -628,7 +628,8 @@ client.addEventListener('status', (event) => {
 
 client.addEventListener('identity', ({ detail: { identity } }) => {
   // A shared link's holder who gave no name yet is asked once.
-  if (identity?.shared && !identity.declared && app.naming === 'unasked') askName();
+  // An observer is never shown to the others: nothing to name.
+  if (identity?.shared && !identity.declared && !watchesOnly(identity) && app.naming === 'unasked') askName();
   scheduleRender();
 });
 

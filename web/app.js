@@ -11,7 +11,7 @@ import { createChatParams, isChatFull, listsChat, madeBefore, mayCreateChats, ne
 import { ChatView } from './chat-view.js';
 import { h } from './dom.js';
 import { isRead, reasonSentence, tooLateText } from './format.js';
-import { discardedAnswers, overtakenTexts } from './overtaken.js';
+import { discardedAnswers, overtakenTexts, typedAnswer } from './overtaken.js';
 import { isoTime } from './reducers.js';
 import { SessionsView } from './sessions-view.js';
 import { rejectReason } from './validation.js';
@@ -695,9 +695,13 @@ client.addEventListener('rejected', ({ detail: { uri, action, reason } }) => {
       if (isChatFull(reason)) app.fullChats.set(uri, reason);
       else toast(`The message was not sent: ${sentence}`, 'error');
       break;
-    case 'chat/inputAnswerChanged':
-      toast(`Your answer was not saved: ${sentence}`, 'error');
+    case 'chat/inputAnswerChanged': {
+      // What was typed goes with the notice, which stays: the field no longer has it.
+      const typed = typedAnswer(client.state(uri), action);
+      const had = typed ? ` You had answered: “${typed}”.` : '';
+      toast(`Your answer was not saved: ${sentence}${/[.!?]$/.test(sentence) ? '' : '.'}${had}`, 'error', { stay: Boolean(typed) });
       break;
+    }
     case 'session/activeClientSet':
       // Not being listed as here is not worth an error; stop asking on this connection.
       app.presenceTries.set(uri, PRESENCE_TRIES);

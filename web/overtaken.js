@@ -82,7 +82,7 @@ export function overtakenTexts(state, actions) {
     const [requestId, questionId] = key.split('\n');
     const question = requestIn(state, requestId)?.questions?.find((q) => q.id === questionId);
     const name = question?.title || question?.message || 'a question';
-    const text = question && answer ? answerText(question, answer) : null;
+    const text = answer ? typedAnswer(state, { requestId, questionId, answer }) : null;
     const had = text ? ` You had answered: “${text}”.` : '';
     texts.push(`Your answer to “${name}” was not sent: someone changed it while you were offline, and theirs stays.${had}`);
   }
@@ -92,6 +92,19 @@ export function overtakenTexts(state, actions) {
     texts.push(`Your ${what} was not sent either: an answer changed while you were offline. Check the answers, then ${what} again.`);
   }
   return texts;
+}
+
+/** The text of the answer `action` (an answer edit) gives, as the question
+ * in `state` (a chat's: its active turn, or its last) reads it; null when
+ * there is none to show. */
+export function typedAnswer(state, action) {
+  const turns = [state?.activeTurn, ...(state?.turns ?? []).slice(-1)];
+  for (const turn of turns) {
+    const part = (turn?.responseParts ?? []).find((p) => p.kind === 'inputRequest' && p.request.id === action.requestId);
+    const question = part?.request.questions?.find((q) => q.id === action.questionId);
+    if (question) return action.answer ? answerText(question, action.answer) : null;
+  }
+  return null;
 }
 
 /** The answers `actions` set that a field must show the shared value of

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import { AhpClient } from '../ahp-client.js';
-import { overtakenTexts } from '../overtaken.js';
+import { overtakenTexts, typedAnswer } from '../overtaken.js';
 import { reduce } from '../reducers.js';
 import { Replica } from '../replica.js';
 
@@ -283,4 +283,13 @@ test('after a snapshot, a submit carrying an answer changed to something not our
   client.applyResume({ type: 'snapshot', channel: CHAT, snapshot: { resource: CHAT, state: changed, fromSeq: 9 } });
   client.flushPending();
   assert.deepEqual(told, [enter]);
+});
+
+test('the text of a typed answer is found in the active turn, or the last one once it ended', () => {
+  const state = chatWithRequest();
+  assert.equal(typedAnswer(state, draft('b', 'typed')), 'typed');
+  const ended = { ...state, turns: [state.activeTurn], activeTurn: undefined };
+  assert.equal(typedAnswer(ended, draft('a', 'late')), 'late');
+  assert.equal(typedAnswer(ended, { ...draft('a', 'x'), requestId: 'gone' }), null);
+  assert.equal(typedAnswer(state, { type: 'chat/inputAnswerChanged', requestId: 'r1', questionId: 'a' }), null);
 });

@@ -415,7 +415,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     flags: dict[str, Any] = vars(args)
-    settings = settings_from(flags, os.environ)
+    try:
+        settings = settings_from(flags, os.environ)
+    except ValueError as error:  # a flag or HUDDLE_ variable out of range: said as argparse would
+        parser.error(str(error))
     if args.command == "invite":
         try:
             print(invite(args, settings))

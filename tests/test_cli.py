@@ -28,3 +28,16 @@ def test_a_started_process_leaves_its_startup_heap_out_of_full_collections() -> 
         assert not any(id(o) in walked for o in held)
     finally:
         gc.unfreeze()
+
+
+def test_a_setting_out_of_range_is_a_usage_error_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["worker", "--spare-workers", "-5"])
+    assert exited.value.code == 2
+    assert "error: --spare-workers is a count: 0 or more, not -5" in capsys.readouterr().err
+    monkeypatch.setenv("HUDDLE_RETENTION", "3w")
+    with pytest.raises(SystemExit):
+        main(["serve"])
+    assert "error: a duration is a positive number" in capsys.readouterr().err

@@ -757,24 +757,45 @@ async def test_a_denial_that_lost_the_race_to_an_approval_is_told_so(
 # ─── An answer typed offline, another given meanwhile ────────────────────────
 
 
+async def dana_answers_meanwhile(running: RunningServer, chat: str, proxy: CuttingProxy) -> None:
+    """While Lee's page is held away, Dana answers "SSO and VPN"; then it may come back."""
+    dana = InputAnswer(state="submitted", value=TextValue(value="SSO and VPN"))
+    changed = ChatInputAnswerChanged(request_id=FORM.id, question_id="system", answer=dana)
+    await running.server.host.dispatch(chat, changed)
+    proxy.release()
+
+
+async def typing_cut_off(
+    browser: Browser, running: RunningServer, proxy: CuttingProxy
+) -> tuple[Page, AgentSide, Wire, Locator]:
+    """Lee's page with "SSO" answered, typing "SSO only" into the field as its
+    connection is cut (what it sends next is lost; it is kept away until
+    ``proxy.release()``): the page, the agent, its wire, the field."""
+    wire = Wire()
+    page, agent, _ = await answered_through(browser, running, proxy, wire)
+    proxy.hold_new_connections()
+    proxy.cut_at_next_send()
+    system = page.get_by_label("Affected system")
+    await system.fill("SSO only")
+    return page, agent, wire, system
+
+
+def assert_none_after_the_cut(wire: Wire, *kinds: str) -> None:
+    """The page sent no action of ``kinds`` on the sockets it opened after the cut."""
+    later = range(1, len(wire.sent))
+    for kind in kinds:
+        assert [wire.dispatched(i, kind) for i in later] == [[] for _ in later], kind
+
+
 async def test_an_answer_typed_offline_does_not_replace_one_given_meanwhile(
     browser: Browser, plain_server: RunningServer, proxied: CuttingProxy
 ) -> None:
-    wire = Wire()
-    page, agent, _ = await answered_through(browser, plain_server, proxied, wire)
-    proxied.hold_new_connections()
-    proxied.cut_at_next_send()
-    system = page.get_by_label("Affected system")
-    await system.fill("SSO only")
+    page, agent, wire, system = await typing_cut_off(browser, plain_server, proxied)
     await system.press("Tab")  # lost with the connection: it waits on the page
     await expect(page.locator("#connection")).to_contain_text("Reconnecting")
     await page.get_by_role("button", name="Submit").click()  # with that answer, it waits too
 
-    # Dana answers while Lee's page is away; Lee's older edit must not replace it.
-    dana = InputAnswer(state="submitted", value=TextValue(value="SSO and VPN"))
-    changed = ChatInputAnswerChanged(request_id=FORM.id, question_id="system", answer=dana)
-    await plain_server.server.host.dispatch(agent.chat, changed)
-    proxied.release()
+    await dana_answers_meanwhile(plain_server, agent.chat, proxied)
 
     told = page.get_by_role("status").filter(has_text="Your answer to")
     await expect(told).to_contain_text("someone changed it while you were offline")
@@ -788,26 +809,18 @@ async def test_an_answer_typed_offline_does_not_replace_one_given_meanwhile(
     assert turn is not None
     request = next(p.request for p in turn.response_parts if isinstance(p, InputRequestPart))
     assert (request.answers or {})["system"].value == TextValue(value="SSO and VPN")
-    later = range(1, len(wire.sent))  # the sockets after the cut
-    for kind in ("chat/inputAnswerChanged", "chat/inputCompleted"):
-        assert [wire.dispatched(i, kind) for i in later] == [[] for _ in later]
+    assert_none_after_the_cut(wire, "chat/inputAnswerChanged", "chat/inputCompleted")
     await shot(page, "answer-overtaken")
 
 
 async def test_an_answer_still_being_typed_when_it_is_overtaken_is_not_sent_on_leaving(
     browser: Browser, plain_server: RunningServer, proxied: CuttingProxy
 ) -> None:
-    wire = Wire()
-    page, agent, _ = await answered_through(browser, plain_server, proxied, wire)
-    proxied.hold_new_connections()
-    proxied.cut_at_next_send()
-    system = page.get_by_label("Affected system")
-    await system.fill("SSO only")  # the draft goes out after a pause: lost, it waits
+    page, agent, wire, system = await typing_cut_off(
+        browser, plain_server, proxied
+    )  # the draft goes out after a pause: lost, it waits
     await expect(page.locator("#connection")).to_contain_text("Reconnecting")
-    dana = InputAnswer(state="submitted", value=TextValue(value="SSO and VPN"))
-    changed = ChatInputAnswerChanged(request_id=FORM.id, question_id="system", answer=dana)
-    await plain_server.server.host.dispatch(agent.chat, changed)
-    proxied.release()
+    await dana_answers_meanwhile(plain_server, agent.chat, proxied)
 
     told = page.get_by_role("status").filter(has_text="Your answer to")
     await expect(told).to_contain_text("You had answered: “SSO only”")
@@ -819,6 +832,5 @@ async def test_an_answer_still_being_typed_when_it_is_overtaken_is_not_sent_on_l
     async with asyncio.timeout(10 * UNIT):
         outcome = await plain_server.server.host.wait_input(agent.chat, FORM.id)
     assert outcome.answers["system"].value == TextValue(value="SSO and VPN")
-    later = range(1, len(wire.sent))
-    assert [wire.dispatched(i, "chat/inputAnswerChanged") for i in later] == [[] for _ in later]
+    assert_none_after_the_cut(wire, "chat/inputAnswerChanged")
     await expect(told).to_be_visible()  # it stays until dismissed: the typed text is in it

@@ -443,10 +443,20 @@ def test_a_malformed_store_url_is_refused(url: str) -> None:
         parse_target(url)
 
 
-def test_a_single_redis_url_keeps_its_own_options() -> None:
-    target = parse_target("redis://localhost:6379/2?replicas=1&socket_keepalive=true")
-    assert (target.url, target.replicas, target.is_cluster) == (
-        "redis://localhost:6379/2?socket_keepalive=true",
-        1,
-        False,
-    )
+@pytest.mark.parametrize(
+    ("url", "plain", "replicas"),
+    [
+        (
+            "redis://localhost:6379/2?replicas=1&socket_keepalive=true",
+            "redis://localhost:6379/2?socket_keepalive=true",
+            1,
+        ),
+        ("unix:///tmp/r.sock", "unix:///tmp/r.sock", 0),
+        ("unix:///tmp/r.sock?replicas=2&db=3", "unix:///tmp/r.sock?db=3", 2),
+        ("rediss://u:p@host:6380/0?replicas=1", "rediss://u:p@host:6380/0", 1),
+    ],
+    ids=["options", "unix socket", "unix socket with options", "tls, nothing else"],
+)
+def test_a_single_redis_url_keeps_its_own_options(url: str, plain: str, replicas: int) -> None:
+    target = parse_target(url)
+    assert (target.url, target.replicas, target.is_cluster) == (plain, replicas, False)

@@ -42,7 +42,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -130,7 +130,11 @@ def parse_target(url: str) -> Target:
         else:
             rest.append((name, value))
     if parts.scheme not in CLUSTER_SCHEMES:
-        plain = urlunsplit(parts._replace(query=urlencode(rest)))
+        # The URL as written, less our own option: rebuilding it from its
+        # parts would turn ``unix:///path`` into ``unix:/path``, which
+        # redis-py (8.2 on) refuses.
+        base = url.partition("?")[0]
+        plain = f"{base}?{urlencode(rest)}" if rest else base
         return Target(url=plain, replicas=replicas)
     if rest:
         raise ValueError(f"unknown cluster URL option {rest[0][0]!r} (only replicas=N)")

@@ -58,6 +58,8 @@ class Recorded(TurnStore):
         """Turns the waits of workers returned."""
         self.waiting = asyncio.Event()
         """Set whenever a worker starts waiting."""
+        self.completed = asyncio.Event()
+        """Set once a save of a completed turn has landed."""
 
     async def create(self, turn: Turn) -> Turn:
         return await self.inner.create(turn)
@@ -68,7 +70,10 @@ class Recorded(TurnStore):
 
     async def save(self, turn: Turn, *, lease: Lease | None = None) -> Turn:
         self.saves.append((turn.status, None if lease is None else lease.token))
-        return await self.inner.save(turn, lease=lease)
+        saved = await self.inner.save(turn, lease=lease)
+        if saved.status == TurnStatus.COMPLETED:
+            self.completed.set()
+        return saved
 
     async def save_runnable(self, turn: Turn, now: float, *, started: Turn | None = None) -> Turn:
         return await self.inner.save_runnable(turn, now, started=started)
@@ -212,6 +217,8 @@ async def test_a_resume_is_handed_to_the_waiting_worker_which_runs_it_at_once(
         # Neither claimed nor loaded: handed; and its start was not saved again.
         assert (store.handed, store.claimed) == (["t1"], [])
         assert deployed.saves_before_deploy[saves_at_resume:] == []
+        async with asyncio.timeout(WITHIN):
+            await store.completed.wait()  # the tool ran; the turn's end is saved after
     finally:
         working.cancel()
         with contextlib.suppress(asyncio.CancelledError):

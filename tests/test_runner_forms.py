@@ -12,6 +12,7 @@ import pytest
 
 from server.runner.agent import FormDefinition, FormRequired, Tool
 from server.runner.context import ToolContext
+from server.runner.forms import schema_errors
 from server.runner.runner import REQUEST_USER_INPUT, ResumeRejected, Runner
 from server.runner.store import MemoryTurnStore
 from server.runner.turn import FrozenForm, Phase, ResumeCommand, SuspensionType, TurnStatus
@@ -315,3 +316,13 @@ async def test_an_unknown_form_key_is_an_error_the_model_reads_and_nobody_is_ask
     result = model.tool_results()["c1"]
     assert result["status"] == "error"
     assert "ticket_details" in result["message"]
+
+
+def test_a_schema_is_checked_as_it_is_now_even_after_its_dict_changed() -> None:
+    # Validators are kept by the schema's content: one changed in place
+    # (an agent editing its form's dict) is checked as it now reads.
+    schema: dict[str, Any] = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert schema_errors(schema, {"n": 1}) == []
+    assert schema_errors(dict(schema), {"n": "one"}) == ["n: fails `type`"]
+    schema["required"] = ["m"]
+    assert schema_errors(schema, {"n": 1}) == ["m: fails `required`"]

@@ -12,8 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
+import msgspec
 
+from server.cache import Lru
 from server.expiry import Expiry
+
+CACHED_VALIDATORS = 256
+"""Validators kept, by schema: building one costs more than checking data
+with it (about half of a form's resume check), and a process sees the few
+schemas of its agents' forms and tools again and again."""
+
+_validators: Lru[bytes, jsonschema.Draft202012Validator] = Lru(CACHED_VALIDATORS)
 
 
 @dataclass(frozen=True)
@@ -33,7 +42,11 @@ class FormDefinition:
 def schema_errors(schema: dict[str, Any], data: dict[str, Any]) -> list[str]:
     """Field errors of ``data`` against ``schema`` (a frozen form, a tool's
     input schema), no values quoted."""
-    validator = jsonschema.Draft202012Validator(schema)
+    key = msgspec.json.encode(schema, order="sorted")  # by content: a dict can change
+    validator = _validators.get(key)
+    if validator is None:
+        validator = jsonschema.Draft202012Validator(schema)
+        _validators.put(key, validator)
     errors: dict[str, None] = {}
     for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
         path = [str(p) for p in error.absolute_path]

@@ -324,5 +324,7 @@ def test_a_schema_is_checked_as_it_is_now_even_after_its_dict_changed() -> None:
     schema: dict[str, Any] = {"type": "object", "properties": {"n": {"type": "integer"}}}
     assert schema_errors(schema, {"n": 1}) == []
     assert schema_errors(dict(schema), {"n": "one"}) == ["n: fails `type`"]
+    before = json.loads(json.dumps(schema))
     schema["required"] = ["m"]
     assert schema_errors(schema, {"n": 1}) == ["m: fails `required`"]
+    assert schema_errors(before, {"n": 1}) == []  # what it read before it changed

@@ -17,10 +17,11 @@ import msgspec
 from server.cache import Lru
 from server.expiry import Expiry
 
-CACHED_VALIDATORS = 256
+CACHED_VALIDATORS = 64
 """Validators kept, by schema: building one costs more than checking data
 with it (about half of a form's resume check), and a process sees the few
-schemas of its agents' forms and tools again and again."""
+schemas of its agents' forms and tools again and again. Each holds a copy of
+its schema of its own, so that a dict changed later changes none."""
 
 _validators: Lru[bytes, jsonschema.Draft202012Validator] = Lru(CACHED_VALIDATORS)
 
@@ -45,7 +46,7 @@ def schema_errors(schema: dict[str, Any], data: dict[str, Any]) -> list[str]:
     key = msgspec.json.encode(schema, order="sorted")  # by content: a dict can change
     validator = _validators.get(key)
     if validator is None:
-        validator = jsonschema.Draft202012Validator(schema)
+        validator = jsonschema.Draft202012Validator(msgspec.json.decode(key))
         _validators.put(key, validator)
     errors: dict[str, None] = {}
     for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):

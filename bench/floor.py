@@ -5,15 +5,16 @@
 
 Set-up (3) of ``bench.runner``. A resume through Redis crosses between
 processes the same way whatever runs at each stop: the participant to the
-server, the server's append to Redis and back, the server's save to Redis,
-which hands the turn to the waiting worker (five crossings before an
-approved tool starts), and for a form the worker's save of the model's next
-call, to Redis and back (seven). Here each stop does only that:
+server, the server's append to Redis, whose script also saves the turn and
+hands it to the waiting worker (three crossings before an approved tool
+starts; the append's answer back to the server is off that path), and for
+a form the worker's save of the model's next call, to Redis and back
+(five). Here each stop does only that:
 
 - the relay is a bare ``websockets`` server; for each text frame it makes
-  one Redis round trip (a one-key script, as the chat's append is), then
-  ``LPUSH``es the frame on ``INBOX`` and awaits the reply (as the server
-  awaits the save that hands the turn over);
+  one Redis round trip, a script that writes a key and ``LPUSH``es the
+  frame on ``INBOX`` (as the chat's append saves the turn and hands it
+  over in its script);
 - the worker waits on ``INBOX`` with ``BLPOP`` (as a waiting worker does);
   for a form's frame (:data:`FORM_TOOL`) it makes one more round trip (a
   one-key script, as its save is), then ``RPUSH``es ``time.time_ns()`` on
@@ -39,18 +40,19 @@ FORM_TOOL = "stamp_after_form"
 """The bench agent's tool that a form resumes: its frames save once more in
 the worker, before the stamp."""
 ROUND_TRIP = "redis.call('SET', KEYS[1], ARGV[1]) return 1"
-"""A script of one key: the shape of an append and of a save."""
+"""A script of one key: the shape of a save."""
+HAND_OVER = "redis.call('SET', KEYS[1], ARGV[1]) redis.call('LPUSH', KEYS[2], ARGV[1]) return 1"
+"""The shape of an append that saves the turn it resumes and hands it over."""
 
 
 async def relay(url: str, inbox: str) -> None:
     redis = aioredis.Redis.from_url(url)
-    script = redis.register_script(ROUND_TRIP)
+    script = redis.register_script(HAND_OVER)
 
     async def handle(ws: ServerConnection) -> None:
         async for frame in ws:
             text = frame if isinstance(frame, str) else frame.decode()
-            await script(keys=[f"{inbox}:chat"], args=[text])
-            await redis.lpush(inbox, text)
+            await script(keys=[f"{inbox}:chat", inbox], args=[text])
 
     async with serve(handle, "127.0.0.1", 0, compression=None) as server:
         port = next(iter(server.sockets)).getsockname()[1]

@@ -27,11 +27,11 @@ Set-ups, each a ``huddle`` command in child processes, as deployed:
     worker a task in the server process;
 (2) ``huddle serve --store unix://... --workers 0`` and ``huddle worker
     --store unix://...``: the Redis stores, the turn resumed by the server
-    and run by the worker process, to which the resume's script hands it
-    (the worker's BLPOP on its inbox returns it);
+    and run by the worker process, to which the script of the answer's
+    append hands it (the worker's BLPOP on its inbox returns it);
 (3) the floor (:mod:`bench.floor`): the crossings of (2) with nothing at
-    the stops, a bare websockets server that makes (2)'s server's two Redis
-    calls and a bare worker that BLPOPs and, after a form, makes its one
+    the stops, a bare websockets server that makes (2)'s server's one Redis
+    call and a bare worker that BLPOPs and, after a form, makes its one
     more call before it stamps. No Huddle code runs in it: (2) over (3) is
     what Huddle adds; (3) over a paused PING is the least a resume through
     this topology costs on this machine, in round trips.
@@ -55,21 +55,22 @@ ratios of the p50s: (2) over each PING (in round trips), (2) over (1),
 (2) over (3) and (3) over the paused PING, and (2) minus (3): the time
 Huddle's own work at the stops takes.
 
-Before its tool starts a resume crosses between processes five times (the
-participant to the server, the server's append to Redis and back, its
-save to Redis, which hands the turn to the worker), seven for
-``inputCompleted`` (then the worker's save of the model's next call, to
-Redis and back: a call never starts before it is saved); a PING crosses
-twice.
+Before its tool starts a resume crosses between processes three times
+(the participant to the server, the server's append to Redis, whose script
+saves the turn and hands it to the worker: server.store.base.Rider), five
+for ``inputCompleted`` (then the worker's save of the model's next call,
+to Redis and back: a call never starts before it is saved); a PING
+crosses twice.
 
 The pause matters: a person answers a moment after the prompt shows, and
 by then the worker that asked has released the turn and waits for work,
-and the server's bridge has read the waiting turn ahead; the resume is then
-one save that hands the turn to that worker. ``--race-turns`` turns of (2)
-are played after the rounds with no pause, where the answer can race both
-(the resume is then queued and claimed, or loads the turn first): their
-median and max, and the resumes the server dropped as not waiting (none is
-expected: a question shows only once its turn is saved waiting).
+and the server's bridge has read the waiting turn ahead; the resume then
+rides on the answer's append, whose script hands the turn to that worker.
+``--race-turns`` turns of (2) are played after the rounds with no pause,
+where the answer can race both (the resume is then queued and claimed, or
+loads the turn first): their median and max, and the resumes the server
+dropped as not waiting (none is expected: a question shows only once its
+turn is saved waiting).
 
 ``--against CHECKOUT`` serves (2) a second time from another checkout
 of Huddle (a clone at another commit, say), as (2'), in the same rounds,

@@ -71,7 +71,7 @@ from server.errors import (
 from server.frames import OutFrame, action_frame
 from server.periodic import Periodic
 from server.policy import stamped, turn_stamp
-from server.store.base import ChannelStore, Listener, decode_entry, encode_entry
+from server.store.base import ChannelStore, Listener, Rider, decode_entry, encode_entry
 
 log = logging.getLogger("huddle.channels")
 
@@ -162,6 +162,14 @@ class Step:
     envelope: ActionEnvelope
     data: bytes
     after: ChannelState
+
+
+Riding = Callable[[str, Step, Identity | None], Rider | None]
+"""Asked, before this process appends an action it accepted on channel
+``uri`` (its :class:`Step` and sender), for a write of another store's that
+belongs with it (server.store.base.Rider), or None. The store runs a rider
+it carries with the append; the hook that made it reads the outcome from
+the rider when the envelope is applied (its seq is the step's)."""
 
 
 def step(
@@ -261,6 +269,7 @@ class ChannelCore(Listener):
         """Now and then, compare every watched channel with the store's head:
         an append whose hint was lost is applied within one interval."""
         self.hooks: list[Hook] = []
+        self.riding: list[Riding] = []
         self.idle_channels = IDLE_CHANNELS
         self._channels: dict[str, _Channel] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()
@@ -571,7 +580,11 @@ class ChannelCore(Listener):
             ch.appending = True
             try:
                 entry = encode_entry(now, result.data, sender)
-                await self.store.append(ch.uri, ch.seq, entry, name)
+                rider = self._rider(ch.uri, result, sender)
+                if rider is None:
+                    await self.store.append(ch.uri, ch.seq, entry, name)
+                else:
+                    await self.store.append_riding(ch.uri, ch.seq, entry, name, rider)
             except AlreadyApplied as applied:
                 assert origin is not None  # only a client's action has a name
                 raise await self._applied(ch, applied.seq, action, origin) from None
@@ -593,6 +606,19 @@ class ChannelCore(Listener):
         raise ActionRejected(
             RejectionCode.CONFLICT, f"{ch.uri} is too busy to write now; try again"
         )
+
+    def _rider(self, uri: str, result: Step, sender: Identity | None) -> Rider | None:
+        """The first rider a :data:`Riding` hook has for ``result`` that the
+        store carries (see :attr:`riding`)."""
+        for riding in self.riding:
+            try:
+                rider = riding(uri, result, sender)
+            except Exception:
+                log.exception("riding hook failed on %s", uri)
+                continue
+            if rider is not None and self.store.carries(rider.store):
+                return rider
+        return None
 
     async def _applied(
         self, ch: _Channel, seq: int, action: StateAction, origin: ActionOrigin

@@ -92,6 +92,13 @@ class FormRegistry:
         self._forms.put(key, form)
         return form
 
+    def held(self, chat: str, request_id: str) -> tuple[bool, Form | None]:
+        """Whether this process holds the request's frozen form (read or
+        frozen here, not forgotten since), and the form (None: the request
+        was not made from one)."""
+        key = (chat, request_id)
+        return (True, self._forms.get(key)) if key in self._forms else (False, None)
+
     async def data(
         self, chat: str, request_id: str, answers: dict[str, InputAnswer]
     ) -> dict[str, Any] | None:

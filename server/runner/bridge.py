@@ -40,12 +40,14 @@ tools' questions neither: server.mcp.tools.people_of_current_call), and
 the waits truncated away lose their notes and expiries (server.notes,
 server.expiry).
 
-A resume costs the chat's append and one save: when a question of a turn
-shows in a chat this process holds (``chat/inputRequested``, a call waiting
-for confirmation), the turn is read ahead (its worker saved it as waiting
+A resume costs the chat's append alone: when a question of a turn shows in
+a chat this process holds (``chat/inputRequested``, a call waiting for
+confirmation), the turn is read ahead (its worker saved it as waiting
 before it asked), and the person's answer resumes it from that copy with a
-compare-and-set (a stale copy costs one more load, and a refusal is decided
-on a fresh one: see ``Runner.submit_resume``). A coroutine tool's start is
+compare-and-set. On Redis that save rides on the answer's append, in its
+script, once the entry landed (:meth:`ChatBridge.riding`); elsewhere it is
+one save after it. A stale copy costs one more load and save, and a refusal
+is decided on a fresh one (see ``Runner.submit_resume``). A coroutine tool's start is
 shown while the tool runs (people cannot tell; the tool starts a round trip
 or two sooner); everything the bridge shows of a turn is shown in order.
 
@@ -64,6 +66,7 @@ import json
 import logging
 import secrets
 from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.actions import (
@@ -111,14 +114,15 @@ from reducers.chat import select_input_settlement, select_latest_tool_call, sele
 from reducers.clock import iso_ms, iso_time
 from server.auth import Identity
 from server.cache import Lru
-from server.channels import Applied
+from server.channels import Applied, Step
 from server.errors import ActionRejected, ChannelGone, HuddleError, StoreError
 from server.expiry import Expiry
 from server.host import Host
 from server.policy import same_turn, turn_stamp
 from server.runner.agent import Agent, ApprovalDecision, Tool
-from server.runner.errors import TurnExists, TurnNotFound
+from server.runner.errors import TurnExists, TurnNotFound, VersionConflict
 from server.runner.ids import (
+    InputRequestRef,
     input_request_id,
     markdown_part_id,
     parse_input_request_id,
@@ -126,7 +130,7 @@ from server.runner.ids import (
     parse_mcp_request_id,
     runner_turn_id,
 )
-from server.runner.runner import ResumeRejected, Runner
+from server.runner.runner import PreparedResume, ResumeRejected, Runner
 from server.runner.turn import (
     ResumeCommand,
     Suspension,
@@ -135,6 +139,7 @@ from server.runner.turn import (
     Turn,
     TurnStatus,
 )
+from server.store.base import Rider
 
 log = logging.getLogger("huddle.runner.bridge")
 
@@ -169,6 +174,9 @@ class ChatBridge:
         self._showing: dict[str, asyncio.Task[None]] = {}
         """Per turn, what is being shown of it in the background; the rest
         of what is shown of that turn waits for it."""
+        self._folds: Lru[str, _Fold] = Lru(READ_AHEAD)
+        """Per chat, the resume that rode on this process's latest append
+        there (:meth:`riding`), until the hook of that envelope takes it."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping: set[str] = set()
         """Turns being cancelled because their chat turn ended without them."""
@@ -177,6 +185,7 @@ class ChatBridge:
         self.runner = runner
         runner.port = self
         self.host.add_hook(self.hook)
+        self.host.core.riding.append(self.riding)
 
     # ─── Outward ─────────────────────────────────────────────────────────
 
@@ -560,7 +569,10 @@ class ChatBridge:
             | ChatTurnComplete,
         ):
             audit = _audit(event.sender, event.envelope)
-            return self.accepted(event.uri, action, audit, event.view.state)
+            fold = self._folds.pop(event.uri)
+            if fold is not None and fold.seq != event.envelope.server_seq:
+                fold = None
+            return self.accepted(event.uri, action, audit, event.view.state, fold=fold)
         if isinstance(action, ChatTruncated) and isinstance(event.before, ChatState):
             dropped = event.before.active_turn
             if dropped is not None:  # AHP: always dropped, never kept
@@ -580,14 +592,23 @@ class ChatBridge:
             log.warning("could not end the turn truncated away: %s", error)
 
     async def accepted(
-        self, uri: str, action: StateAction, audit: dict[str, Any], state: ChannelState
+        self,
+        uri: str,
+        action: StateAction,
+        audit: dict[str, Any],
+        state: ChannelState,
+        *,
+        fold: _Fold | None = None,
     ) -> None:
         """React to a client's action on chat ``uri`` (``state`` the chat
-        after it); ``audit`` says who."""
+        after it); ``audit`` says who; ``fold`` the resume that rode on its
+        append, if one did."""
         assert self.runner is not None
         assert isinstance(state, ChatState)
         try:
-            if isinstance(action, ChatTurnStarted):
+            if fold is not None and self._folded(fold):
+                pass
+            elif isinstance(action, ChatTurnStarted):
                 await self._start(uri, action)
             elif isinstance(action, ChatInputCompleted):
                 settled = select_input_settlement(state, action.request_id)
@@ -622,6 +643,76 @@ class ChatBridge:
         # the turn just started or resumed before the action's later
         # follow-ups (the session's bookkeeping) run.
         await asyncio.sleep(0)
+
+    def riding(self, uri: str, result: Step, sender: Identity | None) -> Rider | None:
+        """The core's riding hook (server.channels.Riding): a person's answer
+        to a question of a turn read ahead (an input request the runner
+        opened, a call waiting for confirmation) resumes that turn in the
+        answer's own append. The resume is applied here to the copy read
+        ahead and saved by the chat store's script once the entry landed,
+        compare-and-set on the turn's version and cancel flag as
+        ``Runner.submit_resume`` saves it, and handed to a waiting worker
+        the same way: the crossing of a second call and the hooks before it
+        are saved. Nothing when the store carries no rider (the memory
+        store, a cluster, two Redises), the answer needs a read (a form not
+        held here) or the turn was not read ahead: the hook then resumes as
+        without it. What the script did is read in :meth:`_folded`."""
+        runner = self.runner
+        action, state = result.envelope.action, result.after
+        if runner is None or sender is None or not isinstance(state, ChatState):
+            return None
+        if runner.store.rides_on is None or not self.host.store.carries(runner.store.rides_on):
+            return None
+        if isinstance(action, ChatInputCompleted):
+            settled = select_input_settlement(state, action.request_id)
+            part = settled.part if settled.status == "resolved" else None
+            opened = None if part is None else parse_input_request_id(part.request.id)
+            if part is None or opened is None:
+                return None
+            data: dict[str, Any] | None = None
+            if opened.call_id is not None and part.response == "accept":
+                held, form = self.host.forms.held(uri, part.request.id)
+                if not held:
+                    return None
+                data = None if form is None else form.data(dict(part.request.answers or {}))
+            command, chat_turn = _input_command(part, opened, data), opened.chat_turn
+        elif isinstance(action, ChatToolCallConfirmed):
+            command, chat_turn = _decision(action), action.turn_id
+        else:
+            return None
+        turn = self._read_ahead_turn(uri, chat_turn, _stamp_in(state, chat_turn))
+        if turn is None:
+            return None
+        try:
+            command = command.with_metadata(**_audit(sender, result.envelope))
+            prepared = runner.prepare_resume(turn, command)
+        except ResumeRejected:
+            return None  # the copy may be stale: the hook decides on a fresh one
+        rider = runner.store.runnable_rider(prepared.turn, runner.clock(), started=prepared.started)
+        if rider is not None:
+            self._folds.put(uri, _Fold(result.envelope.server_seq, rider, prepared))
+        return rider
+
+    def _folded(self, fold: _Fold) -> bool:
+        """Whether the resume that rode on an append was saved (then its
+        listeners are told here); False: resume as without it."""
+        assert self.runner is not None
+        rider, prepared = fold.rider, fold.prepared
+        if rider.unknown:
+            # The entry landed (it is being applied), so the script ran, but
+            # its answer was lost: the rider saved the resume, or a conflict
+            # kept it from saving. The resume is submitted again (refused if
+            # it was saved) and its listeners hear of the first if it was.
+            self.runner.read_back(prepared.turn.id, prepared)
+            return False
+        if not rider.ran:
+            return False
+        try:
+            saved = self.runner.store.rider_saved(rider, prepared.turn)
+        except (VersionConflict, TurnNotFound):
+            return False  # the copy read ahead was stale: decide on a fresh one
+        self.runner.resumed(saved, prepared)
+        return True
 
     async def _start(self, uri: str, action: ChatTurnStarted) -> None:
         """Start the agent's turn for a person's chat turn ``action``: under
@@ -672,10 +763,7 @@ class ChatBridge:
         there is one: it may be stale)."""
         assert self.runner is not None
         store = self.runner.store
-        candidates = [runner_turn_id(uri, chat_turn), chat_turn]
-        if stamp is not None:
-            candidates.insert(1, runner_turn_id(uri, chat_turn, stamp))
-        for candidate in candidates:
+        for candidate in _candidates(uri, chat_turn, stamp):
             turn = self._read_ahead.pop(candidate) if read_ahead else None
             if turn is None:
                 try:
@@ -683,6 +771,19 @@ class ChatBridge:
                 except TurnNotFound:
                     continue
             if (turn.chat, turn.chat_turn, turn.chat_turn_stamp) == (uri, chat_turn, stamp):
+                return turn
+        return None
+
+    def _read_ahead_turn(self, uri: str, chat_turn: str, stamp: str | None) -> Turn | None:
+        """The copy read ahead of the turn :meth:`_turn_of` names (taken:
+        each copy serves one resume), or None."""
+        for candidate in _candidates(uri, chat_turn, stamp):
+            turn = self._read_ahead.pop(candidate)
+            if turn is not None and (turn.chat, turn.chat_turn, turn.chat_turn_stamp) == (
+                uri,
+                chat_turn,
+                stamp,
+            ):
                 return turn
         return None
 
@@ -733,18 +834,11 @@ class ChatBridge:
         opened = parse_input_request_id(part.request.id)
         if opened is None:
             return  # not a request the runner opened
-        answers = dict(part.request.answers or {})
-        call = opened.call_id
-        if call is None:
-            answer = answers.get(REPLY)
-            text = answer.value.value if answer and isinstance(answer.value, TextValue) else ""
-            reply = text if part.response == "accept" else ""
-            command = ResumeCommand.user_input(reply, question=opened.question_id)
-        elif part.response == "accept":
+        data = None
+        if opened.call_id is not None and part.response == "accept":
+            answers = dict(part.request.answers or {})
             data = await self.host.form_data(uri, part.request.id, answers)
-            command = ResumeCommand.user_input(call, data or {})
-        else:
-            command = ResumeCommand.user_input(call, None, response=part.response)
+        command = _input_command(part, opened, data)
         turn = loaded
         if turn is None and state is not None:
             stamp = _stamp_in(state, opened.chat_turn)
@@ -979,6 +1073,41 @@ def _audit(sender: Identity | None, envelope: ActionEnvelope) -> dict[str, Any]:
     if sender is not None and sender.declared:
         audit["declared"] = True  # a name typed in with a shared link
     return audit
+
+
+def _input_command(
+    part: InputRequestPart, opened: InputRequestRef, data: dict[str, Any] | None
+) -> ResumeCommand:
+    """The resume a settled input request the runner ``opened`` makes;
+    ``data`` is an accepted form's (None: the request had no form)."""
+    assert part.response is not None
+    call = opened.call_id
+    if call is None:
+        answer = (part.request.answers or {}).get(REPLY)
+        text = answer.value.value if answer and isinstance(answer.value, TextValue) else ""
+        reply = text if part.response == "accept" else ""
+        return ResumeCommand.user_input(reply, question=opened.question_id)
+    if part.response == "accept":
+        return ResumeCommand.user_input(call, data or {})
+    return ResumeCommand.user_input(call, None, response=part.response)
+
+
+def _candidates(uri: str, chat_turn: str, stamp: str | None) -> list[str]:
+    """The runner's turn ids AHP turn ``chat_turn`` (stamped ``stamp``) of
+    chat ``uri`` may show, in the order :meth:`ChatBridge._turn_of` tries them."""
+    candidates = [runner_turn_id(uri, chat_turn), chat_turn]
+    if stamp is not None:
+        candidates.insert(1, runner_turn_id(uri, chat_turn, stamp))
+    return candidates
+
+
+@dataclass(frozen=True, slots=True)
+class _Fold:
+    """A resume that rode on the append of ``seq`` (:meth:`ChatBridge.riding`)."""
+
+    seq: int
+    rider: Rider
+    prepared: PreparedResume
 
 
 def _decision(action: ChatToolCallConfirmed, *, expired: bool = False) -> ResumeCommand:

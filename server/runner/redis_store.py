@@ -51,7 +51,10 @@ Every write is one Lua script, so it is atomic:
   still the current one), then claims as above and returns the payload
   too; when there is nothing, it registers the waiter in ``waiting``;
 - ``stop_waiting`` takes a waiter out and gives back what its inbox holds
-  (lease released, queued again).
+  (lease released, queued again);
+- ``runnable_rider`` is ``save_runnable`` as a rider on a chat's append
+  (server.store.base.Rider): the same script, run by the chat store inside
+  the append's once the entry landed, on a single Redis that holds both.
 
 A turn is leased while it is in ``leases`` with a score after now; the
 hash's ``lease_owner`` and ``lease_until`` say the same for people reading
@@ -124,6 +127,7 @@ import msgspec
 from server.runner.errors import Fenced, TurnExists, TurnNotFound, VersionConflict
 from server.runner.store import Claim, Lease, TurnStore, Waiter
 from server.runner.turn import Turn, TurnStatus
+from server.store.base import Rider
 from server.store.redis_link import UNAVAILABLE, RedisLink, Script
 
 log = logging.getLogger("huddle.runner.redis_store")
@@ -398,7 +402,7 @@ class RedisTurnStore(TurnStore):
     every call but the blocking wait."""
 
     def __init__(self, url: str, *, prefix: str = "huddle:turn", timeout: float = 2.0) -> None:
-        self.url = url
+        self.url = self.rides_on = url
         self.timeout = timeout
         tag = "{" + prefix + "}"
         self._turn_prefix = f"{tag}:turn:"
@@ -468,6 +472,22 @@ class RedisTurnStore(TurnStore):
         return result
 
     async def save_runnable(self, turn: Turn, now: float, *, started: Turn | None = None) -> Turn:
+        call, payload, running = self._runnable_call(turn, now, started)
+        out = await self.link.run(_SAVE_RUNNABLE, *call)
+        return _runnable_saved(turn, out, payload, running)
+
+    def runnable_rider(self, turn: Turn, now: float, *, started: Turn | None = None) -> Rider:
+        (keys, args), _, _ = self._runnable_call(turn, now, started)
+        return Rider(SAVE_RUNNABLE, keys, args, self.url)
+
+    def rider_saved(self, rider: Rider, turn: Turn) -> Turn:
+        assert rider.ran
+        return _runnable_saved(turn, rider.reply, rider.args[3], rider.args[10])
+
+    def _runnable_call(
+        self, turn: Turn, now: float, started: Turn | None
+    ) -> tuple[tuple[list[str], list[Any]], bytes, bytes]:
+        """The SAVE_RUNNABLE script's keys and args, and the payloads."""
         saved = msgspec.structs.replace(turn, version=turn.version + 1, cancel_requested=False)
         payload = _encoder.encode(saved)
         running = b""
@@ -484,7 +504,7 @@ class RedisTurnStore(TurnStore):
             self._waiting,
             self._waiters,
         ]
-        args = [
+        args: list[Any] = [
             self._status_prefix,
             turn.id,
             turn.version,
@@ -499,14 +519,7 @@ class RedisTurnStore(TurnStore):
             "" if started is None else started.status.value,
             "" if started is None else started.phase.value,
         ]
-        out = await self.link.run(_SAVE_RUNNABLE, keys, args)
-        if not out:
-            raise TurnNotFound(turn.id)
-        if int(out[0]) == 0:
-            raise VersionConflict(turn.id, turn.version, int(out[1]))
-        result = _decoder.decode(running if int(out[3]) else payload)
-        result.version, result.cancel_requested = int(out[1]), bool(out[2])
-        return result
+        return (keys, args), payload, running
 
     async def request_cancel(self, turn_id: str) -> None:
         if not await self.link.run(_REQUEST_CANCEL, [self._turn_key(turn_id)], []):
@@ -677,3 +690,16 @@ class RedisTurnStore(TurnStore):
 
     async def close(self) -> None:
         await self.link.close()
+
+
+def _runnable_saved(turn: Turn, out: Any, payload: bytes, running: bytes) -> Turn:
+    """The turn a SAVE_RUNNABLE script's reply ``out`` says was saved:
+    ``running`` (the started turn) when it was handed over, else
+    ``payload``. Raises TurnNotFound and VersionConflict."""
+    if not out:
+        raise TurnNotFound(turn.id)
+    if int(out[0]) == 0:
+        raise VersionConflict(turn.id, turn.version, int(out[1]))
+    result = _decoder.decode(running if int(out[3]) else payload)
+    result.version, result.cancel_requested = int(out[1]), bool(out[2])
+    return result

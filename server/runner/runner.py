@@ -51,6 +51,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import msgspec
@@ -99,6 +100,18 @@ log = logging.getLogger("huddle.runner")
 READ_BACK_SECONDS = 30.0
 """How long a resume whose save's answer was lost is asked after while the
 store refuses (whether it landed: its listeners hear of it if it did)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedResume:
+    """A resume applied to a turn, not yet saved (:meth:`Runner.prepare_resume`):
+    the turn to save as runnable, the same turn ``started`` (for a worker it
+    is handed to), the audit ``mark`` it adds, and the ``command``."""
+
+    turn: Turn
+    started: Turn
+    mark: Audit
+    command: ResumeCommand
 
 
 class _Stop(Exception):
@@ -276,11 +289,7 @@ class Runner:
                 continue  # the caller's copy may be stale: refuse only on what is there
             try:
                 if runnable:
-                    # A worker it is handed to gets it started (its RUN here,
-                    # on a shallow copy: start() only sets fields), and saves
-                    # no start of its own.
-                    started = msgspec.structs.replace(turn)
-                    started.start()
+                    started = _started(turn)
                     saved = await self.store.save_runnable(turn, self.clock(), started=started)
                 else:
                     saved = await self.store.save(turn)
@@ -293,6 +302,25 @@ class Runner:
                 raise
             self._resumed(saved, turn.audit[-1], command)
             return saved
+
+    def prepare_resume(self, turn: Turn, command: ResumeCommand) -> PreparedResume:
+        """``command`` applied to ``turn`` (a copy read ahead, changed here),
+        as :meth:`submit_resume` would save it, for a caller that saves it
+        another way (a rider on the chat's append: server.runner.bridge)
+        and then tells :meth:`resumed`. Raises ResumeRejected, which on a
+        copy read ahead may be stale: decide again with submit_resume."""
+        self._check_resume(turn, command)
+        self._resume_changes(turn, command)
+        return PreparedResume(turn, _started(turn), turn.audit[-1], command)
+
+    def resumed(self, saved: Turn, prepared: PreparedResume) -> None:
+        """``prepared`` was saved (as ``saved``) by its caller."""
+        self._resumed(saved, prepared.mark, prepared.command)
+
+    def read_back(self, turn_id: str, prepared: PreparedResume) -> None:
+        """Whether ``prepared`` was saved is unknown (the answer lost): its
+        listeners hear of it if the turn shows it saved."""
+        self._in_background(self._read_back(turn_id, prepared.mark, prepared.command))
 
     def _resumed(self, saved: Turn, mark: Audit, command: ResumeCommand) -> None:
         self._emit(
@@ -972,6 +1000,15 @@ def retry_after_seconds(error: Exception, now: float) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - now)
+
+
+def _started(turn: Turn) -> Turn:
+    """A runnable ``turn`` as the worker it is handed to starts it (its RUN
+    here, on a shallow copy: start() only sets fields); that worker saves
+    no start of its own."""
+    started = msgspec.structs.replace(turn)
+    started.start()
+    return started
 
 
 def _running_call(turn: Turn) -> str | None:

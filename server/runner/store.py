@@ -64,6 +64,7 @@ from server.runner.errors import TurnExists as TurnExists
 from server.runner.errors import TurnNotFound as TurnNotFound
 from server.runner.errors import VersionConflict as VersionConflict
 from server.runner.turn import Turn, TurnStatus, copy_turn
+from server.store.base import Rider
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,10 @@ class Waiter:
 
 
 class TurnStore(ABC):
+    rides_on: str | None = None
+    """The store URL of the Redis a chat store must be on to carry this
+    store's riders (:meth:`runnable_rider`); None: it makes none."""
+
     @abstractmethod
     async def create(self, turn: Turn) -> Turn:
         """Save a new turn at version 1; raises TurnExists if the id exists."""
@@ -119,6 +124,20 @@ class TurnStore(ABC):
         turn's lease is free (as ``started``, the same turn after its RUN
         transition, when given), else queued. Returns what it saved, at the
         next version. Raises VersionConflict (reload and decide again)."""
+
+    def runnable_rider(
+        self, turn: Turn, now: float, *, started: Turn | None = None
+    ) -> Rider | None:
+        """:meth:`save_runnable` as a write that rides on a chat's append
+        (server.store.base.Rider), for a chat store that carries it; None
+        when this store has none (this one)."""
+        return None
+
+    def rider_saved(self, rider: Rider, turn: Turn) -> Turn:
+        """What :meth:`save_runnable` would have returned, for a rider from
+        :meth:`runnable_rider` of the same arguments that ran. Raises
+        VersionConflict and TurnNotFound as that does."""
+        raise NotImplementedError(f"{type(self).__name__} makes no rider")
 
     @abstractmethod
     async def request_cancel(self, turn_id: str) -> None: ...

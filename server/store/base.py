@@ -19,6 +19,13 @@ serves and not for the others. Notices are ephemeral messages between
 processes (root notifications), not logged, heard by the processes that
 watch their topic. A store may deliver more than was watched (the memory
 store delivers everything), never less.
+
+A :class:`Rider` is another store's write that belongs with an append (the
+turn a person's answer resumes, saved with the answer's entry): a store
+that :meth:`ChannelStore.carries` it runs both in one atomic step, the
+rider only once the entry landed, and saves the crossing a second call
+costs. A store that carries none (the memory store: nothing to cross)
+leaves its owner to write it after the append, as without one.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -106,6 +114,24 @@ class Listener(ABC):
         lost meanwhile, so compare with the store now."""
 
 
+@dataclass(eq=False, slots=True)
+class Rider:
+    """A write that rides on an append (see the module docstring): a Lua
+    script's ``source`` with its own ``keys`` and ``args`` (its KEYS and
+    ARGV), for the Redis at ``store`` (a store URL). The store that carries
+    it records what became of it: ``ran`` with the script's ``reply`` when
+    the entry landed (and only then), ``unknown`` when the append's answer
+    was lost (the entry, and so the rider, may have landed or not)."""
+
+    source: str
+    keys: list[str]
+    args: list[Any]
+    store: str
+    ran: bool = False
+    reply: Any = None
+    unknown: bool = False
+
+
 class ChannelStore(ABC):
     """Channel logs, snapshots and records; see the module docstring."""
 
@@ -131,6 +157,19 @@ class ChannelStore(ABC):
         of that name within its replay window, raises AlreadyApplied (before
         anything else is compared). Raises SeqConflict when the channel is
         elsewhere, ChannelGone, or StoreUnavailable."""
+
+    def carries(self, store: str) -> bool:
+        """Whether :meth:`append_riding` runs a :class:`Rider` for the store
+        at URL ``store`` with the append, atomically (this one does not)."""
+        return False
+
+    async def append_riding(
+        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None, rider: Rider
+    ) -> None:
+        """:meth:`append`, and ``rider`` in the same atomic step once the
+        entry landed (its outcome recorded in it). Only for a rider this
+        store :meth:`carries`."""
+        raise NotImplementedError(f"{type(self).__name__} carries no rider")
 
     @abstractmethod
     async def applied(self, channel: str, origin: str) -> int | None:

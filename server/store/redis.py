@@ -16,7 +16,13 @@ increments it, adds the entry and publishes it on the channel's topic with
 ``SPUBLISH``, all atomically. Concurrent appends are group-committed:
 whatever accumulated while one pipeline was in flight goes out in the next
 (one pipeline per node on a cluster), so a process is not capped at one
-round trip per action.
+round trip per action. An append that carries a rider (another store's
+write that belongs with it: server.store.base.Rider, the turn a person's
+answer resumes) runs both in one script, the rider only once the entry
+landed and inside ``pcall`` (a rider that fails leaves the entry appended,
+and its owner writes on its own); it goes out at once, not batched. Only a
+single Redis carries riders: on a cluster the rider's keys are in other
+slots, and its owner writes after the append as before.
 
 Pub/sub only wakes other processes (it may drop messages); the log is the
 truth, and hosts compare heads now and then. A process hears the topics it
@@ -69,8 +75,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from server.errors import AlreadyApplied, ChannelGone, SeqConflict, StoreError, StoreUnavailable
-from server.store.base import ChannelStore, Listener, StoredChannel
+from server.store.base import ChannelStore, Listener, Rider, StoredChannel
 from server.store.redis_link import RedisLink, Script
 from server.store.redis_topics import Topics
 
@@ -219,6 +227,36 @@ redis.call('RPUSH', KEYS[1], ARGV[2])
 return -1
 """
 
+# APPEND, and a rider (server.store.base.Rider) once the entry landed, as one
+# script: KEYS and ARGV are APPEND's three and five, then the rider's. Each
+# body runs as a function of its own KEYS and ARGV. Returns {APPEND's reply}
+# when it did not append, {APPEND's reply, 1, the rider's reply} when it did,
+# and {APPEND's reply, 0, the error} when the rider failed (pcall: the entry
+# stays appended and the rider's owner writes it again on its own).
+RIDING = """
+local function append(KEYS, ARGV)
+%(append)s
+end
+local function rider(KEYS, ARGV)
+%(rider)s
+end
+local own, theirs, own_args, their_args = {}, {}, {}, {}
+for i = 1, #KEYS do
+  if i <= 3 then own[i] = KEYS[i] else theirs[i - 3] = KEYS[i] end
+end
+for i = 1, #ARGV do
+  if i <= 5 then own_args[i] = ARGV[i] else their_args[i - 5] = ARGV[i] end
+end
+local appended = append(own, own_args)
+if appended[1] ~= 1 then return {appended} end
+local ok, reply = pcall(rider, theirs, their_args)
+if not ok then
+  if type(reply) == 'table' then reply = reply.err end
+  return {appended, 0, tostring(reply)}
+end
+return {appended, 1, reply}
+"""
+
 _CREATE, _LOAD, _APPEND = Script(CREATE), Script(LOAD), Script(APPEND)
 _CLAIM, _AUDIT = Script(CLAIM), Script(AUDIT)
 _READ_LOG, _SNAPSHOT, _RESTORE = Script(READ_LOG), Script(SNAPSHOT), Script(RESTORE)
@@ -283,6 +321,8 @@ class RedisStore(ChannelStore):
         self._flusher: asyncio.Task[None] | None = None
         self._sending: list[_Pending] = []
         """The batch of appends the flusher has on its way."""
+        self._riding: dict[str, Script] = {}
+        """The RIDING script of each rider's source."""
 
     # ─── Channels ────────────────────────────────────────────────────────
 
@@ -309,6 +349,42 @@ class RedisStore(ChannelStore):
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         await future
+
+    def carries(self, store: str) -> bool:
+        # One script must reach both stores' keys: the same single Redis.
+        # On a cluster a rider's keys are in other slots than the channel's.
+        return self.link.cluster is None and store == self.url
+
+    async def append_riding(
+        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None, rider: Rider
+    ) -> None:
+        # Not group-committed: the caller holds the channel's lock, so this
+        # is the channel's one append in flight, and it goes out at once.
+        assert self.carries(rider.store), "a rider for another store"
+        script = self._riding.get(rider.source)
+        if script is None:
+            if len(self._riding) >= 16:
+                self._riding.clear()  # riders come from code, a few kinds
+            source = RIDING % {"append": APPEND, "rider": rider.source}
+            script = self._riding[rider.source] = Script(source)
+        keys = [*_keys(channel)[:2], _origins(channel), *rider.keys]
+        args = [expected_seq, envelope, topic_of(channel), origin or "", self.retention]
+        try:
+            out = await self.link.run(script, keys, [*args, *rider.args])
+        except (StoreUnavailable, RedisError) as error:
+            rider.unknown = True  # the entry, and so the rider, may have landed
+            if isinstance(error, StoreUnavailable):
+                raise
+            raise StoreUnavailable(f"redis: {error}") from None
+        appended, *rode = out
+        if rode:
+            rider.ran = int(rode[0]) == 1
+            rider.reply = rode[1]
+            if not rider.ran:
+                log.error("a rider on %s failed in its script: %s", channel, _text(rode[1]))
+        failed = _outcome(channel, expected_seq, appended)
+        if failed is not None:
+            raise failed
 
     async def _flush(self) -> None:
         """Send every pending append, pipelined, until none is left. Every
@@ -514,14 +590,21 @@ def _answer(item: _Pending, result: Any) -> None:
         return
     if isinstance(result, BaseException):
         item.future.set_exception(result)
-    elif int(result[0]) == 1:
-        item.future.set_result(None)
-    elif int(result[0]) == 0:
-        item.future.set_exception(SeqConflict(item.channel, item.expected, int(result[1])))
-    elif int(result[0]) == 2:
-        item.future.set_exception(AlreadyApplied(item.channel, int(result[1])))
+    elif (error := _outcome(item.channel, item.expected, result)) is not None:
+        item.future.set_exception(error)
     else:
-        item.future.set_exception(ChannelGone(item.channel))
+        item.future.set_result(None)
+
+
+def _outcome(channel: str, expected: int, result: Any) -> StoreError | None:
+    """What the APPEND script's ``result`` says went wrong (None: appended)."""
+    if int(result[0]) == 1:
+        return None
+    if int(result[0]) == 0:
+        return SeqConflict(channel, expected, int(result[1]))
+    if int(result[0]) == 2:
+        return AlreadyApplied(channel, int(result[1]))
+    return ChannelGone(channel)
 
 
 def _text(value: bytes | str) -> str:

@@ -15,10 +15,13 @@ as it is, the tool run once or not at all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import pytest
 
+from server.client import HuddleClient, Mirror
 from server.errors import AlreadyApplied, SeqConflict, StoreUnavailable
 from server.runner.agent import Agent
 from server.runner.events import EventType, RunnerEvent
@@ -191,95 +194,89 @@ class Served:
                 await self._news.wait()
         return self.told(kind)[0]
 
-    async def step_to_the_question(self) -> None:
-        """Once the turn the chat started is created, run it to its question."""
-        async with asyncio.timeout(WITHIN):
-            await self.turns.created.wait()
-        assert await Worker(self.service.runner).step()
+
+@dataclass
+class Asked:
+    """A server's turn waiting on its question, read ahead by its bridge."""
+
+    served: Served
+    runs: Runs
+    alice: HuddleClient
+    chat: str
+    mirror: Mirror
+    turn_id: str
 
 
-async def serve(redis_server: RedisServer, helper: Agent) -> Served:
-    turns = Watched(redis_server.url)
+@contextlib.asynccontextmanager
+async def asked(redis_server: RedisServer, make: Callable[[Runs], Agent]) -> AsyncIterator[Asked]:
+    """A server on ``redis_server`` (chats and turns) running the agent
+    ``make`` builds up to its question in Alice's chat."""
+    runs, turns = Runs(), Watched(redis_server.url)
     huddle = await start_server(
-        store=RedisStore(redis_server.url), agent=helper, turn_store=turns, workers=0
+        store=RedisStore(redis_server.url), agent=make(runs), turn_store=turns, workers=0
     )
-    service = huddle.server.parts.service
-    assert service is not None
-    return Served(huddle, service, turns)
+    try:
+        service = huddle.server.parts.service
+        assert service is not None
+        served = Served(huddle, service, turns)
+        alice, chat, mirror = await open_chat(huddle, "Deploy it")
+        async with asyncio.timeout(WITHIN):
+            await turns.created.wait()
+        assert await Worker(service.runner).step()  # up to the question
+        await until(mirror, lambda s: pending(s) is not None or s.active_turn is not None)
+        turn_id = runner_turn_id(chat, "t1")
+        await read_ahead(service, turn_id)
+        yield Asked(served, runs, alice, chat, mirror, turn_id)
+    finally:
+        await huddle.stop()
+        await turns.close()
 
 
 @pytest.mark.parametrize("make", [asking_approval, asking_a_form], ids=["approval", "form"])
 async def test_a_persons_answer_saves_the_resume_in_its_own_append(
     redis_server: RedisServer, make: Callable[[Runs], Agent]
 ) -> None:
-    runs = Runs()
-    served = await serve(redis_server, make(runs))
-    try:
-        alice, chat, mirror = await open_chat(served.huddle, "Deploy it")
-        await served.step_to_the_question()
-        await until(mirror, lambda s: pending(s) is not None or s.active_turn is not None)
-        turn_id = runner_turn_id(chat, "t1")
-        await read_ahead(served.service, turn_id)
+    async with asked(redis_server, make) as at:
+        served = at.served
         loads = served.turns.loads
-        await answer(alice, chat, mirror)
+        await answer(at.alice, at.chat, at.mirror)
         event = await served.hear(EventType.TURN_RESUMED)
         assert served.turns.saved_alone == 0  # it rode on the answer's append
         assert served.turns.loads == loads  # and read nothing
         assert event.data["resume"].metadata["by"] == "alice"  # the server's word
-        assert (await served.turns.load(turn_id)).status == TurnStatus.READY
+        assert (await served.turns.load(at.turn_id)).status == TurnStatus.READY
         assert await Worker(served.service.runner).step()
-        await until(mirror, ended)
-        assert runs.count("deploy") == 1
-    finally:
-        await served.huddle.stop()
-        await served.turns.close()
+        await until(at.mirror, ended)
+        assert at.runs.count("deploy") == 1
 
 
 async def test_a_resume_that_rode_on_a_stale_copy_is_decided_again(
     redis_server: RedisServer,
 ) -> None:
-    runs = Runs()
-    served = await serve(redis_server, asking_approval(runs))
-    try:
-        alice, chat, mirror = await open_chat(served.huddle, "Deploy it")
-        await served.step_to_the_question()
-        await until(mirror, lambda s: pending(s) is not None)
-        turn_id = runner_turn_id(chat, "t1")
-        await read_ahead(served.service, turn_id)
+    async with asked(redis_server, asking_approval) as at:
+        served = at.served
         # The turn changes after the bridge read it (a save elsewhere).
-        await served.turns.save(await served.turns.load(turn_id))
-        await answer(alice, chat, mirror)
+        await served.turns.save(await served.turns.load(at.turn_id))
+        await answer(at.alice, at.chat, at.mirror)
         await served.hear(EventType.TURN_RESUMED)
         assert served.turns.saved_alone == 1  # the rider's save failed: saved again, fresh
         assert await Worker(served.service.runner).step()
-        await until(mirror, ended)
-        assert runs.count("deploy") == 1
+        await until(at.mirror, ended)
+        assert at.runs.count("deploy") == 1
         assert len(served.told(EventType.TURN_RESUMED)) == 1
-    finally:
-        await served.huddle.stop()
-        await served.turns.close()
 
 
 async def test_a_cancel_asked_after_the_read_ahead_wins_over_a_riding_resume(
     redis_server: RedisServer,
 ) -> None:
-    runs = Runs()
-    served = await serve(redis_server, asking_approval(runs))
-    try:
-        alice, chat, mirror = await open_chat(served.huddle, "Deploy it")
-        await served.step_to_the_question()
-        await until(mirror, lambda s: pending(s) is not None)
-        turn_id = runner_turn_id(chat, "t1")
-        await read_ahead(served.service, turn_id)
-        await served.service.runner.cancel(turn_id)  # the copy read ahead says no cancel
+    async with asked(redis_server, asking_approval) as at:
+        served = at.served
+        await served.service.runner.cancel(at.turn_id)  # the copy read ahead says no cancel
         served.turns.loaded.clear()
-        await answer(alice, chat, mirror)
+        await answer(at.alice, at.chat, at.mirror)
         async with asyncio.timeout(WITHIN):
             await served.turns.loaded.wait()  # the rider's save failed: decided again, fresh
         assert await Worker(served.service.runner).step()
-        assert (await served.turns.load(turn_id)).status == TurnStatus.CANCELLED
+        assert (await served.turns.load(at.turn_id)).status == TurnStatus.CANCELLED
         assert served.told(EventType.TURN_RESUMED) == []
-        assert runs.count("deploy") == 0
-    finally:
-        await served.huddle.stop()
-        await served.turns.close()
+        assert at.runs.count("deploy") == 0

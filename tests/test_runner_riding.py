@@ -106,6 +106,22 @@ async def test_a_rider_that_fails_leaves_its_entry_appended(store: RedisStore) -
     assert (await store.load(CHANNEL)).log == [b"kept"]
 
 
+async def test_a_rider_that_returns_nothing_ran(store: RedisStore) -> None:
+    rider = Rider("redis.call('SET', KEYS[1], 'x')", ["riding:set"], [], store.url)
+    await store.append_riding(CHANNEL, 0, b"first", None, rider)
+    assert rider.ran
+    assert rider.reply is None
+    assert await store.client.get("riding:set") == b"x"
+
+
+async def test_a_rider_that_returns_an_error_failed(store: RedisStore) -> None:
+    rider = Rider("return redis.error_reply('no such thing')", [], [], store.url)
+    await store.append_riding(CHANNEL, 0, b"kept", None, rider)
+    assert not rider.ran
+    assert rider.reply == b"no such thing"
+    assert (await store.load(CHANNEL)).log == [b"kept"]
+
+
 async def test_a_rider_whose_answer_is_lost_is_unknown(redis_server: RedisServer) -> None:
     impatient = RedisStore(redis_server.url, timeout=0.2)
     try:

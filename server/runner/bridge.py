@@ -711,6 +711,9 @@ class ChatBridge:
             saved = self.runner.store.rider_saved(rider, prepared.turn)
         except (VersionConflict, TurnNotFound):
             return False  # the copy read ahead was stale: decide on a fresh one
+        except Exception:
+            log.exception("could not read what the resume of %s did", prepared.turn.id)
+            return False
         self.runner.resumed(saved, prepared)
         return True
 

@@ -120,8 +120,11 @@ class Rider:
     script's ``source`` with its own ``keys`` and ``args`` (its KEYS and
     ARGV), for the Redis at ``store`` (a store URL). The store that carries
     it records what became of it: ``ran`` with the script's ``reply`` when
-    the entry landed (and only then), ``unknown`` when the append's answer
-    was lost (the entry, and so the rider, may have landed or not)."""
+    the entry landed and the rider did not fail (an error raised or
+    returned: then ``reply`` is the error, and what the rider wrote before
+    it stays written, as in any script: check before writing), ``unknown``
+    when the append's answer was lost (the entry, and so the rider, may
+    have landed or not)."""
 
     source: str
     keys: list[str]

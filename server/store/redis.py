@@ -20,7 +20,8 @@ round trip per action. An append that carries a rider (another store's
 write that belongs with it: server.store.base.Rider, the turn a person's
 answer resumes) runs both in one script, the rider only once the entry
 landed and inside ``pcall`` (a rider that fails leaves the entry appended,
-and its owner writes on its own); it goes out at once, not batched. Only a
+with what it wrote before it failed, and its owner writes on its own); it
+goes out at once, not batched. Only a
 single Redis carries riders: on a cluster the rider's keys are in other
 slots, and its owner writes after the append as before.
 
@@ -230,9 +231,10 @@ return -1
 # APPEND, and a rider (server.store.base.Rider) once the entry landed, as one
 # script: KEYS and ARGV are APPEND's three and five, then the rider's. Each
 # body runs as a function of its own KEYS and ARGV. Returns {APPEND's reply}
-# when it did not append, {APPEND's reply, 1, the rider's reply} when it did,
-# and {APPEND's reply, 0, the error} when the rider failed (pcall: the entry
-# stays appended and the rider's owner writes it again on its own).
+# when it did not append, {APPEND's reply, 1, the rider's reply (false for
+# none)} when it did, and {APPEND's reply, 0, the error} when the rider
+# raised or returned an error (pcall: the entry stays appended, and so does
+# what the rider wrote before it failed: a script is not rolled back).
 RIDING = """
 local function append(KEYS, ARGV)
 %(append)s
@@ -250,10 +252,11 @@ end
 local appended = append(own, own_args)
 if appended[1] ~= 1 then return {appended} end
 local ok, reply = pcall(rider, theirs, their_args)
-if not ok then
+if not ok or (type(reply) == 'table' and reply.err) then
   if type(reply) == 'table' then reply = reply.err end
   return {appended, 0, tostring(reply)}
 end
+if reply == nil then reply = false end
 return {appended, 1, reply}
 """
 
@@ -377,14 +380,13 @@ class RedisStore(ChannelStore):
                 raise
             raise StoreUnavailable(f"redis: {error}") from None
         appended, *rode = out
-        if rode:
-            rider.ran = int(rode[0]) == 1
-            rider.reply = rode[1]
-            if not rider.ran:
-                log.error("a rider on %s failed in its script: %s", channel, _text(rode[1]))
         failed = _outcome(channel, expected_seq, appended)
         if failed is not None:
             raise failed
+        rider.ran = int(rode[0]) == 1
+        rider.reply = rode[1]
+        if not rider.ran:
+            log.error("a rider on %s failed in its script: %s", channel, _text(rode[1]))
 
     async def _flush(self) -> None:
         """Send every pending append, pipelined, until none is left. Every

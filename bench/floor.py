@@ -6,10 +6,10 @@
 Set-up (3) of ``bench.runner``. A resume through Redis crosses between
 processes the same way whatever runs at each stop: the participant to the
 server, the server's append to Redis, whose script also saves the turn and
-hands it to the waiting worker (three crossings before an approved tool
-starts; the append's answer back to the server is off that path), and for
-a form the worker's save of the model's next call, to Redis and back
-(five). Here each stop does only that:
+hands it to the waiting worker (three crossings before an approved tool,
+or a tool that asked its own form, starts again; the append's answer back
+to the server is off that path), and for a form the model asked the
+worker's save of the model's next call, to Redis and back (five). Here each stop does only that:
 
 - the relay is a bare ``websockets`` server; for each text frame it makes
   one Redis round trip, a script that writes a key and ``LPUSH``es the
@@ -37,8 +37,8 @@ import redis.asyncio as aioredis
 from websockets.asyncio.server import ServerConnection, serve
 
 FORM_TOOL = "stamp_after_form"
-"""The bench agent's tool that a form resumes: its frames save once more in
-the worker, before the stamp."""
+"""The bench agent's tool that a ``request_user_input`` form resumes: its
+frames save once more in the worker, before the stamp."""
 ROUND_TRIP = "redis.call('SET', KEYS[1], ARGV[1]) return 1"
 """A script of one key: the shape of a save."""
 HAND_OVER = "redis.call('SET', KEYS[1], ARGV[1]) redis.call('LPUSH', KEYS[2], ARGV[1]) return 1"

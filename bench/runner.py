@@ -7,16 +7,18 @@
 Scenario: the bench agent (:func:`bench_agent`, loaded by the servers and
 the worker with ``--agent bench.runner:bench_agent``) asks a form with
 ``request_user_input``; once it is submitted its scripted model calls
-``stamp_after_form`` (allowed) and ``stamp_after_approval`` (needs a
-person's approval); then it says "Done.". Each tool's first statement is
-``time.time_ns()``, which it ``RPUSH``es, with its kind and turn id, on a
-list in the benchmark's redis-server. One participant (``HuddleClient``,
+``stamp_after_form`` (allowed), ``stamp_with_its_form`` (which raises
+FormRequired, and runs again once its own form is submitted) and
+``stamp_after_approval`` (needs a person's approval); then it says
+"Done.". Each tool's first statement is ``time.time_ns()``, which it
+``RPUSH``es, with its kind and turn id, on a list in the benchmark's
+redis-server (the second tool only on its run with the data). One participant (``HuddleClient``,
 the participant token ``huddle serve`` prints) plays every turn, one at a
 time, each in a session of its own: it waits for the form in its mirror of
 the chat, looks at it for ``--think`` seconds as a person would, takes
-``time.time_ns()`` and dispatches ``chat/inputCompleted``; later, once the
-call waits for confirmation, it does the same with
-``chat/toolCallConfirmed``. A sample is the tool's stamp minus the
+``time.time_ns()`` and dispatches ``chat/inputCompleted``; it does the same
+for the tool's own form (``inputCompleted/tool`` below), and once the last
+call waits for confirmation, with ``chat/toolCallConfirmed``. A sample is the tool's stamp minus the
 participant's: send (the client's encoding included, a few us), the server
 accepting the action, the resume it submits, a worker claiming the turn
 and running it up to the tool, all observed from outside.
@@ -57,10 +59,11 @@ Huddle's own work at the stops takes.
 
 Before its tool starts a resume crosses between processes three times
 (the participant to the server, the server's append to Redis, whose script
-saves the turn and hands it to the worker: server.store.base.Rider), five
-for ``inputCompleted`` (then the worker's save of the model's next call,
-to Redis and back: a call never starts before it is saved); a PING
-crosses twice.
+saves the turn and hands it to the worker: server.store.base.Rider) for
+``toolCallConfirmed`` and ``inputCompleted/tool`` (the tool itself
+resumes), five for ``inputCompleted`` (the model then calls the tool: the
+worker's save of that call, to Redis and back, comes first, since a call
+never starts before it is saved); a PING crosses twice.
 
 The pause matters: a person answers a moment after the prompt shows, and
 by then the worker that asked has released the turn and waits for work,
@@ -124,7 +127,7 @@ from protocol.chat import (
 from protocol.messages import ChannelState
 from protocol.session import SessionState
 from server.client import HuddleClient
-from server.runner.agent import Agent, FormDefinition, Tool, require_approval_for
+from server.runner.agent import Agent, FormDefinition, FormRequired, Tool, require_approval_for
 from server.runner.context import ToolContext
 from server.runner.ids import runner_turn_id
 from server.runner.model import ModelReply, ScriptedModel, last_tool_result
@@ -138,9 +141,17 @@ STAMPS_URL = "HUDDLE_BENCH_STAMPS_URL"
 STAMPS_KEY = "HUDDLE_BENCH_STAMPS_KEY"
 """Environment of the children: where the bench agent's tools stamp."""
 AFTER_FORM = "stamp_after_form"
+ITS_FORM = "stamp_with_its_form"
 AFTER_APPROVAL = "stamp_after_approval"
-KINDS = {AFTER_FORM: "inputCompleted", AFTER_APPROVAL: "toolCallConfirmed"}
-"""Each tool, by the participant action that resumes the turn it starts in."""
+KINDS = {
+    AFTER_FORM: "inputCompleted",
+    ITS_FORM: "inputCompleted/tool",
+    AFTER_APPROVAL: "toolCallConfirmed",
+}
+"""Each tool, by the participant action that resumes the turn it starts in:
+``inputCompleted`` answers ``request_user_input`` (the model then calls the
+tool), ``inputCompleted/tool`` the tool's own form (it raised FormRequired,
+and runs again with the data)."""
 CHAT_TURN = "t1"
 STEP_TIMEOUT = 15.0
 """Seconds any one step of a turn may take before the run is abandoned."""
@@ -185,12 +196,19 @@ async def stamp_after_form(arguments: dict[str, Any]) -> dict[str, str]:
     return await _record(AFTER_FORM, time.time_ns())
 
 
+async def stamp_with_its_form(arguments: dict[str, Any]) -> dict[str, str]:
+    started = time.time_ns()
+    if not ToolContext.current().form_submitted:
+        raise FormRequired(FORM, "Which system fails, for this tool?")
+    return await _record(ITS_FORM, started)
+
+
 async def stamp_after_approval(arguments: dict[str, Any]) -> dict[str, str]:
     return await _record(AFTER_APPROVAL, time.time_ns())
 
 
 def bench_script(messages: Sequence[ModelMessage]) -> ModelReply:
-    """Ask the form; then call both stamping tools; then finish. The
+    """Ask the form; then call the three stamping tools; then finish. The
     replies that lead to a tool carry no text, so that no streamed text
     sits between a resume and the tool."""
     if last_tool_result(messages, AFTER_APPROVAL) is not None:
@@ -199,6 +217,7 @@ def bench_script(messages: Sequence[ModelMessage]) -> ModelReply:
         return ModelReply(
             tool_calls=[
                 ToolCall(id="call-after-form", name=AFTER_FORM),
+                ToolCall(id="call-with-its-form", name=ITS_FORM),
                 ToolCall(id="call-after-approval", name=AFTER_APPROVAL),
             ]
         )
@@ -211,11 +230,16 @@ def bench_agent() -> Agent:
     ``HUDDLE_BENCH_STAMPS_URL`` and ``HUDDLE_BENCH_STAMPS_KEY``."""
     return Agent(
         name="bench-agent",
-        instructions="Ask which system fails, then stamp twice. A benchmark of resumes.",
+        instructions="Ask which system fails, then stamp three times. A benchmark of resumes.",
         model=ScriptedModel(bench_script),
         tools=(
             Tool(
                 AFTER_FORM, "Record when the turn resumed after the form", function=stamp_after_form
+            ),
+            Tool(
+                ITS_FORM,
+                "Ask its own form, and record when it runs again with the data",
+                function=stamp_with_its_form,
             ),
             Tool(
                 AFTER_APPROVAL,
@@ -504,6 +528,18 @@ class Participant(Player):
         await client.dispatch(chat, completed)
         latency = {AFTER_FORM: await self._stamp(AFTER_FORM, turn_id) - self.sent[AFTER_FORM]}
         state = await self._until(
+            "the tool's form", mirror.wait_for(lambda s: open_form(s) is not None)
+        )
+        form = open_form(state)
+        assert form is not None
+        await asyncio.sleep(self.think)
+        completed = ChatInputCompleted(
+            request_id=form.request.id, response="accept", answers={"system": answer}
+        )
+        self.sent[ITS_FORM] = time.time_ns()
+        await client.dispatch(chat, completed)
+        latency[ITS_FORM] = await self._stamp(ITS_FORM, turn_id) - self.sent[ITS_FORM]
+        state = await self._until(
             "call to confirm", mirror.wait_for(lambda s: call_to_confirm(s) is not None)
         )
         call = call_to_confirm(state)
@@ -622,7 +658,7 @@ def print_summary(setups: list[Setup], pings: list[int], paused: list[int], thin
     )
     for setup in setups:
         for tool, values in setup.samples.items():
-            print(f"  {setup.label:<44} {KINDS[tool]:<17} {_p50_p99(values)}")
+            print(f"  {setup.label:<44} {KINDS[tool]:<19} {_p50_p99(values)}")
     back_to_back = "bare Redis round trip (PING, redis-py asyncio), back to back"
     after = f"the same, each {think * 1000:g} ms after the last (as the answers)"
     print(f"  {back_to_back:<62} {_p50_p99(pings)}")
@@ -634,7 +670,7 @@ def print_summary(setups: list[Setup], pings: list[int], paused: list[int], thin
         over_memory = resume / _percentile(memory.samples[tool], 0.5)
         least = _percentile(bare.samples[tool], 0.5)
         print(
-            f"  {KINDS[tool]:<17}  (2) / PING {resume / ping:6.1f}   (2) / paused PING "
+            f"  {KINDS[tool]:<19}  (2) / PING {resume / ping:6.1f}   (2) / paused PING "
             f"{resume / paused_ping:5.1f}   (2) / (1) {over_memory:5.2f}   (2) / (3) "
             f"{resume / least:5.2f}   (3) / paused PING {least / paused_ping:5.1f}   "
             f"(2) - (3) {resume - least:5.2f} ms"

@@ -51,12 +51,13 @@ async def test_the_resume_benchmark_runs_quick_with_both_baselines() -> None:
     text = await _quick("bench.runner", "--against", str(ROOT))
     # Every turn of both set-ups was played to the tool (a turn that is not
     # ends the run with an error), and both yardsticks were measured.
-    assert "(2) redis, serve --workers 0 + huddle worker toolCallConfirmed p50" in text
+    assert "(2) redis, serve --workers 0 + huddle worker toolCallConfirmed   p50" in text
+    assert "(2) redis, serve --workers 0 + huddle worker inputCompleted/tool p50" in text
     assert "back to back" in text
     assert "each 25 ms after the last" in text
-    assert text.count("(2) / paused PING") == 2
+    assert text.count("(2) / paused PING") == 3
     # The floor (the same crossings with nothing at the stops) ran too.
-    assert "(3) floor: (2)'s crossings, nothing else     toolCallConfirmed p50" in text
-    assert text.count("(2) / (3)") == 2
-    assert "(2') as (2), from the --against checkout     toolCallConfirmed p50" in text
+    assert "(3) floor: (2)'s crossings, nothing else     toolCallConfirmed   p50" in text
+    assert text.count("(2) / (3)") == 3
+    assert "(2') as (2), from the --against checkout     toolCallConfirmed   p50" in text
     assert "(2) / (2'), the same set-up from the other checkout: inputCompleted" in text

@@ -527,9 +527,13 @@ class Participant(Player):
         self.sent[AFTER_FORM] = time.time_ns()
         await client.dispatch(chat, completed)
         latency = {AFTER_FORM: await self._stamp(AFTER_FORM, turn_id) - self.sent[AFTER_FORM]}
-        state = await self._until(
-            "the tool's form", mirror.wait_for(lambda s: open_form(s) is not None)
-        )
+        first = form.request.id  # the mirror may not show it answered yet
+
+        def its_form(state: ChannelState) -> bool:
+            part = open_form(state)
+            return part is not None and part.request.id != first
+
+        state = await self._until("the tool's form", mirror.wait_for(its_form))
         form = open_form(state)
         assert form is not None
         await asyncio.sleep(self.think)

@@ -34,7 +34,9 @@ pub/sub works the same on a single Redis (7.0 or later). Notices are
 published on the topic of their ``topic`` (root notices on the root
 channel's), and heard by the processes that watch it.
 
-Redis Cluster: every script touches the keys of one channel, in one slot.
+Redis Cluster: every script touches the keys of one channel, in one slot
+(RIDING, which adds a rider's keys of another slot, runs only on a single
+Redis: :meth:`RedisStore.carries`).
 The steps that span channels are not atomic and need not be: ``heads``
 reads each channel's head on its own (one pipeline per node) and the host
 compares each with its own cache; the group commit sends each append on

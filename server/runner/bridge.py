@@ -659,9 +659,12 @@ class ChatBridge:
         without it. What the script did is read in :meth:`_folded`."""
         runner = self.runner
         action, state = result.envelope.action, result.after
-        if runner is None or sender is None or not isinstance(state, ChatState):
+        answer = ChatInputCompleted | ChatToolCallConfirmed
+        if runner is None or sender is None or not isinstance(action, answer):
+            return None  # most actions: nothing more is looked at
+        if not isinstance(state, ChatState) or runner.store.rides_on is None:
             return None
-        if runner.store.rides_on is None or not self.host.store.carries(runner.store.rides_on):
+        if not self.host.store.carries(runner.store.rides_on):
             return None
         if isinstance(action, ChatInputCompleted):
             settled = select_input_settlement(state, action.request_id)
@@ -676,10 +679,8 @@ class ChatBridge:
                     return None
                 data = None if form is None else form.data(dict(part.request.answers or {}))
             command, chat_turn = _input_command(part, opened, data), opened.chat_turn
-        elif isinstance(action, ChatToolCallConfirmed):
-            command, chat_turn = _decision(action), action.turn_id
         else:
-            return None
+            command, chat_turn = _decision(action), action.turn_id
         turn = self._read_ahead_turn(uri, chat_turn, _stamp_in(state, chat_turn))
         if turn is None:
             return None

@@ -12,7 +12,9 @@ another process appended first, the core catches up from the store log,
 steps again and retries, so no subscriber ever sees a gap or a reordering.
 Envelopes other processes append reach this process through the store's
 listener and are applied the same way (without validation: they were
-validated where they were accepted).
+validated where they were accepted): at once for a channel served here
+(subscribed or pinned), a moment later (:data:`UNSUBSCRIBED_FOLLOW`) for one
+only held, and in any case before a read or a write of it here.
 
 Hooks (one style): every applied envelope, this process's and other
 processes', is handed to each hook in seq order as an :class:`Applied`,
@@ -86,6 +88,13 @@ most this many, and bytes): beyond, the log is read instead."""
 SNAPSHOT_BYTES = 4 << 20
 """Bytes of entries after which a snapshot is saved even before
 ``snapshot_every`` actions, so that the log a load reads stays bounded."""
+UNSUBSCRIBED_FOLLOW = 0.005
+"""Seconds a channel nobody here subscribes to or pins waits before it
+applies what other processes appended (its hooks hear it then). Nobody is
+shown it, and a read or a write here applies it first: the work waits
+until what this process has at hand is done (a worker's save of a turn,
+whose reply would otherwise be read after it), and a burst is applied in
+one go."""
 IDLE_CHANNELS = 1000
 """Channels kept in memory while nobody here subscribes to or waits on
 them; the least recently used beyond are evicted (and no longer watched)."""
@@ -391,7 +400,10 @@ class ChannelCore(Listener):
     async def view(self, uri: str) -> ChannelView:
         """The channel ``uri`` now, loaded from the store on first use;
         raises ChannelGone (and BadChannelUri for a malformed URI)."""
-        return (await self._channel(uri)).view()
+        ch = await self._channel(uri)
+        if ch.remote_head > ch.seq and not ch.lock.locked():
+            await self._follow(ch)  # heard and not applied yet (UNSUBSCRIBED_FOLLOW)
+        return ch.view()
 
     def cached(self, uri: str) -> ChannelView | None:
         """The channel as this process holds it, without loading it."""
@@ -564,6 +576,8 @@ class ChannelCore(Listener):
         for attempt in range(MAX_APPEND_ATTEMPTS):
             if attempt >= 2:
                 await asyncio.sleep(random.uniform(0, 0.001 * attempt))  # jitter
+            if ch.remote_head > ch.seq:
+                await self._catch_up(ch, follow_ups)  # heard, not applied yet
             action = change(ch.state)
             if action is None:
                 return None
@@ -745,7 +759,11 @@ class ChannelCore(Listener):
         ch.remote_head = max(ch.remote_head, seq)
         if not ch.catching_up:
             ch.catching_up = True
-            self.spawn(self._follow(ch))
+            if ch.served:
+                self.spawn(self._follow(ch))
+            else:
+                loop = asyncio.get_running_loop()
+                loop.call_later(UNSUBSCRIBED_FOLLOW, lambda: self.spawn(self._follow(ch)))
 
     async def _follow(self, ch: _Channel) -> None:
         follow_ups: FollowUps = []

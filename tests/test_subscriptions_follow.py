@@ -14,7 +14,9 @@ server here has a store of its own, as a process would).
 
 What decides which channels are served and held is the channel core's: it
 keeps up to ``idle_channels`` channels nobody here serves, the least
-recently used evicted first (first test, on the memory store).
+recently used evicted first (first test, on the memory store); a channel
+only held applies what it hears a moment later, but before a read or a
+write of it (second test).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pytest
 from protocol.actions import ChatDraftChanged
 from protocol.chat import ChatState
 from protocol.session import SessionState
-from server.channels import ChannelCore, Step, step
+from server.channels import Applied, ChannelCore, Step, step
 from server.config import Settings
 from server.frames import OutFrame
 from server.store.base import encode_entry
@@ -121,6 +123,55 @@ async def test_the_core_keeps_the_idle_channels_used_last_and_every_served_one()
     assert held() == [uris[0], uris[2]]  # c0 idle now, c3 the oldest
     await core.view(uris[1])  # loaded again; c2 the oldest idle one
     assert held() == [uris[0], uris[1]]
+
+
+class CountingStore(MemoryStore):
+    """The memory store, counting the appends tried (a conflict included)."""
+
+    appends = 0
+
+    async def append(
+        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+    ) -> None:
+        self.appends += 1
+        await super().append(channel, expected_seq, envelope, origin)
+
+
+async def test_a_channel_nobody_here_watches_applies_what_it_heard_before_a_read_or_write() -> None:
+    # Nobody subscribes to the chat in the second core (a worker holding the
+    # chats it writes to): it applies the first core's appends a moment
+    # later (UNSUBSCRIBED_FOLLOW), but a read or a write there sees them first,
+    # and its hooks hear every one, in order.
+    store = CountingStore()
+    first = ChannelCore(store, idle_check_interval=0)
+    second = ChannelCore(store, idle_check_interval=0)
+    heard: list[int] = []
+    all_heard = asyncio.Event()
+
+    def hear(event: Applied) -> None:
+        heard.append(event.envelope.server_seq)
+        if len(heard) == 7:
+            all_heard.set()
+
+    second.hooks.append(hear)
+    await first.start()
+    await second.start()
+    uri = "ahp-chat:/c"
+    await first.create(uri, ChatState(resource=uri, title="", status=1, modified_at="", turns=[]))
+    assert (await second.view(uri)).seq == 0
+    written = await first.write(uri, draft("one"))
+    assert (await second.view(uri)).seq == written.envelope.server_seq == 1
+    for n in range(5):
+        await first.write(uri, draft(f"more {n}"))
+    store.appends = 0
+    mine = await second.write(uri, draft("mine"))
+    assert mine.envelope.server_seq == 7
+    assert store.appends == 1  # no append refused for a seq heard already
+    async with asyncio.timeout(5 * UNIT):
+        await all_heard.wait()
+    assert heard == list(range(1, 8))
+    await first.stop()
+    await second.stop()
 
 
 async def test_a_server_subscribes_to_what_its_clients_watch_and_no_other(

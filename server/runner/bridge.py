@@ -261,22 +261,29 @@ class ChatBridge:
         await self._in_order(turn)
         if turn.chat is None or turn.chat_turn is None:
             return
-        await self._publish_tools(turn)
-        state = (await self.host.view(turn.chat)).state
+        if turn.iterations == 0:
+            # Before its first model step. Once one is saved, this was done
+            # (it comes first): a resume goes straight to the work.
+            await self._publish_tools(turn)
+            await self._open_chat_turn(turn, turn.chat, turn.chat_turn)
+        await self._mark_interrupted(turn)
+
+    async def _open_chat_turn(self, turn: Turn, chat: str, chat_turn: str) -> None:
+        """Open the AHP turn of a turn the runner began itself (a child's)
+        in its chat, unless it is open or was there already."""
+        state = (await self.host.view(chat)).state
         if (
             isinstance(state, ChatState)
             and state.active_turn is None
-            and not any(t.id == turn.chat_turn for t in state.turns)
+            and not any(t.id == chat_turn for t in state.turns)
         ):
-            # A turn the runner began itself (a child's): open it in its chat.
             origin = MessageOrigin(kind="agent")
             text = next((m.content for m in turn.messages if m.role == "user"), "") or ""
             message = Message(text=text, origin=origin)
             started = ChatTurnStarted(
-                turn_id=turn.chat_turn, started_at=iso_time(self.host.now_ms()), message=message
+                turn_id=chat_turn, started_at=iso_time(self.host.now_ms()), message=message
             )
             await self._send(turn, started)
-        await self._mark_interrupted(turn)
 
     async def _mark_interrupted(self, turn: Turn) -> None:
         """Mark the text of this iteration's earlier attempts as cut off

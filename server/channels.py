@@ -222,6 +222,8 @@ class _Channel:
     pins: int = 0
     """Callers that need the channel kept current without subscribing."""
     catching_up: bool = False
+    follow_later: asyncio.TimerHandle | None = None
+    """The catch-up waiting UNSUBSCRIBED_FOLLOW, if any."""
     appending: bool = False
     unsure: tuple[int, bytes] | None = None
     """An append of this process whose answer was lost (its seq and entry):
@@ -400,10 +402,7 @@ class ChannelCore(Listener):
     async def view(self, uri: str) -> ChannelView:
         """The channel ``uri`` now, loaded from the store on first use;
         raises ChannelGone (and BadChannelUri for a malformed URI)."""
-        ch = await self._channel(uri)
-        if ch.remote_head > ch.seq and not ch.lock.locked():
-            await self._follow(ch)  # heard and not applied yet (UNSUBSCRIBED_FOLLOW)
-        return ch.view()
+        return (await self._channel(uri)).view()
 
     def cached(self, uri: str) -> ChannelView | None:
         """The channel as this process holds it, without loading it."""
@@ -411,9 +410,19 @@ class ChannelCore(Listener):
         return None if ch is None else ch.view()
 
     async def _channel(self, uri: str) -> _Channel:
+        """The channel, loaded on first use, with what was heard of it
+        applied (UNSUBSCRIBED_FOLLOW): whoever reads, subscribes, resumes
+        or pins gets no older state than this process heard of."""
         found = self._channels.get(uri)
         if found is not None:
             self._touch(found, using=True)
+            if found.remote_head > found.seq and not found.lock.locked():
+                follow_ups: FollowUps = []
+                try:
+                    async with found.lock:
+                        await self._heard(found, follow_ups)
+                finally:
+                    await self._await_all(follow_ups, f"catching up {uri}")
             return found
         pending = self._loading.get(uri)
         if pending is not None:
@@ -461,22 +470,31 @@ class ChannelCore(Listener):
             return
         self._idle[ch.uri] = None
         self._idle.move_to_end(ch.uri)
+        busy: list[str] = []
         while len(self._idle) > self.idle_channels:
             oldest = next(iter(self._idle))
             if using and oldest == ch.uri:
                 break  # the only idle one left: it goes at a later touch
             del self._idle[oldest]
-            self._evict(oldest)
+            if self._evict(oldest):
+                busy.append(oldest)
+        for uri in busy:
+            self._idle[uri] = None  # in use now (a write, a catch-up): at a later touch
 
-    def _evict(self, uri: str) -> None:
+    def _evict(self, uri: str) -> bool:
+        """Evict an idle channel; True when it is busy (locked, catching
+        up) and stays, still idle."""
         ch = self._channels.get(uri)
-        if ch is None or ch.served or ch.lock.locked() or ch.catching_up:
-            return  # in use: it stays (it is idle again when next touched)
+        if ch is None or ch.served:
+            return False
+        if ch.lock.locked() or ch.catching_up:
+            return True
         del self._channels[uri]
         task = asyncio.ensure_future(self._unwatch(uri))
         self._leaving[uri] = task
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return False
 
     async def _unwatch(self, uri: str) -> None:
         try:
@@ -576,8 +594,7 @@ class ChannelCore(Listener):
         for attempt in range(MAX_APPEND_ATTEMPTS):
             if attempt >= 2:
                 await asyncio.sleep(random.uniform(0, 0.001 * attempt))  # jitter
-            if ch.remote_head > ch.seq:
-                await self._catch_up(ch, follow_ups)  # heard, not applied yet
+            await self._heard(ch, follow_ups)
             action = change(ch.state)
             if action is None:
                 return None
@@ -713,6 +730,12 @@ class ChannelCore(Listener):
         for raw in entries:
             self._apply_entry(ch, raw, follow_ups)
 
+    async def _heard(self, ch: _Channel, follow_ups: FollowUps) -> None:
+        """Apply what was heard of ``ch`` and not applied yet (lock held):
+        what is read or written next builds on it (UNSUBSCRIBED_FOLLOW)."""
+        if ch.remote_head > ch.seq:
+            await self._catch_up(ch, follow_ups)
+
     def _apply_entry(self, ch: _Channel, raw: bytes, follow_ups: FollowUps) -> None:
         entry = decode_entry(raw)
         seq = entry.envelope.server_seq
@@ -734,6 +757,7 @@ class ChannelCore(Listener):
         if epoch is not None:
             ch.epoch = epoch
             ch.keep_hints_after(None)
+            ch.remote_head = ch.seq  # what was heard of the lost log is gone with it
 
     async def _reload(self, ch: _Channel) -> None:
         """The log we knew is gone (epoch changed or trimmed past us): load
@@ -741,6 +765,7 @@ class ChannelCore(Listener):
         fresh = await self._load(ch.uri)
         ch.state, ch.seq, ch.epoch, ch.size = fresh.state, fresh.seq, fresh.epoch, fresh.size
         ch.keep_hints_after(None)
+        ch.remote_head = ch.seq  # the load holds what was heard
         ch.unsure = None
         for subscriber in list(ch.subscribers):
             subscriber.resync(ch.uri)
@@ -757,13 +782,22 @@ class ChannelCore(Listener):
         if ch.appending and seq == ch.seq + 1:
             return  # most likely our own append; a conflict would catch us up
         ch.remote_head = max(ch.remote_head, seq)
+        if ch.served and ch.follow_later is not None:
+            # Subscribed (or pinned) since: no more waiting.
+            ch.follow_later.cancel()
+            ch.follow_later, ch.catching_up = None, False
         if not ch.catching_up:
             ch.catching_up = True
             if ch.served:
                 self.spawn(self._follow(ch))
             else:
                 loop = asyncio.get_running_loop()
-                loop.call_later(UNSUBSCRIBED_FOLLOW, lambda: self.spawn(self._follow(ch)))
+                ch.follow_later = loop.call_later(UNSUBSCRIBED_FOLLOW, self._follow_later, ch)
+
+    def _follow_later(self, ch: _Channel) -> None:
+        ch.follow_later = None
+        if self.spawn(self._follow(ch)) is None:
+            ch.catching_up = False  # stopped: a start follows it again
 
     async def _follow(self, ch: _Channel) -> None:
         follow_ups: FollowUps = []
@@ -829,10 +863,15 @@ class ChannelCore(Listener):
         """Add ``subscriber`` to ``uri`` and return the snapshot it starts
         from: every later envelope has a greater seq."""
         ch = await self._channel(uri)
-        async with ch.lock:
-            ch.subscribers.add(subscriber)
-            self._touch(ch)
-            return Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
+        follow_ups: FollowUps = []
+        try:
+            async with ch.lock:
+                await self._heard(ch, follow_ups)
+                ch.subscribers.add(subscriber)
+                self._touch(ch)
+                return Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
+        finally:
+            await self._await_all(follow_ups, f"catching up {uri}")
 
     async def pin(self, uri: str) -> ChannelView:
         """Keep ``uri`` current here until :meth:`unpin` (as a subscriber
@@ -869,7 +908,23 @@ class ChannelCore(Listener):
             ch = await self._channel(uri)
         except ChannelGone:
             return MissingResume(channel=uri)
+        follow_ups: FollowUps = []
+        try:
+            return await self._resume(ch, last_seen, subscriber, max_bytes, follow_ups)
+        finally:
+            await self._await_all(follow_ups, f"catching up {uri}")
+
+    async def _resume(
+        self,
+        ch: _Channel,
+        last_seen: int,
+        subscriber: Subscriber,
+        max_bytes: int | None,
+        follow_ups: FollowUps,
+    ) -> Resume:
+        uri = ch.uri
         async with ch.lock:
+            await self._heard(ch, follow_ups)
             entries = None
             if last_seen <= ch.seq:
                 entries = await self.store.read_log(uri, last_seen, ch.epoch)

@@ -29,10 +29,11 @@ import pytest
 
 from protocol.actions import ChatDraftChanged
 from protocol.chat import ChatState
+from protocol.messages import ReplayResume
 from protocol.session import SessionState
 from server.channels import Applied, ChannelCore, Step, step
 from server.config import Settings
-from server.frames import OutFrame
+from server.frames import ActionFrame, OutFrame
 from server.store.base import encode_entry
 from server.store.memory import MemoryStore
 from server.store.redis import APPEND, RedisStore
@@ -170,6 +171,79 @@ async def test_a_channel_nobody_here_watches_applies_what_it_heard_before_a_read
     async with asyncio.timeout(5 * UNIT):
         await all_heard.wait()
     assert heard == list(range(1, 8))
+    await first.stop()
+    await second.stop()
+
+
+def empty_chat(uri: str) -> ChatState:
+    return ChatState(resource=uri, title="", status=1, modified_at="", turns=[])
+
+
+async def two_cores(store: MemoryStore) -> tuple[ChannelCore, ChannelCore]:
+    first = ChannelCore(store, idle_check_interval=0)
+    second = ChannelCore(store, idle_check_interval=0)
+    await first.start()
+    await second.start()
+    return first, second
+
+
+async def test_a_channel_caught_up_later_still_counts_among_the_idle_ones() -> None:
+    # An eviction passes over a channel that is catching up (for
+    # UNSUBSCRIBED_FOLLOW): it stays among the idle ones, and goes at a later
+    # touch; dropped from them, it stayed held and watched for good.
+    first, second = await two_cores(MemoryStore())
+    second.idle_channels = 2
+    uris = [f"ahp-chat:/c{n}" for n in range(4)]
+    for uri in uris:
+        await first.create(uri, empty_chat(uri))
+    applied = asyncio.Event()
+    second.hooks.append(lambda event: applied.set() if event.uri == uris[0] else None)
+    await second.view(uris[0])
+    await second.view(uris[1])
+    await first.write(uris[0], draft("heard, applied later"))
+    await second.view(uris[2])  # evicts the oldest idle one, c0: passed over
+    async with asyncio.timeout(5 * UNIT):
+        await applied.wait()
+    await second.view(uris[3])
+    held = [uri for uri in uris if second.cached(uri) is not None]
+    assert held == [uris[0], uris[3]]
+    await first.stop()
+    await second.stop()
+
+
+class Frames(Subscriber):
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+        self.arrived = asyncio.Event()
+
+    def send_frame(
+        self, frame: OutFrame, session: str | None = None, channel: str | None = None
+    ) -> None:
+        assert isinstance(frame, ActionFrame)
+        self.seqs.append(frame.seq)
+        self.arrived.set()
+
+
+async def test_a_subscriber_or_a_resume_starts_from_what_was_heard() -> None:
+    # What the second core heard and has not applied yet is applied before a
+    # client subscribes or resumes there: no snapshot older than what the
+    # client saw elsewhere, no gap and no envelope twice after it.
+    first, second = await two_cores(MemoryStore())
+    uri = "ahp-chat:/c"
+    await first.create(uri, empty_chat(uri))
+    await second.view(uri)
+    seen = (await first.write(uri, draft("seen on the first"))).envelope.server_seq
+    resumed = await second.resume(uri, seen, Frames())
+    assert isinstance(resumed, ReplayResume)
+    assert resumed.actions == []
+    await first.write(uri, draft("two"))
+    frames = Frames()
+    snapshot = await second.subscribe(uri, frames)
+    assert snapshot.from_seq == 2
+    await first.write(uri, draft("three"))
+    async with asyncio.timeout(5 * UNIT):
+        await frames.arrived.wait()
+    assert frames.seqs == [3]
     await first.stop()
     await second.stop()
 

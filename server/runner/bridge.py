@@ -177,6 +177,9 @@ class ChatBridge:
         self._folds: Lru[str, _Fold] = Lru(READ_AHEAD)
         """Per chat, the resume that rode on this process's latest append
         there (:meth:`riding`), until the hook of that envelope takes it."""
+        self._unstarted: Lru[str, None] = Lru(READ_AHEAD)
+        """Turns whose start could not be shown here (tools unpublished, the
+        chat turn not opened): their next execution here tries again."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping: set[str] = set()
         """Turns being cancelled because their chat turn ended without them."""
@@ -261,16 +264,20 @@ class ChatBridge:
         await self._in_order(turn)
         if turn.chat is None or turn.chat_turn is None:
             return
-        if turn.iterations == 0:
-            # Before its first model step. Once one is saved, this was done
-            # (it comes first): a resume goes straight to the work.
-            await self._publish_tools(turn)
-            await self._open_chat_turn(turn, turn.chat, turn.chat_turn)
+        if turn.iterations == 0 or turn.id in self._unstarted:
+            # Before its first model step (once one is saved, this was done:
+            # it comes first, and a resume goes straight to the work), or
+            # when it failed here before.
+            self._unstarted.put(turn.id, None)  # until it is shown (it may raise)
+            shown = await self._publish_tools(turn)
+            if await self._open_chat_turn(turn, turn.chat, turn.chat_turn) and shown:
+                self._unstarted.pop(turn.id)
         await self._mark_interrupted(turn)
 
-    async def _open_chat_turn(self, turn: Turn, chat: str, chat_turn: str) -> None:
+    async def _open_chat_turn(self, turn: Turn, chat: str, chat_turn: str) -> bool:
         """Open the AHP turn of a turn the runner began itself (a child's)
-        in its chat, unless it is open or was there already."""
+        in its chat, unless it is open or was there already; False when it
+        could not."""
         state = (await self.host.view(chat)).state
         if (
             isinstance(state, ChatState)
@@ -283,7 +290,12 @@ class ChatBridge:
             started = ChatTurnStarted(
                 turn_id=chat_turn, started_at=iso_time(self.host.now_ms()), message=message
             )
-            await self._send(turn, started)
+            try:
+                await self.host.dispatch(chat, started)
+            except (ActionRejected, ChannelGone) as error:
+                log.warning("turn %s: could not open its chat turn: %s", turn.id, error)
+                return False
+        return True
 
     async def _mark_interrupted(self, turn: Turn) -> None:
         """Mark the text of this iteration's earlier attempts as cut off
@@ -329,13 +341,14 @@ class ChatBridge:
                 ok = not _is_error_result(pending.result)
                 await self.tool_finished(turn, pending.call, pending.result, ok)
 
-    async def _publish_tools(self, turn: Turn) -> None:
+    async def _publish_tools(self, turn: Turn) -> bool:
         """List the agent's tools as the session's server tools, so that
-        edited tool input is checked against their schemas."""
+        edited tool input is checked against their schemas (False: they
+        could not be)."""
         assert turn.chat is not None
         session = await self.host.session_of(turn.chat)
         if session is None:
-            return
+            return True
         state = (await self.host.view(session)).state
         tools = [
             ToolDefinition(name=t.name, description=t.description, input_schema=t.input_schema)
@@ -346,6 +359,8 @@ class ChatBridge:
                 await self.host.dispatch(session, SessionServerToolsChanged(tools=tools))
             except ActionRejected as error:
                 log.warning("could not publish tools: %s", error)
+                return False
+        return True
 
     async def text(self, turn: Turn, delta: str) -> None:
         await self._in_order(turn)

@@ -33,13 +33,14 @@ moment, never the mutable record the core keeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -417,12 +418,8 @@ class ChannelCore(Listener):
         if found is not None:
             self._touch(found, using=True)
             if found.remote_head > found.seq and not found.lock.locked():
-                follow_ups: FollowUps = []
-                try:
-                    async with found.lock:
-                        await self._heard(found, follow_ups)
-                finally:
-                    await self._await_all(follow_ups, f"catching up {uri}")
+                async with self._current(found):
+                    pass
             return found
         pending = self._loading.get(uri)
         if pending is not None:
@@ -730,6 +727,18 @@ class ChannelCore(Listener):
         for raw in entries:
             self._apply_entry(ch, raw, follow_ups)
 
+    @contextlib.asynccontextmanager
+    async def _current(self, ch: _Channel) -> AsyncIterator[None]:
+        """Hold ``ch``'s lock with what was heard of it applied (:meth:`_heard`);
+        the follow-ups of what that applied run once the lock is released."""
+        follow_ups: FollowUps = []
+        try:
+            async with ch.lock:
+                await self._heard(ch, follow_ups)
+                yield
+        finally:
+            await self._await_all(follow_ups, f"catching up {ch.uri}")
+
     async def _heard(self, ch: _Channel, follow_ups: FollowUps) -> None:
         """Apply what was heard of ``ch`` and not applied yet (lock held):
         what is read or written next builds on it (UNSUBSCRIBED_FOLLOW)."""
@@ -863,15 +872,10 @@ class ChannelCore(Listener):
         """Add ``subscriber`` to ``uri`` and return the snapshot it starts
         from: every later envelope has a greater seq."""
         ch = await self._channel(uri)
-        follow_ups: FollowUps = []
-        try:
-            async with ch.lock:
-                await self._heard(ch, follow_ups)
-                ch.subscribers.add(subscriber)
-                self._touch(ch)
-                return Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
-        finally:
-            await self._await_all(follow_ups, f"catching up {uri}")
+        async with self._current(ch):
+            ch.subscribers.add(subscriber)
+            self._touch(ch)
+            return Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
 
     async def pin(self, uri: str) -> ChannelView:
         """Keep ``uri`` current here until :meth:`unpin` (as a subscriber
@@ -908,23 +912,7 @@ class ChannelCore(Listener):
             ch = await self._channel(uri)
         except ChannelGone:
             return MissingResume(channel=uri)
-        follow_ups: FollowUps = []
-        try:
-            return await self._resume(ch, last_seen, subscriber, max_bytes, follow_ups)
-        finally:
-            await self._await_all(follow_ups, f"catching up {uri}")
-
-    async def _resume(
-        self,
-        ch: _Channel,
-        last_seen: int,
-        subscriber: Subscriber,
-        max_bytes: int | None,
-        follow_ups: FollowUps,
-    ) -> Resume:
-        uri = ch.uri
-        async with ch.lock:
-            await self._heard(ch, follow_ups)
+        async with self._current(ch):
             entries = None
             if last_seen <= ch.seq:
                 entries = await self.store.read_log(uri, last_seen, ch.epoch)

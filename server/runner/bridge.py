@@ -234,12 +234,15 @@ class ChatBridge:
 
         task.add_done_callback(done)
 
-    async def _send(self, turn: Turn, action: Any) -> None:
+    async def _send(self, turn: Turn, action: Any) -> bool:
+        """Dispatch ``action`` on the turn's chat; False (logged) when refused."""
         assert turn.chat is not None
         try:
             await self.host.dispatch(turn.chat, action)
         except (ActionRejected, ChannelGone) as error:
             log.warning("turn %s: could not show %s: %s", turn.id, type(action).__name__, error)
+            return False
+        return True
 
     async def _in_order(self, turn: Turn) -> None:
         """Wait for what is being shown of ``turn`` in the background."""
@@ -290,11 +293,7 @@ class ChatBridge:
             started = ChatTurnStarted(
                 turn_id=chat_turn, started_at=iso_time(self.host.now_ms()), message=message
             )
-            try:
-                await self.host.dispatch(chat, started)
-            except (ActionRejected, ChannelGone) as error:
-                log.warning("turn %s: could not open its chat turn: %s", turn.id, error)
-                return False
+            return await self._send(turn, started)
         return True
 
     async def _mark_interrupted(self, turn: Turn) -> None:

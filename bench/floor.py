@@ -20,8 +20,9 @@ worker's save of the model's next call, to Redis and back (five). Here each stop
   one-key script, as its save is), then ``RPUSH``es ``time.time_ns()`` on
   ``STAMPS``, as the bench agent's tools do.
 
-Both talk to Redis with redis-py asyncio, the client the stores use, over
-the same socket. A frame is ``"<tool> <id>"``, the bench agent's tool
+Both talk to Redis as the stores do (``server.store.redis_link.RedisLink``:
+its scripts and its blocking read, on connections of its own), over the
+same socket. A frame is ``"<tool> <id>"``, the bench agent's tool
 that the resume would start; a stamp is ``"<tool> <id> <ns>"``, as the
 tool's. What (2) takes beyond (3) is what Huddle does at the stops:
 decoding, validation, reducing, the hooks, the turn's transitions.
@@ -33,26 +34,30 @@ import asyncio
 import sys
 import time
 
-import redis.asyncio as aioredis
 from websockets.asyncio.server import ServerConnection, serve
+
+from server.store.redis_link import RedisLink, Script
 
 FORM_TOOL = "stamp_after_form"
 """The bench agent's tool that a ``request_user_input`` form resumes: its
 frames save once more in the worker, before the stamp."""
-ROUND_TRIP = "redis.call('SET', KEYS[1], ARGV[1]) return 1"
+ROUND_TRIP = Script("redis.call('SET', KEYS[1], ARGV[1]) return 1")
 """A script of one key: the shape of a save."""
-HAND_OVER = "redis.call('SET', KEYS[1], ARGV[1]) redis.call('LPUSH', KEYS[2], ARGV[1]) return 1"
+HAND_OVER = Script(
+    "redis.call('SET', KEYS[1], ARGV[1]) redis.call('LPUSH', KEYS[2], ARGV[1]) return 1"
+)
 """The shape of an append that saves the turn it resumes and hands it over."""
+TIMEOUT = 2.0
+"""Seconds a command may take (the stores' default)."""
 
 
 async def relay(url: str, inbox: str) -> None:
-    redis = aioredis.Redis.from_url(url)
-    script = redis.register_script(HAND_OVER)
+    link = RedisLink(url, TIMEOUT)
 
     async def handle(ws: ServerConnection) -> None:
         async for frame in ws:
             text = frame if isinstance(frame, str) else frame.decode()
-            await script(keys=[f"{inbox}:chat", inbox], args=[text])
+            await link.run(HAND_OVER, [f"{inbox}:chat", inbox], [text])
 
     async with serve(handle, "127.0.0.1", 0, compression=None) as server:
         port = next(iter(server.sockets)).getsockname()[1]
@@ -61,19 +66,17 @@ async def relay(url: str, inbox: str) -> None:
 
 
 async def worker(url: str, inbox: str, stamps: str) -> None:
-    redis = aioredis.Redis.from_url(url)
-    waiting = aioredis.Redis.from_url(url, socket_timeout=None)
-    script = redis.register_script(ROUND_TRIP)
-    await script(keys=[f"{inbox}:turn"], args=["ready"])  # loaded before the first
+    link = RedisLink(url, TIMEOUT)
+    await link.run(ROUND_TRIP, [f"{inbox}:turn"], ["ready"])  # loaded before the first
     print("bench.floor worker: ready", flush=True)
     while True:
-        popped = await waiting.blpop([inbox], timeout=0)
+        popped = await link.blpop([inbox], 0)
         assert popped is not None  # no timeout: it returns an item
         item = popped[1]
         text = item.decode() if isinstance(item, bytes) else item
         if text.split()[0] == FORM_TOOL:
-            await script(keys=[f"{inbox}:turn"], args=[text])
-        await redis.rpush(stamps, f"{text} {time.time_ns()}")
+            await link.run(ROUND_TRIP, [f"{inbox}:turn"], [text])
+        await link.call(link.client.rpush(stamps, f"{text} {time.time_ns()}"))
 
 
 def main(argv: list[str]) -> int:

@@ -124,11 +124,12 @@ from typing import Any
 
 import msgspec
 
+from server.errors import StoreUnavailable
 from server.runner.errors import Fenced, TurnExists, TurnNotFound, VersionConflict
 from server.runner.store import Claim, Lease, TurnStore, Waiter
 from server.runner.turn import Turn, TurnStatus
 from server.store.base import Rider
-from server.store.redis_link import UNAVAILABLE, RedisLink, Script
+from server.store.redis_link import RedisLink, Script
 
 log = logging.getLogger("huddle.runner.redis_store")
 
@@ -671,8 +672,8 @@ class RedisTurnStore(TurnStore):
             # The blocking client has no socket timeout; this bounds a Redis
             # that accepts the command and then stalls.
             async with asyncio.timeout(at_most + self.timeout):
-                popped = await self.link.blocking.blpop(lists, timeout=at_most)
-        except (*UNAVAILABLE, TimeoutError) as error:
+                popped = await self.link.blpop(lists, at_most)
+        except (StoreUnavailable, TimeoutError) as error:
             log.info("cannot wait for work on redis (%s); waiting out %.1fs", error, at_most)
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             return None

@@ -21,7 +21,10 @@ No retries inside and short timeouts: a dispatch while Redis is away must
 fail at once with a clear error, not hang; a command is never sent twice by
 the client library, so a failed append never lands twice. Blocking reads
 (BLPOP) get a client of their own without a socket timeout: redis-py 8
-would otherwise end them after 5 s.
+would otherwise end them after 5 s. On a single Redis, scripts and blocking
+reads go on connections of the link's own (:class:`Lane`), which skip
+redis-py's pool: the pool's bookkeeping is most of a command's cost in
+this process after a pause, and a resume's path holds two or three.
 
 On a cluster every command goes to the primary of its keys' slot, and a
 batch is sent as one pipeline per primary, so a node that fails fails only
@@ -60,6 +63,7 @@ from redis.exceptions import (
     ReadOnlyError,
     RedisClusterException,
     RedisError,
+    ResponseError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -163,6 +167,87 @@ def _host_port(item: str) -> tuple[str, int]:
 Call = tuple[Sequence[str], Sequence[Any]]
 """A script's keys and arguments."""
 
+IDLE_LANE_CONNECTIONS = 16
+"""Connections a :class:`Lane` keeps open between commands (more are opened
+while more commands are in flight, and closed after them)."""
+
+
+class Lane:
+    """Commands to a single Redis on connections of its own, one command in
+    flight on each: redis-py's connection (its handshake, encoding and reply
+    parsing) without its pool. After a pause, as a person's answer comes,
+    redis-py 8's pool costs about 130 us more per command than this (a lock
+    at get and at release, a read to check the connection, metrics records,
+    a task at each release and at each send with a socket timeout), and a
+    resume makes two or three such commands on its path.
+
+    ``timeout`` bounds a command's send and reply together (None: only the
+    caller's own bound, as for a blocking read). Nothing is retried. A
+    connection whose reply was not read whole (a timeout, a cancel, a lost
+    socket) is closed, never used again: the late reply would answer the
+    next command."""
+
+    def __init__(self, pool: ConnectionPool, timeout: float | None) -> None:
+        self._connection_class = pool.connection_class
+        self._options = {**pool.connection_kwargs, "socket_timeout": None}
+        self._timeout = timeout
+        self._idle: list[AbstractConnection] = []
+        self._open: set[AbstractConnection] = set()
+
+    async def execute(self, *args: Any) -> Any:
+        """Send one command and return its reply (a ResponseError raised)."""
+        connection = await self._connection()
+        try:
+            async with asyncio.timeout(self._timeout):
+                await connection.connect()  # type: ignore[no-untyped-call]  # at once when connected
+                await connection.send_packed_command(
+                    connection.pack_command(*args), check_health=False
+                )
+                try:
+                    reply = await connection.read_response()
+                except ResponseError as error:  # read whole: the connection is sound
+                    reply = error
+        except BaseException as error:
+            self._open.discard(connection)
+            await connection.disconnect(nowait=True)
+            if isinstance(error, TimeoutError):
+                raise RedisTimeoutError(f"no reply within {self._timeout}s") from None
+            raise
+        if len(self._idle) < IDLE_LANE_CONNECTIONS:
+            self._idle.append(connection)
+        else:
+            self._open.discard(connection)
+            await connection.disconnect()
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
+    async def _connection(self) -> AbstractConnection:
+        """An idle connection that Redis has not closed meanwhile (a
+        restart; its end was read by the event loop as the connection
+        idled: nothing sent on it would arrive), or a new one."""
+        while self._idle:
+            connection = self._idle.pop()
+            reader = getattr(connection, "_reader", None)  # redis-py's stream
+            if reader is not None and not reader.at_eof() and reader.exception() is None:
+                return connection
+            self._open.discard(connection)
+            await connection.disconnect(nowait=True)
+        connection = self._connection_class(**self._options)
+        self._open.add(connection)
+        return connection
+
+    @property
+    def connections(self) -> int:
+        """Connections open now (idle, or with a command in flight)."""
+        return len(self._open)
+
+    async def close(self) -> None:
+        self._idle.clear()
+        for connection in list(self._open):
+            await connection.disconnect()
+        self._open.clear()
+
 
 class RedisLink:
     """The clients of one deployment (a Redis or a cluster), as a store uses
@@ -192,10 +277,15 @@ class RedisLink:
                 {**options, "socket_timeout": None}
             )
             self._pool: ConnectionPool | None = None
+            self._lane: Lane | None = None
+            self._blocking_lane: Lane | None = None
         else:
             plain = self.target.url
-            self.client = aioredis.Redis.from_url(plain, **options)
-            self.blocking = aioredis.Redis.from_url(plain, **{**options, "socket_timeout": None})
+            client = aioredis.Redis.from_url(plain, **options)
+            blocking = aioredis.Redis.from_url(plain, **{**options, "socket_timeout": None})
+            self.client, self.blocking = client, blocking
+            self._lane = Lane(client.connection_pool, timeout)
+            self._blocking_lane = Lane(blocking.connection_pool, None)
             # Pub/sub connections speak RESP2: its replies come back as plain
             # arrays, not as RESP3 pushes that redis-py would hand elsewhere.
             self._pool = ConnectionPool.from_url(plain, **{**options, "protocol": 2})
@@ -232,10 +322,23 @@ class RedisLink:
             if isinstance(result, BaseException):
                 raise result
             return result
+        lane = self._lane
         try:
-            return await self.call(self.client.evalsha(script.sha, len(keys), *keys, *args))
+            if lane is None:
+                return await self.call(self.client.evalsha(script.sha, len(keys), *keys, *args))
+            return await self.call(lane.execute("EVALSHA", script.sha, len(keys), *keys, *args))
         except NoScriptError:
-            return await self.call(self.client.eval(script.source, len(keys), *keys, *args))
+            if lane is None:
+                return await self.call(self.client.eval(script.source, len(keys), *keys, *args))
+            return await self.call(lane.execute("EVAL", script.source, len(keys), *keys, *args))
+
+    async def blpop(self, keys: Sequence[str], seconds: float) -> Any:
+        """BLPOP ``keys`` for up to ``seconds``: ``[key, item]`` or
+        None. No bound of its own: the caller's (the blocking client has no
+        socket timeout)."""
+        if self._blocking_lane is None:
+            return await self.call(self.blocking.blpop(keys, timeout=seconds))
+        return await self.call(self._blocking_lane.execute("BLPOP", *keys, seconds))
 
     async def run_batch(self, script: Script, calls: Sequence[Call]) -> list[Any]:
         """Run ``script`` once per call (writes: they wait for ``replicas``),
@@ -430,6 +533,9 @@ class RedisLink:
             self._refreshing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refreshing
+        for lane in (self._lane, self._blocking_lane):
+            if lane is not None:
+                await lane.close()
         await self.client.aclose()
         await self.blocking.aclose()
         if self._pool is not None:

@@ -1,0 +1,124 @@
+"""The lane: commands to a single Redis on connections of its own, one in
+flight on each, never reused once a reply may be left unread."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from server.errors import StoreUnavailable
+from server.store.redis_link import IDLE_LANE_CONNECTIONS, Lane, RedisLink, Script
+from tests.conftest import UNIT
+from tests.redis_server import RedisServer
+
+
+async def blocked(client: aioredis.Redis, count: int) -> None:
+    """Wait until Redis holds ``count`` clients in a blocking command (Redis
+    tells no one when a client blocks: asked until it says so)."""
+    async with asyncio.timeout(5 * UNIT):
+        while (await client.info("clients"))["blocked_clients"] != count:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+
+async def test_a_command_left_without_its_reply_never_answers_the_next(
+    redis_server: RedisServer,
+) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    lane = Lane(client.connection_pool, 0.05 * UNIT)
+    try:
+        with pytest.raises(RedisTimeoutError):
+            await lane.execute("BLPOP", "lane:a", 30)
+        assert lane.connections == 0
+        # Had that connection been kept, its BLPOP would now be answered
+        # with this item, and that answer read as the next command's.
+        await client.rpush("lane:a", "late")
+        assert await lane.execute("GET", "lane:b") is None
+        cancelled = asyncio.create_task(lane.execute("BLPOP", "lane:c", 30))
+        await blocked(client, 1)  # Redis holds the BLPOP: its reply is to come
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        await client.rpush("lane:c", "late")
+        assert await lane.execute("GET", "lane:b") is None
+        assert await lane.execute("SET", "lane:d", "1") == b"OK"
+    finally:
+        await lane.close()
+        await client.aclose()
+
+
+async def test_an_error_reply_is_raised_and_keeps_the_connection(
+    redis_server: RedisServer,
+) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    lane = Lane(client.connection_pool, 2 * UNIT)
+    try:
+        with pytest.raises(NoScriptError):
+            await lane.execute("EVALSHA", "0" * 40, 0)
+        assert await lane.execute("PING") == b"PONG"
+        assert lane.connections == 1
+        link = RedisLink(redis_server.url, 2 * UNIT)
+        try:
+            # Not loaded yet: NOSCRIPT, then the source, on the lane.
+            script = Script("return redis.call('INCR', KEYS[1])")
+            assert await link.run(script, ["lane:n"], []) == 1
+            assert await link.run(script, ["lane:n"], []) == 2
+        finally:
+            await link.close()
+    finally:
+        await lane.close()
+        await client.aclose()
+
+
+async def test_commands_in_flight_together_each_get_a_connection_and_few_stay(
+    redis_server: RedisServer,
+) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    lane = Lane(client.connection_pool, None)
+    many = IDLE_LANE_CONNECTIONS + 8
+    try:
+        waits = [asyncio.create_task(lane.execute("BLPOP", f"lane:w{i}", 30)) for i in range(many)]
+        for i in range(many):
+            await client.rpush(f"lane:w{i}", str(i))
+        replies = await asyncio.gather(*waits)
+        assert replies == [[f"lane:w{i}".encode(), str(i).encode()] for i in range(many)]
+        assert lane.connections == IDLE_LANE_CONNECTIONS
+    finally:
+        await lane.close()
+        assert lane.connections == 0
+        await client.aclose()
+
+
+async def test_a_store_call_to_a_redis_that_is_gone_fails_fast(redis_server: RedisServer) -> None:
+    link = RedisLink(redis_server.url, 2 * UNIT)
+    try:
+        script = Script("return 1")
+        assert await link.run(script, ["lane:k"], []) == 1
+        await redis_server.kill()
+        with pytest.raises(StoreUnavailable):
+            await link.run(script, ["lane:k"], [])
+        with pytest.raises(StoreUnavailable):
+            await link.blpop(["lane:k"], 0.01)
+    finally:
+        await link.close()
+
+
+async def test_a_connection_redis_closed_while_idle_is_not_used_again(
+    redis_server: RedisServer,
+) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    lane = Lane(client.connection_pool, 2 * UNIT)
+    try:
+        assert await lane.execute("SET", "lane:r", "1") == b"OK"
+        await redis_server.stop()
+        async with asyncio.timeout(10 * UNIT):
+            await redis_server.start()
+        # The first command after Redis came back goes on a new connection.
+        assert await lane.execute("GET", "lane:r") == b"1"
+        assert lane.connections == 1
+    finally:
+        await lane.close()
+        await client.aclose()

@@ -246,11 +246,14 @@ def _ids(value: object, path: tuple[str | int, ...]) -> Iterator[_Id]:
         return
     for name, wire, kind in _fields(type(value)):
         field = getattr(value, name)
-        at = (*path, wire)
         if kind is _AN_ID:
             if isinstance(field, str):
-                yield _Id(at, field)
-        elif kind is _ID_LIST and isinstance(field, list):
+                yield _Id((*path, wire), field)
+            continue
+        if field is None or isinstance(field, (str, int, float)):
+            continue  # most fields: nothing to look into
+        at = (*path, wire)
+        if kind is _ID_LIST and isinstance(field, list):
             yield from (_Id((*at, i), item) for i, item in enumerate(field))
         elif isinstance(field, dict):
             for key, item in field.items():

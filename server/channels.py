@@ -231,8 +231,21 @@ class _Channel:
     if the log holds it at that seq, it is this process's (its hooks run as
     for a local action: the audit records it, the session hears of it)."""
 
+    last_view: ChannelView | None = None
+    """The view last made, given again while the channel has not moved
+    (a view is asked for several times for each action)."""
+
     def view(self) -> ChannelView:
-        return ChannelView(self.uri, self.state, self.seq, self.size)
+        last = self.last_view
+        if (
+            last is not None
+            and last.state is self.state
+            and last.seq == self.seq
+            and last.size == self.size
+        ):
+            return last
+        self.last_view = last = ChannelView(self.uri, self.state, self.seq, self.size)
+        return last
 
     @property
     def served(self) -> bool:

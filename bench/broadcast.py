@@ -81,6 +81,10 @@ QUESTIONS = 10
 TURN_ID = "bench-turn"
 SESSION = "ahp-session:/bench"
 AGENT_TOKEN = "bench-agent-token-0123456789abcdef"
+PEOPLE_PER_TOKEN = 30
+"""Clients opened with one participant token: a person's token holds 32
+sockets at once and starts 30 client ids (server.ratelimit), so many
+clients are many people here, as they would be."""
 STAMP = "ts:"
 """Prefix of the send time in the answer's text value (``ts:<time_ns>``)."""
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,7 +140,7 @@ async def serve_huddle(portfile: str, profile: str | None) -> None:
             chat, ChatTurnStarted(turn_id=TURN_ID, started_at=started, message=message)
         )
         await host.dispatch(chat, ChatInputRequested(request=_request()))
-        ready["chat"] = chat
+        ready["chat"], ready["agent"] = chat, AGENT_TOKEN
         ready["token"] = authority.mint(
             "participant", sessions=[SESSION], name="bench", expires_at=time.time() + 24 * 3600
         )
@@ -194,11 +198,32 @@ async def serve_relay(portfile: str) -> None:
 
 @dataclass
 class Child:
-    """A server child process and what it wrote to its port file."""
+    """A server child process and what it wrote to its port file (with
+    ``agent``, its agent token: :meth:`person_token` mints with it)."""
 
     name: str
     process: subprocess.Popen[bytes]
     info: dict[str, Any]
+    tokens_handed: int = 0
+
+    def person_token(self) -> str:
+        """The participant token of one more client: a new one for every
+        PEOPLE_PER_TOKEN, as that many people would hold (the child's own
+        ``token`` when it wrote no ``agent``)."""
+        from server.auth import TokenAuthority
+
+        agent = self.info.get("agent")
+        index, self.tokens_handed = self.tokens_handed // PEOPLE_PER_TOKEN, self.tokens_handed + 1
+        if agent is None:
+            token: str = self.info["token"]
+            return token
+        minted: list[str] = self.info.setdefault("people", [])
+        while len(minted) <= index:
+            expires = time.time() + 24 * 3600
+            minted.append(
+                TokenAuthority(agent).mint("participant", name="bench", expires_at=expires)
+            )
+        return minted[index]
 
     @property
     def pid(self) -> int:
@@ -315,7 +340,7 @@ async def open_huddle(child: Child, client_id: str, subscribe: bool) -> ClientCo
     """A raw client that has initialized (and subscribed to the chat)."""
     ws = await connect(
         f"ws://127.0.0.1:{child.port}/ahp",
-        additional_headers={"Authorization": f"Bearer {child.info['token']}"},
+        additional_headers={"Authorization": f"Bearer {child.person_token()}"},
         compression=None,
         max_size=None,
     )

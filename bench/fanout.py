@@ -130,7 +130,11 @@ def serve(name: str, store: str) -> Served:
     if match is None:
         process.kill()
         raise SystemExit(f"{name} did not start:\n{''.join(output)}")
-    served = Served(name, Child(name, process, {"port": int(match[1]), "token": match[2]}), output)
+    served = Served(
+        name,
+        Child(name, process, {"port": int(match[1]), "token": match[2], "agent": TOKEN}),
+        output,
+    )
     threading.Thread(target=_drain, args=(process, output), daemon=True).start()
     return served
 

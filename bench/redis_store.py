@@ -177,7 +177,7 @@ async def serve_child(portfile: str, store: str, chat: str | None) -> None:
             await host.dispatch(served, _turn())
             await host.dispatch(served, ChatInputRequested(request=_request()))
         await host.view(served)
-        ready["chat"] = served
+        ready["chat"], ready["agent"] = served, AGENT_TOKEN
         ready["token"] = authority.mint(
             "participant", name="bench", expires_at=time.time() + 24 * 3600
         )

@@ -61,3 +61,11 @@ async def test_the_resume_benchmark_runs_quick_with_both_baselines() -> None:
     assert text.count("(2) / (3)") == 3
     assert "(2') as (2), from the --against checkout     toolCallConfirmed   p50" in text
     assert "(2) / (2'), the same set-up from the other checkout: inputCompleted" in text
+
+
+async def test_the_broadcast_benchmark_runs_quick() -> None:
+    # Its 100 idle connections are more than one person's token may hold:
+    # the benchmark mints a token for every few, as that many people would.
+    text = await _quick("bench.broadcast")
+    assert "server CPU per delivered frame, huddle / relay" in text
+    assert "huddle / bare websockets: ratio" in text

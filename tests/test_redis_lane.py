@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import DataError, NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from server.errors import StoreUnavailable
@@ -119,6 +120,63 @@ async def test_a_connection_redis_closed_while_idle_is_not_used_again(
         # The first command after Redis came back goes on a new connection.
         assert await lane.execute("GET", "lane:r") == b"1"
         assert lane.connections == 1
+    finally:
+        await lane.close()
+        await client.aclose()
+
+
+async def test_one_connection_serves_one_command_after_another(redis_server: RedisServer) -> None:
+    # What the lane is for: no connection opened, no pool bookkeeping, per
+    # command. (Should redis-py rename the stream the idle check reads,
+    # every command would open a connection of its own: this fails.)
+    client = aioredis.Redis.from_url(redis_server.url)
+    lane = Lane(client.connection_pool, 2 * UNIT)
+    try:
+        first = await lane.execute("CLIENT", "ID")
+        assert [await lane.execute("CLIENT", "ID") for _ in range(3)] == [first] * 3
+        with pytest.raises(DataError):  # refused before anything is sent: the connection stays
+            await lane.execute("SET", "lane:x", {"not": "a value"})
+        assert await lane.execute("CLIENT", "ID") == first
+        assert lane.connections == 1
+    finally:
+        await lane.close()
+        await client.aclose()
+
+
+async def test_commands_beyond_the_pools_bound_wait_for_a_connection(
+    redis_server: RedisServer,
+) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    bounded = aioredis.Redis.from_url(f"{redis_server.url}?max_connections=3")
+    lane = Lane(bounded.connection_pool, None)
+    try:
+        waits = [asyncio.create_task(lane.execute("BLPOP", f"lane:b{i}", 30)) for i in range(8)]
+        await blocked(client, 3)
+        assert lane.connections == 3  # the other five wait for one of these
+        for i in range(8):
+            await client.rpush(f"lane:b{i}", str(i))
+        replies = await asyncio.gather(*waits)
+        assert replies == [[f"lane:b{i}".encode(), str(i).encode()] for i in range(8)]
+        assert lane.connections == 3
+    finally:
+        await lane.close()
+        await client.aclose()
+        await bounded.aclose()
+
+
+async def test_a_closed_lane_keeps_no_connection_open(redis_server: RedisServer) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    lane = Lane(client.connection_pool, None)
+    try:
+        waiting = asyncio.create_task(lane.execute("BLPOP", "lane:z", 30))
+        await blocked(client, 1)
+        await lane.close()
+        with pytest.raises(RedisConnectionError):  # its connection was closed under it
+            await waiting
+        assert lane.connections == 0
+        # A command after the close is served, and its connection closed.
+        assert await lane.execute("PING") == b"PONG"
+        assert lane.connections == 0
     finally:
         await lane.close()
         await client.aclose()

@@ -169,7 +169,8 @@ Call = tuple[Sequence[str], Sequence[Any]]
 
 IDLE_LANE_CONNECTIONS = 16
 """Connections a :class:`Lane` keeps open between commands (more are opened
-while more commands are in flight, and closed after them)."""
+while more commands are in flight, up to the pool's ``max_connections``, and
+closed after them)."""
 
 
 class Lane:
@@ -188,36 +189,38 @@ class Lane:
     next command."""
 
     def __init__(self, pool: ConnectionPool, timeout: float | None) -> None:
-        self._connection_class = pool.connection_class
-        self._options = {**pool.connection_kwargs, "socket_timeout": None}
+        self._pool = pool
         self._timeout = timeout
         self._idle: list[AbstractConnection] = []
         self._open: set[AbstractConnection] = set()
+        # As many in flight as the pool would open (its max_connections,
+        # 100 unless the URL says): more wait for one, within the timeout.
+        self._slots = asyncio.Semaphore(pool.max_connections)
+        self._closed = False
 
     async def execute(self, *args: Any) -> Any:
         """Send one command and return its reply (a ResponseError raised)."""
-        connection = await self._connection()
         try:
-            async with asyncio.timeout(self._timeout):
-                await connection.connect()  # type: ignore[no-untyped-call]  # at once when connected
-                await connection.send_packed_command(
-                    connection.pack_command(*args), check_health=False
-                )
+            async with asyncio.timeout(self._timeout), self._slots:
+                connection = await self._connection()
                 try:
-                    reply = await connection.read_response()
-                except ResponseError as error:  # read whole: the connection is sound
-                    reply = error
-        except BaseException as error:
-            self._open.discard(connection)
-            await connection.disconnect(nowait=True)
-            if isinstance(error, TimeoutError):
-                raise RedisTimeoutError(f"no reply within {self._timeout}s") from None
-            raise
-        if len(self._idle) < IDLE_LANE_CONNECTIONS:
-            self._idle.append(connection)
-        else:
-            self._open.discard(connection)
-            await connection.disconnect()
+                    packed = connection.pack_command(*args)
+                except BaseException:
+                    await self._put_back(connection)  # nothing was sent on it
+                    raise
+                try:
+                    await connection.connect()  # type: ignore[no-untyped-call]  # at once when connected
+                    await connection.send_packed_command(packed, check_health=False)
+                    try:
+                        reply = await connection.read_response()
+                    except ResponseError as error:  # read whole: the connection is sound
+                        reply = error
+                except BaseException:
+                    await self._drop(connection)
+                    raise
+                await self._put_back(connection)
+        except TimeoutError:
+            raise RedisTimeoutError(f"no reply within {self._timeout}s") from None
         if isinstance(reply, ResponseError):
             raise reply
         return reply
@@ -228,14 +231,29 @@ class Lane:
         idled: nothing sent on it would arrive), or a new one."""
         while self._idle:
             connection = self._idle.pop()
-            reader = getattr(connection, "_reader", None)  # redis-py's stream
+            # redis-py's stream (tests.test_redis_lane checks that it is
+            # there: without it, every command would open a connection).
+            reader = getattr(connection, "_reader", None)
             if reader is not None and not reader.at_eof() and reader.exception() is None:
                 return connection
-            self._open.discard(connection)
-            await connection.disconnect(nowait=True)
-        connection = self._connection_class(**self._options)
+            await self._drop(connection)
+        options = {**self._pool.connection_kwargs, "socket_timeout": None}
+        connection = self._pool.connection_class(**options)
         self._open.add(connection)
         return connection
+
+    async def _put_back(self, connection: AbstractConnection) -> None:
+        if not self._closed and len(self._idle) < IDLE_LANE_CONNECTIONS:
+            self._idle.append(connection)
+        else:
+            await self._drop(connection)
+
+    async def _drop(self, connection: AbstractConnection) -> None:
+        """Close ``connection`` without waiting for the close (the caller
+        has its reply, or an error of its own to raise)."""
+        self._open.discard(connection)
+        with contextlib.suppress(Exception):
+            await connection.disconnect(nowait=True)
 
     @property
     def connections(self) -> int:
@@ -243,10 +261,12 @@ class Lane:
         return len(self._open)
 
     async def close(self) -> None:
+        """Close every connection; one a command still in flight opens
+        is closed as that command ends."""
+        self._closed = True
         self._idle.clear()
-        for connection in list(self._open):
-            await connection.disconnect()
-        self._open.clear()
+        while self._open:
+            await self._drop(next(iter(self._open)))
 
 
 class RedisLink:

@@ -4,6 +4,7 @@ flight on each, never reused once a reply may be left unread."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -14,7 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from server.errors import StoreUnavailable
 from server.store.redis_link import IDLE_LANE_CONNECTIONS, Lane, RedisLink, Script
 from tests.conftest import UNIT
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, free_port
 
 
 async def blocked(client: aioredis.Redis, count: int) -> None:
@@ -180,3 +181,64 @@ async def test_a_closed_lane_keeps_no_connection_open(redis_server: RedisServer)
     finally:
         await lane.close()
         await client.aclose()
+
+
+async def _tcp_redis(directory: Path, port: int, *more: str) -> asyncio.subprocess.Process:
+    (directory / str(port)).mkdir()
+    process = await asyncio.create_subprocess_exec(
+        "redis-server",
+        "--port",
+        str(port),
+        "--dir",
+        str(directory / str(port)),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        *more,
+        stdout=asyncio.subprocess.DEVNULL,
+    )
+    client = aioredis.Redis(port=port)
+    try:
+        async with asyncio.timeout(10 * UNIT):
+            while True:
+                try:
+                    await client.ping()
+                    return process
+                except RedisConnectionError:
+                    await asyncio.sleep(0.01)  # asked until it listens
+    finally:
+        await client.aclose()
+
+
+async def test_a_batch_waits_for_the_replicas_the_url_asks_for(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # No replica: the writes ran, but nothing acknowledged them as copied.
+    link = RedisLink(f"{redis_server.url}?replicas=1", 0.5 * UNIT)
+    script = Script("return redis.call('INCR', KEYS[1])")
+    try:
+        results = await link.run_batch(script, [(["lane:q"], []), (["lane:q"], [])])
+        assert all(isinstance(r, StoreUnavailable) for r in results)
+        assert "reached 0 of 1 replica(s)" in str(results[0])
+    finally:
+        await link.close()
+    primary_port, replica_port = free_port(), free_port()
+    primary = await _tcp_redis(tmp_path, primary_port)
+    replica = await _tcp_redis(
+        tmp_path, replica_port, "--replicaof", "127.0.0.1", str(primary_port)
+    )
+    link = RedisLink(f"redis://127.0.0.1:{primary_port}?replicas=1", 5 * UNIT)
+    try:
+        async with asyncio.timeout(10 * UNIT):
+            while (await link.client.info("replication"))["connected_slaves"] != 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)  # asked until the replica is linked
+        assert await link.run_batch(script, [(["lane:q"], []), (["lane:q"], [])]) == [1, 2]
+        assert await link.run(script, ["lane:q"], []) == 3
+    finally:
+        await link.close()
+        for process in (primary, replica):
+            process.kill()
+            await process.wait()

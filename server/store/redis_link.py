@@ -200,30 +200,42 @@ class Lane:
 
     async def execute(self, *args: Any) -> Any:
         """Send one command and return its reply (a ResponseError raised)."""
+        [reply] = await self.execute_many([args])
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
+    async def execute_many(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send ``commands`` in one write on one connection and read their
+        replies, in order (a pipeline); an error reply is its command's
+        result, as a pipeline's with ``raise_on_error=False``."""
         try:
             async with asyncio.timeout(self._timeout), self._slots:
                 connection = await self._connection()
                 try:
-                    packed = connection.pack_command(*args)
+                    if len(commands) == 1:
+                        packed = connection.pack_command(*commands[0])
+                    else:
+                        packed = connection.pack_commands(commands)
                 except BaseException:
                     await self._put_back(connection)  # nothing was sent on it
                     raise
                 try:
                     await connection.connect()  # type: ignore[no-untyped-call]  # at once when connected
                     await connection.send_packed_command(packed, check_health=False)
-                    try:
-                        reply = await connection.read_response()
-                    except ResponseError as error:  # read whole: the connection is sound
-                        reply = error
+                    replies: list[Any] = []
+                    for _ in commands:
+                        try:
+                            replies.append(await connection.read_response())
+                        except ResponseError as error:  # read whole: the connection is sound
+                            replies.append(error)
                 except BaseException:
                     await self._drop(connection)
                     raise
                 await self._put_back(connection)
         except TimeoutError:
             raise RedisTimeoutError(f"no reply within {self._timeout}s") from None
-        if isinstance(reply, ResponseError):
-            raise reply
-        return reply
+        return replies
 
     async def _connection(self) -> AbstractConnection:
         """An idle connection that Redis has not closed meanwhile (a
@@ -455,37 +467,49 @@ class RedisLink:
     async def _send(
         self, script: Script, calls: list[Call], node: ClusterNode | None, *, by_source: bool
     ) -> list[Any]:
+        command, body = ("EVAL", script.source) if by_source else ("EVALSHA", script.sha)
+        if self._lane is not None:
+            commands = [(command, body, len(keys), *keys, *args) for keys, args in calls]
+            if self.replicas:
+                commands.append(("WAIT", self.replicas, self._wait_ms))  # on the same connection
+            return self._acked(await self.call(self._lane.execute_many(commands)))
         pipe = self.client.pipeline(transaction=False)
         # By name: the cluster pipeline refuses its evalsha() method, though
         # it routes the command by its keys like any other.
-        command, body = ("EVAL", script.source) if by_source else ("EVALSHA", script.sha)
         for keys, args in calls:
             pipe.execute_command(command, body, len(keys), *keys, *args)
         # No redirects: a redirected command would go on another connection,
         # which the WAIT below does not cover.
         return await self._execute(pipe, node, redirect=False)
 
+    @property
+    def _wait_ms(self) -> int:
+        return max(1, int(self.timeout * 500))  # half the socket timeout
+
     async def _execute(self, pipe: Any, node: ClusterNode | None, *, redirect: bool) -> list[Any]:
         """Execute ``pipe`` (every error as a result) and WAIT for
-        ``replicas`` after it: a failed WAIT turns each result into a
-        StoreUnavailable."""
-        wait_ms = max(1, int(self.timeout * 500))  # half the socket timeout
+        ``replicas`` after it (see :meth:`_acked`)."""
         if self.replicas:
             # WAIT counts this connection's writes: it goes to the same node,
             # which a pipeline sends on one connection, in order.
             where = {} if node is None else {"target_nodes": node}
-            pipe.execute_command("WAIT", self.replicas, wait_ms, **where)
+            pipe.execute_command("WAIT", self.replicas, self._wait_ms, **where)
         if isinstance(pipe, Pipeline):
             out: list[Any] = await self.call(pipe.execute(raise_on_error=False))
         else:
             out = await self.call(pipe.execute(raise_on_error=False, allow_redirections=redirect))
-        if self.replicas:
-            acked = out.pop()
-            if isinstance(acked, BaseException) or int(acked) < self.replicas:
-                failure = StoreUnavailable(
-                    f"redis: a write reached {acked} of {self.replicas} replica(s) in {wait_ms} ms"
-                )
-                out = [r if isinstance(r, BaseException) else failure for r in out]
+        return self._acked(out)
+
+    def _acked(self, out: list[Any]) -> list[Any]:
+        """``out`` without its last reply, a WAIT's when ``replicas`` are
+        asked for: a failed WAIT turns each result into a StoreUnavailable."""
+        if not self.replicas:
+            return out
+        acked = out.pop()
+        if isinstance(acked, BaseException) or int(acked) < self.replicas:
+            reached = f"{acked} of {self.replicas} replica(s) in {self._wait_ms} ms"
+            failure = StoreUnavailable(f"redis: a write reached {reached}")
+            out = [r if isinstance(r, BaseException) else failure for r in out]
         return out
 
     # ─── The cluster's shape ─────────────────────────────────────────────

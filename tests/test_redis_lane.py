@@ -4,6 +4,8 @@ flight on each, never reused once a reply may be left unread."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,18 @@ from tests.conftest import UNIT
 from tests.redis_server import RedisServer, free_port
 
 
+@contextlib.asynccontextmanager
+async def lane_on(url: str, bound: float | None) -> AsyncIterator[tuple[aioredis.Redis, Lane]]:
+    """A lane on ``url``'s pool, and a client of its own to look at Redis with."""
+    client = aioredis.Redis.from_url(url)
+    lane = Lane(client.connection_pool, bound)
+    try:
+        yield client, lane
+    finally:
+        await lane.close()
+        await client.aclose()
+
+
 async def blocked(client: aioredis.Redis, count: int) -> None:
     """Wait until Redis holds ``count`` clients in a blocking command (Redis
     tells no one when a client blocks: asked until it says so)."""
@@ -29,9 +43,7 @@ async def blocked(client: aioredis.Redis, count: int) -> None:
 async def test_a_command_left_without_its_reply_never_answers_the_next(
     redis_server: RedisServer,
 ) -> None:
-    client = aioredis.Redis.from_url(redis_server.url)
-    lane = Lane(client.connection_pool, 0.05 * UNIT)
-    try:
+    async with lane_on(redis_server.url, 0.05 * UNIT) as (client, lane):
         with pytest.raises(RedisTimeoutError):
             await lane.execute("BLPOP", "lane:a", 30)
         assert lane.connections == 0
@@ -47,17 +59,12 @@ async def test_a_command_left_without_its_reply_never_answers_the_next(
         await client.rpush("lane:c", "late")
         assert await lane.execute("GET", "lane:b") is None
         assert await lane.execute("SET", "lane:d", "1") == b"OK"
-    finally:
-        await lane.close()
-        await client.aclose()
 
 
 async def test_an_error_reply_is_raised_and_keeps_the_connection(
     redis_server: RedisServer,
 ) -> None:
-    client = aioredis.Redis.from_url(redis_server.url)
-    lane = Lane(client.connection_pool, 2 * UNIT)
-    try:
+    async with lane_on(redis_server.url, 2 * UNIT) as (_, lane):
         with pytest.raises(NoScriptError):
             await lane.execute("EVALSHA", "0" * 40, 0)
         assert await lane.execute("PING") == b"PONG"
@@ -70,28 +77,20 @@ async def test_an_error_reply_is_raised_and_keeps_the_connection(
             assert await link.run(script, ["lane:n"], []) == 2
         finally:
             await link.close()
-    finally:
-        await lane.close()
-        await client.aclose()
 
 
 async def test_commands_in_flight_together_each_get_a_connection_and_few_stay(
     redis_server: RedisServer,
 ) -> None:
-    client = aioredis.Redis.from_url(redis_server.url)
-    lane = Lane(client.connection_pool, None)
     many = IDLE_LANE_CONNECTIONS + 8
-    try:
+    async with lane_on(redis_server.url, None) as (client, lane):
         waits = [asyncio.create_task(lane.execute("BLPOP", f"lane:w{i}", 30)) for i in range(many)]
         for i in range(many):
             await client.rpush(f"lane:w{i}", str(i))
         replies = await asyncio.gather(*waits)
         assert replies == [[f"lane:w{i}".encode(), str(i).encode()] for i in range(many)]
         assert lane.connections == IDLE_LANE_CONNECTIONS
-    finally:
-        await lane.close()
-        assert lane.connections == 0
-        await client.aclose()
+    assert lane.connections == 0
 
 
 async def test_a_store_call_to_a_redis_that_is_gone_fails_fast(redis_server: RedisServer) -> None:
@@ -111,9 +110,7 @@ async def test_a_store_call_to_a_redis_that_is_gone_fails_fast(redis_server: Red
 async def test_a_connection_redis_closed_while_idle_is_not_used_again(
     redis_server: RedisServer,
 ) -> None:
-    client = aioredis.Redis.from_url(redis_server.url)
-    lane = Lane(client.connection_pool, 2 * UNIT)
-    try:
+    async with lane_on(redis_server.url, 2 * UNIT) as (_, lane):
         assert await lane.execute("SET", "lane:r", "1") == b"OK"
         await redis_server.stop()
         async with asyncio.timeout(10 * UNIT):
@@ -121,36 +118,27 @@ async def test_a_connection_redis_closed_while_idle_is_not_used_again(
         # The first command after Redis came back goes on a new connection.
         assert await lane.execute("GET", "lane:r") == b"1"
         assert lane.connections == 1
-    finally:
-        await lane.close()
-        await client.aclose()
 
 
 async def test_one_connection_serves_one_command_after_another(redis_server: RedisServer) -> None:
     # What the lane is for: no connection opened, no pool bookkeeping, per
     # command. (Should redis-py rename the stream the idle check reads,
     # every command would open a connection of its own: this fails.)
-    client = aioredis.Redis.from_url(redis_server.url)
-    lane = Lane(client.connection_pool, 2 * UNIT)
-    try:
+    async with lane_on(redis_server.url, 2 * UNIT) as (_, lane):
         first = await lane.execute("CLIENT", "ID")
         assert [await lane.execute("CLIENT", "ID") for _ in range(3)] == [first] * 3
         with pytest.raises(DataError):  # refused before anything is sent: the connection stays
             await lane.execute("SET", "lane:x", {"not": "a value"})
         assert await lane.execute("CLIENT", "ID") == first
         assert lane.connections == 1
-    finally:
-        await lane.close()
-        await client.aclose()
 
 
 async def test_commands_beyond_the_pools_bound_wait_for_a_connection(
     redis_server: RedisServer,
 ) -> None:
-    client = aioredis.Redis.from_url(redis_server.url)
-    bounded = aioredis.Redis.from_url(f"{redis_server.url}?max_connections=3")
-    lane = Lane(bounded.connection_pool, None)
-    try:
+    # The client's own commands take one of its pool's three; the lane's
+    # are bounded apart from them, by the same number.
+    async with lane_on(f"{redis_server.url}?max_connections=3", None) as (client, lane):
         waits = [asyncio.create_task(lane.execute("BLPOP", f"lane:b{i}", 30)) for i in range(8)]
         await blocked(client, 3)
         assert lane.connections == 3  # the other five wait for one of these
@@ -159,16 +147,10 @@ async def test_commands_beyond_the_pools_bound_wait_for_a_connection(
         replies = await asyncio.gather(*waits)
         assert replies == [[f"lane:b{i}".encode(), str(i).encode()] for i in range(8)]
         assert lane.connections == 3
-    finally:
-        await lane.close()
-        await client.aclose()
-        await bounded.aclose()
 
 
 async def test_a_closed_lane_keeps_no_connection_open(redis_server: RedisServer) -> None:
-    client = aioredis.Redis.from_url(redis_server.url)
-    lane = Lane(client.connection_pool, None)
-    try:
+    async with lane_on(redis_server.url, None) as (client, lane):
         waiting = asyncio.create_task(lane.execute("BLPOP", "lane:z", 30))
         await blocked(client, 1)
         await lane.close()
@@ -178,9 +160,6 @@ async def test_a_closed_lane_keeps_no_connection_open(redis_server: RedisServer)
         # A command after the close is served, and its connection closed.
         assert await lane.execute("PING") == b"PONG"
         assert lane.connections == 0
-    finally:
-        await lane.close()
-        await client.aclose()
 
 
 async def _tcp_redis(directory: Path, port: int, *more: str) -> asyncio.subprocess.Process:

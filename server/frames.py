@@ -70,15 +70,27 @@ class ActionFrame(OutFrame):
         self.channel, self.seq, self.rejected = channel, seq, rejected
 
     def numbered(self, server_seq: int) -> OutFrame:
-        """This frame with ``serverSeq`` set to ``server_seq``. The envelope's
-        own key is the last one: msgspec writes ``channel, action,
-        serverSeq, origin, rejectionReason`` in that order, and a quote in a
-        string value is escaped, so the key cannot appear after it."""
+        """This frame with ``serverSeq`` set to ``server_seq``, its wire
+        bytes made at once (it is made for one connection, which sends it
+        now; making them on first use costs three times as much)."""
+        head, tail = self._around_seq
+        payload = head + b"%d" % server_seq + tail
+        frame = OutFrame(payload)
+        frame.__dict__["wire"] = _text_frame_head(len(payload)) + payload
+        return frame
+
+    @cached_property
+    def _around_seq(self) -> tuple[bytes, bytes]:
+        """The payload before and after the ``serverSeq`` number, found once
+        for all the connections that renumber this frame. The envelope's own
+        key is the last one: msgspec writes ``channel, action, serverSeq,
+        origin, rejectionReason`` in that order, and a quote in a string
+        value is escaped, so the key cannot appear after it."""
         start = self.payload.rindex(_SEQ_KEY) + len(_SEQ_KEY)
         end = start
         while self.payload[end : end + 1].isdigit():
             end += 1
-        return OutFrame(self.payload[:start] + b"%d" % server_seq + self.payload[end:])
+        return self.payload[:start], self.payload[end:]
 
 
 def action_frame(envelope: bytes, channel: str, seq: int, rejected: bool = False) -> ActionFrame:

@@ -9,8 +9,9 @@ import asyncio
 import pytest
 from websockets.frames import Frame, Opcode
 
+from protocol.codec import encode
 from server.connection import CLOSE_NORMAL, CLOSE_TRY_AGAIN, Connection
-from server.frames import OVERLOADED, WRITTEN, OutFrame
+from server.frames import ACTION_FRAME_HEAD, OVERLOADED, WRITTEN, OutFrame, action_frame
 from tests.conftest import UNIT
 
 
@@ -85,3 +86,18 @@ def test_a_frame_on_the_wire_is_what_websockets_writes_for_a_server_text_frame(s
     payload = b'"' + b"x" * max(0, size - 2) + b'"' if size >= 2 else b"x" * size
     expected = Frame(Opcode.TEXT, payload).serialize(mask=False, extensions=[])
     assert OutFrame(payload).wire == expected
+
+
+@pytest.mark.parametrize("seq", [9, 10, 99_999, 100_000], ids=lambda n: f"seq-{n}")
+def test_a_renumbered_frame_is_the_frame_websockets_writes_for_its_envelope(seq: int) -> None:
+    # A plain AHP connection's own number, spliced in: around the 125-byte
+    # edge (seq 9 to 10, with the padding below) the length's encoding grows.
+    envelope = {"channel": "ahp-chat:/c", "action": {"type": "x"}, "serverSeq": 1}
+    padding = 125 - len(encode({**envelope, "origin": ""})) - len(ACTION_FRAME_HEAD) - 1
+    envelope["origin"] = "o" * (padding + 1 if seq >= 99_999 else padding)
+    frame = action_frame(encode(envelope), "ahp-chat:/c", 1)
+    expected = ACTION_FRAME_HEAD + encode({**envelope, "serverSeq": seq}) + b"}"
+    renumbered = frame.numbered(seq)
+    assert renumbered.payload == expected
+    assert renumbered.wire == Frame(Opcode.TEXT, expected).serialize(mask=False, extensions=[])
+    assert frame.numbered(seq + 1).payload == expected.replace(b"%d" % seq, b"%d" % (seq + 1))

@@ -117,7 +117,7 @@ def _install_profiler(path: str) -> None:
 
 async def serve_huddle(portfile: str, profile: str | None) -> None:
     """Run Huddle on a loopback port with one chat whose active turn holds
-    an open input request; write port, chat and a participant token."""
+    an open input request; write port, chat and the agent token."""
     from server.app import Server, create_app
     from server.auth import TokenAuthority
     from server.build import build
@@ -141,9 +141,6 @@ async def serve_huddle(portfile: str, profile: str | None) -> None:
         )
         await host.dispatch(chat, ChatInputRequested(request=_request()))
         ready["chat"], ready["agent"] = chat, AGENT_TOKEN
-        ready["token"] = authority.mint(
-            "participant", sessions=[SESSION], name="bench", expires_at=time.time() + 24 * 3600
-        )
         if profile is not None:
             _install_profiler(profile)
 
@@ -198,32 +195,28 @@ async def serve_relay(portfile: str) -> None:
 
 @dataclass
 class Child:
-    """A server child process and what it wrote to its port file (with
-    ``agent``, its agent token: :meth:`person_token` mints with it)."""
+    """A server child process and what it wrote to its port file (a Huddle
+    child's ``agent``: its agent token, which :meth:`person_token` mints
+    with)."""
 
     name: str
     process: subprocess.Popen[bytes]
     info: dict[str, Any]
     tokens_handed: int = 0
+    people: list[str] = field(default_factory=list)
+    """The participant tokens :meth:`person_token` minted, in order."""
 
     def person_token(self) -> str:
         """The participant token of one more client: a new one for every
-        PEOPLE_PER_TOKEN, as that many people would hold (the child's own
-        ``token`` when it wrote no ``agent``)."""
+        PEOPLE_PER_TOKEN, as that many people would hold."""
         from server.auth import TokenAuthority
 
-        agent = self.info.get("agent")
         index, self.tokens_handed = self.tokens_handed // PEOPLE_PER_TOKEN, self.tokens_handed + 1
-        if agent is None:
-            token: str = self.info["token"]
-            return token
-        minted: list[str] = self.info.setdefault("people", [])
-        while len(minted) <= index:
+        if index == len(self.people):
             expires = time.time() + 24 * 3600
-            minted.append(
-                TokenAuthority(agent).mint("participant", name="bench", expires_at=expires)
-            )
-        return minted[index]
+            authority = TokenAuthority(self.info["agent"])
+            self.people.append(authority.mint("participant", name="bench", expires_at=expires))
+        return self.people[index]
 
     @property
     def pid(self) -> int:

@@ -160,7 +160,7 @@ async def serve_child(portfile: str, store: str, chat: str | None) -> None:
     """Run Huddle on a loopback port with ``store``. Without ``chat``, make a
     session whose chat's active turn holds an open input request; with it,
     serve that chat (made by another child on the same Redis). Write the
-    port, the chat and a participant token to ``portfile``."""
+    port, the chat and the agent token to ``portfile``."""
     # One dispatcher sends --rate actions a second: lift the per-connection
     # rate limit so that it is not what gets measured.
     limits = Limits(actions_per_second=100_000, action_burst=100_000)
@@ -178,9 +178,6 @@ async def serve_child(portfile: str, store: str, chat: str | None) -> None:
             await host.dispatch(served, ChatInputRequested(request=_request()))
         await host.view(served)
         ready["chat"], ready["agent"] = served, AGENT_TOKEN
-        ready["token"] = authority.mint(
-            "participant", name="bench", expires_at=time.time() + 24 * 3600
-        )
 
     app = create_app(build(settings), authority, on_start=on_start)
 

@@ -33,10 +33,15 @@ class OutFrame:
 
     @cached_property
     def wire(self) -> bytes:
-        return _text_frame_head(len(self.payload)) + self.payload
+        return _wire(self.payload)
 
     def __len__(self) -> int:
         return len(self.payload)
+
+
+def _wire(payload: bytes) -> bytes:
+    """``payload`` as one whole unmasked WebSocket text frame."""
+    return _text_frame_head(len(payload)) + payload
 
 
 def _text_frame_head(size: int) -> bytes:
@@ -76,7 +81,7 @@ class ActionFrame(OutFrame):
         head, tail = self._around_seq
         payload = head + b"%d" % server_seq + tail
         frame = OutFrame(payload)
-        frame.__dict__["wire"] = _text_frame_head(len(payload)) + payload
+        frame.__dict__["wire"] = _wire(payload)  # what the cached property would make
         return frame
 
     @cached_property

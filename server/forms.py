@@ -27,6 +27,7 @@ from protocol.session import SessionState
 from reducers import notes
 from reducers.validation import FormCheck, ToolInputCheck
 from server.cache import Lru
+from server.schemas import SchemaCheck
 from server.store.base import ChannelStore
 
 FORM_RECORDS = "form"
@@ -43,18 +44,16 @@ def chat_session(chat: ChatState) -> str | None:
 
 @dataclass(frozen=True)
 class Form:
-    """A request's frozen form: the schema as given, its parsed spec and a
-    validator built once (checking the schema itself costs more than the
-    data)."""
+    """A request's frozen form: the schema as given, its parsed spec and its
+    check, built once (building a validator costs more than checking data)."""
 
     schema: dict[str, Any]
     spec: FormSpec
-    validator: jsonschema.protocols.Validator
+    check: SchemaCheck
 
     @classmethod
     def of(cls, schema: dict[str, Any], spec: FormSpec | None = None) -> Form:
-        validator_class = jsonschema.validators.validator_for(schema)
-        return cls(schema, spec or parse_form(schema), validator_class(schema))
+        return cls(schema, spec or parse_form(schema), SchemaCheck.of(schema))
 
     def data(self, answers: dict[str, InputAnswer]) -> dict[str, Any]:
         """The answers as form data, with the schema's types."""
@@ -116,7 +115,9 @@ class FormRegistry:
             if form is None:
                 return None
             try:
-                form.validator.validate(form.data(answers))
+                data = form.data(answers)
+                if not form.check.accepts(data):
+                    form.check.validator.validate(data)
             except jsonschema.ValidationError as error:
                 # Name the field and the rule, never the value (form data
                 # can be sensitive; jsonschema's messages quote it).

@@ -74,6 +74,7 @@ from server.expiry import Expiry
 from server.mcp.errors import ElicitationExpired, Unaskable
 from server.mcp.people import People, Reply
 from server.runner.ids import mcp_request_id
+from server.schemas import SchemaCheck
 
 log = logging.getLogger("huddle.mcp")
 
@@ -194,18 +195,14 @@ def form_content(question: Question, answers: dict[str, InputAnswer]) -> dict[st
 
 def schema_problems(schema: Mapping[str, Any], data: Any) -> list[str]:
     """What in ``data`` fails ``schema``: field and rule, never the value."""
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    problems: dict[str, None] = {}
-    for error in validator.iter_errors(data):
-        path = [str(p) for p in error.absolute_path]
-        if error.validator == "required" and isinstance(error.instance, dict):
-            for name in error.validator_value or ():  # type: ignore[union-attr]
-                if name not in error.instance:
-                    problems["/".join([*path, str(name)]) + " is required"] = None
-            continue
-        where = "/".join(path) or "the form"
-        problems[f"{where} fails `{error.validator}`"] = None
-    return list(problems)
+    problems: list[str] = []
+    for path, rule in SchemaCheck.of(schema).failures(data):
+        where = "/".join(path)
+        if rule == "required":
+            problems.append(f"{where} is required")
+        else:
+            problems.append(f"{where or 'the form'} fails `{rule}`")
+    return problems
 
 
 # ─── The callback ────────────────────────────────────────────────────────────

@@ -11,19 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-import msgspec
-
-from server.cache import Lru
 from server.expiry import Expiry
-
-CACHED_VALIDATORS = 64
-"""Validators kept, by schema: building one costs more than checking data
-with it (about half of a form's resume check), and a process sees the few
-schemas of its agents' forms and tools again and again. Each holds a copy of
-its schema of its own, so that a dict changed later changes none."""
-
-_validators: Lru[bytes, jsonschema.Draft202012Validator] = Lru(CACHED_VALIDATORS)
+from server.schemas import SchemaCheck
 
 
 @dataclass(frozen=True)
@@ -43,19 +32,7 @@ class FormDefinition:
 def schema_errors(schema: dict[str, Any], data: dict[str, Any]) -> list[str]:
     """Field errors of ``data`` against ``schema`` (a frozen form, a tool's
     input schema), no values quoted."""
-    key = msgspec.json.encode(schema, order="sorted")  # by content: a dict can change
-    validator = _validators.get(key)
-    if validator is None:
-        validator = jsonschema.Draft202012Validator(msgspec.json.decode(key))
-        _validators.put(key, validator)
-    errors: dict[str, None] = {}
-    for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
-        path = [str(p) for p in error.absolute_path]
-        if error.validator == "required" and isinstance(error.instance, dict):
-            # A missing field fails on the object that lacks it: name the field.
-            for name in error.validator_value:
-                if name not in error.instance:
-                    errors["/".join([*path, str(name)]) + ": fails `required`"] = None
-            continue
-        errors[f"{'/'.join(path) or '(form)'}: fails `{error.validator}`"] = None
-    return list(errors)
+    return [
+        f"{'/'.join(path) or '(form)'}: fails `{rule}`"
+        for path, rule in SchemaCheck.of(schema).failures(data)
+    ]

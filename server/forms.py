@@ -115,17 +115,15 @@ class FormRegistry:
             if form is None:
                 return None
             try:
-                data = form.data(answers)
-                if not form.check.accepts(data):
-                    form.check.validator.validate(data)
-            except jsonschema.ValidationError as error:
-                # Name the field and the rule, never the value (form data
-                # can be sensitive; jsonschema's messages quote it).
-                where = "/".join(str(p) for p in error.absolute_path) or "the form"
-                return f"{where} fails the schema's `{error.validator}` rule"
-            except FormError as error:
-                return f"{error.property or 'the form'}: {error.reason}"
-            return None
+                error = form.check.first_error(form.data(answers))
+            except FormError as unfit:
+                return f"{unfit.property or 'the form'}: {unfit.reason}"
+            if error is None:
+                return None
+            # Name the field and the rule, never the value (form data can be
+            # sensitive; jsonschema's messages quote it).
+            where = "/".join(str(p) for p in error.absolute_path) or "the form"
+            return f"{where} fails the schema's `{error.validator}` rule"
 
         return check
 

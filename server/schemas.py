@@ -36,6 +36,11 @@ _checks: Lru[bytes, SchemaCheck] = Lru(CACHED_CHECKS)
 _Rule = Callable[[Any], bool]
 
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "enumNames"})
+_PROPERTY_KEYWORDS = _ANNOTATIONS | {
+    "type", "enum", "minLength", "maxLength", "minimum", "maximum", "format"
+}  # fmt: skip
+"""What the fast path knows on a property (``format`` is an annotation to
+the validators built here: no format checker)."""
 _TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -68,9 +73,14 @@ class SchemaCheck:
 
     def accepts(self, data: Any) -> bool:
         """Whether ``data`` fits the schema."""
+        return self.first_error(data) is None
+
+    def first_error(self, data: Any) -> jsonschema.ValidationError | None:
+        """The error jsonschema's ``validate`` would raise for ``data``, or
+        None when it fits."""
         if self._fast is not None and self._fast(data):
-            return True
-        return bool(self.validator.is_valid(data))
+            return None
+        return next(iter(self.validator.iter_errors(data)), None)
 
     def failures(self, data: Any) -> Iterator[tuple[list[str], str]]:
         """Each failure as (path, rule), in path order; a missing field
@@ -133,8 +143,7 @@ def _flat_object(schema: Mapping[str, Any]) -> _Rule | None:
 def _flat_property(prop: Any) -> _Rule | None:
     if not isinstance(prop, dict):
         return None
-    known = {"type", "enum", "minLength", "maxLength", "minimum", "maximum", "format"}
-    if not set(prop) <= known | _ANNOTATIONS:
+    if not set(prop) <= _PROPERTY_KEYWORDS:
         return None
     kind = prop.get("type")
     types = _TYPES.get(kind) if isinstance(kind, str) else None
@@ -157,7 +166,7 @@ def _flat_property(prop: Any) -> _Rule | None:
         return None
     low, high = lengths if kind == "string" else bounds
     choices = frozenset(enum) if enum is not None else None
-    measure: Callable[[Any], Any] = len if kind == "string" else _same
+    text = kind == "string"
 
     def accept(value: Any) -> bool:
         if type(value) not in types:
@@ -166,11 +175,7 @@ def _flat_property(prop: Any) -> _Rule | None:
             return False
         if low is None and high is None:
             return True
-        size = measure(value)
+        size = len(value) if text else value
         return (low is None or size >= low) and (high is None or size <= high)
 
     return accept
-
-
-def _same(value: Any) -> Any:
-    return value

@@ -45,8 +45,20 @@ def _datas() -> list[Any]:
 def test_the_flat_check_agrees_with_jsonschema(data: Any) -> None:
     check = SchemaCheck(FLAT)
     assert check._fast is not None  # the fast path is the one under test
-    expected = jsonschema.Draft202012Validator(FLAT).is_valid(data)
+    validator = jsonschema.Draft202012Validator(FLAT)
+    expected = validator.is_valid(data)
     assert check.accepts(data) is expected
+    error = check.first_error(data)
+    if expected:
+        assert error is None
+    else:
+        with pytest.raises(jsonschema.ValidationError) as raised:
+            validator.validate(data)
+        assert error is not None
+        assert (error.validator, error.absolute_path) == (
+            raised.value.validator,
+            raised.value.absolute_path,
+        )
     assert (list(check.failures(data)) == []) is expected
     if check._fast(data):
         assert expected  # the fast path never says yes where jsonschema says no

@@ -131,6 +131,7 @@ def build(
             spare_workers=settings.spare_workers,
             clock=clock,
             lease_seconds=settings.lease_seconds,
+            drain_seconds=settings.drain_seconds,
         )
         service.runner.listeners.append(host.audit.runner_listener)
     retention = None

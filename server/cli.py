@@ -39,6 +39,10 @@ SPARE_WORKERS = (
     "workers more, at most, while tools wait for people (8): an MCP server's question "
     "holds its turn's worker until answered, and a spare runs other turns meanwhile"
 )
+DRAIN_SECONDS = (
+    "at a stop (SIGTERM, SIGINT), how long turns running here may go on to their next "
+    "stop before another worker takes them over (10); 0: hand them on at once"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         "processes run them)",
     )
     serve.add_argument("--spare-workers", type=int, help=SPARE_WORKERS)
+    serve.add_argument("--drain-seconds", type=float, help=DRAIN_SECONDS)
     serve.add_argument("--max-frame-bytes", type=int, help="largest frame accepted (1 MiB)")
     serve.add_argument(
         "--max-body-bytes", type=int, help="largest HTTP API body, refused unread (1 MiB)"
@@ -252,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--agent", help="module:attribute (default: the demo agent)")
     worker.add_argument("--workers", type=int, help="concurrent workers (1)")
     worker.add_argument("--spare-workers", type=int, help=SPARE_WORKERS)
+    worker.add_argument("--drain-seconds", type=float, help=DRAIN_SECONDS)
     return parser
 
 
@@ -298,6 +304,11 @@ async def work(settings: Settings) -> None:
         print(f"huddle worker: {settings.workers} worker(s) for {agent.name}", flush=True)
         settle_heap()
         await stop.wait()
+        print(
+            "huddle worker: stopping; turns running here go on for up to "
+            f"{settings.drain_seconds:g} s, then another worker takes them over",
+            flush=True,
+        )
 
 
 def settle_heap() -> int:

@@ -55,6 +55,10 @@ class Settings:
     lease_seconds: float = 30.0
     """How long a worker holds a turn without renewing its lease: after a
     worker dies, another takes its turn over that much later."""
+    drain_seconds: float = 10.0
+    """At a stop, how long turns running in this process may go on to their
+    next stop (blocked or done); then they are handed on, and another worker
+    takes them over at once."""
     max_frame_bytes: int = 1 << 20
     max_body_bytes: int = 1 << 20
     """The largest HTTP API body (413 beyond, refused before it is read)."""
@@ -133,6 +137,14 @@ class _Source:
         value = self.raw(name)
         return default if value is None else float(value)
 
+    def seconds(self, name: str, default: float) -> float:
+        """:meth:`number`, refused below 0 (a time to wait)."""
+        value = self.number(name, default)
+        if not value >= 0:  # NaN too
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} is a number of seconds: 0 or more, not {value}")
+        return value
+
     def flag(self, name: str, default: bool) -> bool:
         value = self.raw(name)
         if value is None:
@@ -164,6 +176,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         workers=src.count("workers", base.workers),
         spare_workers=src.count("spare_workers", base.spare_workers),
         lease_seconds=src.number("lease_seconds", base.lease_seconds),
+        drain_seconds=src.seconds("drain_seconds", base.drain_seconds),
         max_frame_bytes=src.integer("max_frame_bytes", base.max_frame_bytes),
         max_body_bytes=src.integer("max_body_bytes", base.max_body_bytes),
         sizes=SizeLimits(

@@ -37,6 +37,11 @@ def test_a_setting_out_of_range_is_a_usage_error_not_a_traceback(
         main(["worker", "--spare-workers", "-5"])
     assert exited.value.code == 2
     assert "error: --spare-workers is a count: 0 or more, not -5" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--drain-seconds", "-1"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: --drain-seconds is a number of seconds: 0 or more, not -1.0" in err
     monkeypatch.setenv("HUDDLE_RETENTION", "3w")
     with pytest.raises(SystemExit):
         main(["serve"])

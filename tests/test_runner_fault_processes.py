@@ -1,14 +1,18 @@
 """Faults injected for real: a ``huddle worker`` process killed with SIGKILL
 in the middle of a tool, of a streamed reply and of an MCP call whose server
 asks the people, and another worker process taking the turn over once the
-lease (1 s here) has expired. A ``huddle serve`` process takes the people's
-actions; everything shares one real redis-server."""
+lease (1 s here) has expired; and a worker stopped with SIGTERM in the middle
+of a tool, as a rolling deploy stops it, which lets the tool finish or hands
+the turn on at once (a lease of a minute there: nothing waits for it). A
+``huddle serve`` process takes the people's actions; everything shares one
+real redis-server."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -52,6 +56,10 @@ class Deployment:
     server: Served
     workers: list[asyncio.subprocess.Process] = field(default_factory=list)
     drains: list[asyncio.Task[None]] = field(default_factory=list)
+    said: list[str] = field(default_factory=list)
+    """What the workers printed, line by line."""
+    heard: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set at each line a worker prints."""
 
     async def start_worker(self) -> asyncio.subprocess.Process:
         worker = await asyncio.create_subprocess_exec(
@@ -65,12 +73,28 @@ class Deployment:
         )
         self.workers.append(worker)
         await read_until(worker, [], "huddle worker:")
-        self.drains.append(asyncio.create_task(_drain(worker)))
+        self.drains.append(asyncio.create_task(self._drain(worker)))
         return worker
+
+    async def _drain(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        while line := await process.stdout.readline():
+            self.said.append(line.decode(errors="replace"))
+            self.heard.set()
+
+    async def printed(self, text: str) -> None:
+        """Wait until a worker printed a line holding ``text``."""
+        async with asyncio.timeout(WITHIN):
+            while not any(text in line for line in self.said):
+                self.heard.clear()
+                await self.heard.wait()
 
     async def kill(self, worker: asyncio.subprocess.Process) -> None:
         worker.kill()  # SIGKILL: no handler, no cleanup, no last save
         await worker.wait()
+
+    def stop(self, worker: asyncio.subprocess.Process) -> None:
+        worker.send_signal(signal.SIGTERM)  # as an operator or an orchestrator stops it
 
     def release(self) -> None:
         (self.directory / "release").touch()
@@ -83,22 +107,18 @@ class Deployment:
                 await asyncio.sleep(0.02)
 
 
-async def _drain(process: asyncio.subprocess.Process) -> None:
-    assert process.stdout is not None
-    while await process.stdout.readline():
-        pass
-
-
 @contextlib.asynccontextmanager
 async def deployed(
-    redis_server: RedisServer, tmp_path: Path, agent: str
+    redis_server: RedisServer, tmp_path: Path, agent: str, **settings: str
 ) -> AsyncIterator[Deployment]:
+    """``settings``: more of the processes' environment (HUDDLE_*)."""
     env = {
         "HUDDLE_TOKEN": TOKEN,
         "HUDDLE_STORE": redis_server.url,
         "HUDDLE_AGENT": f"tests.fault_agents:{agent}",
         "HUDDLE_LEASE_SECONDS": "1",
         "HUDDLE_FAULTS_DIR": str(tmp_path),
+        **settings,
     }
     server = await start("--workers", "0", env=env)
     deployment = Deployment(env, tmp_path, server)
@@ -178,6 +198,66 @@ async def test_a_worker_killed_in_a_tool_is_taken_over_and_the_tool_runs_again_w
     key = f"{channel_id(chat)}.t1:c1"
     assert runs(tmp_path) == [("slow_export", key), ("slow_export", key)]
     assert len(completions) == 1
+
+
+LONG_LEASE = "60"
+"""A lease no test outlives: a turn taken over within WITHIN was handed on."""
+
+
+async def test_a_worker_stopped_in_a_tool_lets_the_tool_finish_and_the_turn_go_on_first(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    drain = str(10 * WITHIN)
+    async with deployed(
+        redis_server,
+        tmp_path,
+        "exporter",
+        HUDDLE_LEASE_SECONDS=LONG_LEASE,
+        HUDDLE_DRAIN_SECONDS=drain,
+    ) as deployment:
+        worker = await deployment.start_worker()
+        person, chat, mirror = await start_turn(deployment, "Export the ledger")
+        await until(mirror, running_tool)
+        await deployment.tool_ran(1)
+        deployment.stop(worker)
+        await deployment.printed("huddle worker: stopping")
+        deployment.release()  # the tool may finish now: the stop waits for it
+        state = await until(mirror, ended)
+        async with asyncio.timeout(WITHIN):
+            code = await worker.wait()
+        await person.close()
+    assert code == 0
+    assert state.turns[-1].state == "complete"
+    assert markdown(state)["t1:md:1"] == "Done: exported the ledger."
+    assert runs(tmp_path) == [("slow_export", f"{channel_id(chat)}.t1:c1")]  # once
+
+
+async def test_a_worker_stopped_in_a_tool_past_its_drain_hands_the_turn_on_at_once(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async with deployed(
+        redis_server,
+        tmp_path,
+        "exporter",
+        HUDDLE_LEASE_SECONDS=LONG_LEASE,
+        HUDDLE_DRAIN_SECONDS="0",
+    ) as deployment:
+        first = await deployment.start_worker()
+        person, chat, mirror = await start_turn(deployment, "Export the ledger")
+        await until(mirror, running_tool)
+        await deployment.tool_ran(1)
+        deployment.stop(first)
+        async with asyncio.timeout(WITHIN):
+            code = await first.wait()
+        await deployment.start_worker()
+        await deployment.tool_ran(2)  # taken over long before the lease ends
+        deployment.release()
+        state = await until(mirror, ended)
+        await person.close()
+    assert code == 0
+    assert state.turns[-1].state == "complete"
+    key = f"{channel_id(chat)}.t1:c1"
+    assert runs(tmp_path) == [("slow_export", key), ("slow_export", key)]
 
 
 async def test_text_a_killed_worker_streamed_is_marked_interrupted_and_the_retry_has_its_own(

@@ -112,6 +112,9 @@ class Recorded(TurnStore):
     async def release(self, lease: Lease) -> None:
         await self.inner.release(lease)
 
+    async def give_up(self, lease: Lease, now: float) -> None:
+        await self.inner.give_up(lease, now)
+
     async def by_status(self, status: TurnStatus) -> list[str]:
         return await self.inner.by_status(status)
 

@@ -303,6 +303,50 @@ async def test_release_with_a_stale_token_leaves_the_new_lease_alone(store: Turn
     assert len({lease_a.token, lease_b.token, lease_c.token}) == 3
 
 
+async def test_a_lease_given_up_is_claimed_at_once_by_another_worker(store: TurnStore) -> None:
+    await create(store)
+    lease = await store.claim("worker-a", 0.0, LEASE, turn_id="t1")
+    assert lease is not None
+    await store.give_up(lease, 1.0)
+    # Neither the turn's id nor a lease end is needed: it is queued, due now.
+    taken = await store.claim("worker-b", 1.0, LEASE)
+    assert taken is not None
+    assert (taken.turn_id, taken.owner) == ("t1", "worker-b")
+    assert taken.token != lease.token
+
+
+async def test_a_lease_given_up_wakes_a_waiting_worker(store: TurnStore) -> None:
+    await create(store)
+    lease = await store.claim("worker-a", 0.0, LEASE, turn_id="t1")
+    assert lease is not None
+    waiter = asyncio.create_task(store.wait_for_work(60 * UNIT))
+    await asyncio.sleep(0)  # a yield, not a wait: let the waiter start waiting
+    await store.give_up(lease, 1.0)
+    async with asyncio.timeout(3 * UNIT):
+        assert await waiter is None  # woken: claim now
+    assert await store.claim("worker-b", 1.0, LEASE) is not None
+
+
+@pytest.mark.parametrize("after", ["released", "taken over"])
+async def test_a_lease_no_longer_held_is_given_up_as_nothing(store: TurnStore, after: str) -> None:
+    await create(store)
+    lease = await store.claim("worker-a", 0.0, LEASE, turn_id="t1")
+    assert lease is not None
+    newer = None
+    if after == "released":
+        await store.release(lease)
+    else:
+        newer = await store.claim("worker-b", lease.until + 1, LEASE, turn_id="t1")
+        assert newer is not None
+    await store.give_up(lease, lease.until + 2)
+    # Not queued: a claim of any due turn finds none (a turn released as it
+    # blocked stays asleep; a turn taken over stays with its new worker,
+    # whose lease holds).
+    assert await store.claim("worker-c", lease.until + 2, LEASE) is None
+    if newer is not None:
+        assert await store.renew(newer, lease.until + 3, LEASE) is not None
+
+
 # ─── Waiting for work ────────────────────────────────────────────────────────
 
 

@@ -34,7 +34,11 @@ Every write is one Lua script, so it is atomic:
   under a new fencing token from ``tokens`` (tokens only grow and are never
   reused, so a worker id that is reused never inherits a lease: tokens
   decide, not owners);
-- ``renew`` and ``release`` act only while the token is the current one;
+- ``renew`` and ``release`` act only while the token is the current one,
+  and so does ``give_up``, which releases the lease and queues the turn
+  to be claimed at once, with a wake-up token (a stopping worker hands its
+  turn on; ``stop_waiting`` gives back what a waiter was handed the same
+  way);
 - ``save_runnable`` is ``save`` without a lease (its compare-and-set also on
   ``cancel``) and then either a hand-over or ``make_runnable``: when a
   worker is waiting (the latest in ``waiting`` whose wait has not ended)
@@ -327,11 +331,29 @@ end
 """
 )
 
+# What the scripts that give a lease up for another worker share: the
+# turn (under the turn key prefix) is released and queued to be claimed at
+# once, with a wake-up token, if ``token`` still holds its lease.
+_GIVE_UP = """
+local function give_up(prefix, id, token, runnable, leases, wake, now, kept)
+  local key = prefix .. id
+  if tonumber(redis.call('HGET', key, 'lease_token')) ~= tonumber(token) then return 0 end
+  if not redis.call('ZSCORE', leases, id) then return 0 end
+  redis.call('HSET', key, 'lease_owner', '', 'lease_until', 0)
+  redis.call('ZREM', leases, id)
+  redis.call('ZADD', runnable, now, id)
+  redis.call('LPUSH', wake, 1)
+  redis.call('LTRIM', wake, 0, tonumber(kept) - 1)
+  return 1
+end
+"""
+
 # KEYS: waiting, waiters, runnable, leases, wake.  ARGV: waiter, inbox key
 # prefix, turn key prefix, now, tokens kept.  Returns how many handed turns
 # it gave back.
 STOP_WAITING = (
     _INBOX_ITEM
+    + _GIVE_UP
     + """
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
@@ -340,15 +362,18 @@ while true do
   local item = redis.call('LPOP', ARGV[2] .. ARGV[1])
   if not item then return given end
   local id, token = handed(item)
-  if current(ARGV[3], id, token) then
-    redis.call('HSET', ARGV[3] .. id, 'lease_owner', '', 'lease_until', 0)
-    redis.call('ZREM', KEYS[4], id)
-    redis.call('ZADD', KEYS[3], ARGV[4], id)
-    redis.call('LPUSH', KEYS[5], 1)
-    redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[5]) - 1)
-    given = given + 1
-  end
+  given = given + give_up(ARGV[3], id, token, KEYS[3], KEYS[4], KEYS[5], ARGV[4], ARGV[5])
 end
+"""
+)
+
+# KEYS: turn, runnable, leases, wake.  ARGV: turn key prefix, id, token,
+# now, tokens kept.  Returns 1, or 0 when the lease is not held (released,
+# or taken over).
+GIVE_UP = (
+    _GIVE_UP
+    + """
+return give_up(ARGV[1], ARGV[2], ARGV[3], KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[5])
 """
 )
 
@@ -386,7 +411,7 @@ _CREATE, _SAVE, _REQUEST_CANCEL = Script(CREATE), Script(SAVE), Script(REQUEST_C
 _MAKE_RUNNABLE, _CLAIM = Script(MAKE_RUNNABLE), Script(CLAIM)
 _RENEW, _RELEASE = Script(RENEW), Script(RELEASE)
 _SAVE_RUNNABLE, _STOP_WAITING = Script(SAVE_RUNNABLE), Script(STOP_WAITING)
-_PARK = Script(PARK)
+_PARK, _GIVE_UP_LEASE = Script(PARK), Script(GIVE_UP)
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Turn)
@@ -661,6 +686,11 @@ class RedisTurnStore(TurnStore):
     async def release(self, lease: Lease) -> None:
         keys = [self._turn_key(lease.turn_id), self._leases]
         await self.link.run(_RELEASE, keys, [lease.turn_id, lease.token])
+
+    async def give_up(self, lease: Lease, now: float) -> None:
+        keys = [self._turn_key(lease.turn_id), self._runnable, self._leases, self._wake]
+        args = [self._turn_prefix, lease.turn_id, lease.token, repr(now), WAKE_TOKENS]
+        await self.link.run(_GIVE_UP_LEASE, keys, args)
 
     async def wait_for_work(self, at_most: float, waiter: Waiter | None = None) -> Claim | None:
         if at_most <= 0:

@@ -512,8 +512,25 @@ class Runner:
         ``max_attempts``, failed. When even that cannot be saved (the store
         is down, the lease was taken over) the error propagates and the
         lease is kept to expire, so that a worker takes the turn over as
-        after a crash (given up, a RUNNING turn would be claimed by nobody).
+        after a crash (released alone, a RUNNING turn would be claimed by
+        nobody).
+
+        Cancelled (its worker stopping: server.runner.worker.Crew.stop), it
+        hands the turn on (``store.give_up``): another worker takes it over
+        at once, as after a crash (one attempt counted, the step that was
+        running done again), instead of once the lease has expired.
         """
+        try:
+            advanced = await self._advance_leased(lease, turn, running)
+        except asyncio.CancelledError:
+            with contextlib.suppress(StoreError):
+                await self.store.give_up(lease, self.clock())
+            raise
+        await self.store.release(lease)
+        return advanced
+
+    async def _advance_leased(self, lease: Lease, turn: Turn | None, running: bool) -> Turn:
+        """:meth:`execute_claimed`'s work, under the lease and its keeper."""
         cancelled = asyncio.Event()
         self._cancelled[lease.turn_id] = cancelled
         keeper = asyncio.create_task(self._keep_lease(lease, cancelled))
@@ -537,7 +554,6 @@ class Runner:
             await asyncio.wait({keeper})
             if not keeper.cancelled() and keeper.exception() is not None:
                 log.warning("lease keeper of turn %s failed: %s", lease.turn_id, keeper.exception())
-        await self.store.release(lease)
         return advanced
 
     async def _keep_lease(self, lease: Lease, cancelled: asyncio.Event) -> None:

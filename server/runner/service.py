@@ -62,9 +62,12 @@ class AgentService:
         clock: Callable[[], float] = time.time,
         idle_wait: float = 1.0,
         lease_seconds: float = 30.0,
+        drain_seconds: float = 0.0,
     ) -> None:
         self.host = host
         self.store = store
+        self.drain_seconds = drain_seconds
+        """At :meth:`stop`, how long running turns may go on (Crew.stop)."""
         self.runner = Runner(store, [agent], clock=clock, lease_seconds=lease_seconds)
         self.bridge = ChatBridge(host, agent)
         self.bridge.attach(self.runner)
@@ -83,8 +86,10 @@ class AgentService:
         self.crew.start()
 
     async def stop(self, *, until: float | None = None) -> None:
-        """Stop the workers; a resume whose save's answer was lost is read
-        back up to ``until`` (``time.monotonic()``; default: no waiting)."""
-        await self.crew.stop()
+        """Stop the workers (those running a turn after up to
+        ``drain_seconds``: Crew.stop); a resume whose save's answer was lost
+        is read back up to ``until`` (``time.monotonic()``; default: no
+        waiting)."""
+        await self.crew.stop(self.drain_seconds)
         await self.runner.settled(time.monotonic() if until is None else until)
         await self.store.close()

@@ -180,6 +180,13 @@ class TurnStore(ABC):
         """Give the lease up (no-op when it was taken over)."""
 
     @abstractmethod
+    async def give_up(self, lease: Lease, now: float) -> None:
+        """Give the lease up and queue its turn to be claimed at ``now``, as
+        one step (a stopping worker hands its turn on: the next claim takes
+        it over at once, not once the lease has expired); nothing when the
+        lease is no longer held (released, or taken over)."""
+
+    @abstractmethod
     async def by_status(self, status: TurnStatus) -> list[str]:
         """The ids of the turns in ``status`` (for recovery sweeps)."""
 
@@ -348,8 +355,7 @@ class MemoryTurnStore(TurnStore):
         self._waiting.pop(waiter.id, None)
         inbox = self._inboxes.pop(waiter.id, None)
         for claim in inbox.claims if inbox is not None else ():
-            await self.release(claim.lease)
-            await self.make_runnable(claim.lease.turn_id, now)
+            await self.give_up(claim.lease, now)
 
     async def claim(
         self, owner: str, now: float, lease_seconds: float, turn_id: str | None = None
@@ -403,6 +409,13 @@ class MemoryTurnStore(TurnStore):
         held = self._turns.get(lease.turn_id)
         if held is not None and held.lease_token == lease.token:
             held.lease_owner, held.lease_until = None, 0.0
+
+    async def give_up(self, lease: Lease, now: float) -> None:
+        held = self._turns.get(lease.turn_id)
+        if held is None or held.lease_token != lease.token or held.lease_owner is None:
+            return
+        held.lease_owner, held.lease_until = None, 0.0
+        await self.make_runnable(lease.turn_id, now)
 
     async def by_status(self, status: TurnStatus) -> list[str]:
         return [tid for tid, h in self._turns.items() if h.status == status]

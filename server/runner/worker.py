@@ -25,6 +25,12 @@ moment a process may run one turn more than its workers), unless the lender
 waits again first (questions in a row keep one spare). A wait that finds
 every spare lent gets the first place that comes free. Spares run in a
 context of their own, never the asking tool's.
+
+A crew stops (:meth:`Crew.stop`) the way a rolling deploy needs: workers
+without a turn at once, a turn running here once it reaches its next stop
+or its grace is over; then it is handed on (its lease given up and the turn
+queued in one step: ``TurnStore.give_up``), so another worker takes it
+over at once rather than when its lease would have expired.
 """
 
 from __future__ import annotations
@@ -74,6 +80,10 @@ class Worker:
         """Set: this spare stops once it has no turn (None: a crew's own)."""
         self._waits = 0
         self.executed = 0
+        self.busy = False
+        """Whether it runs a turn now."""
+        self.draining = False
+        """Set by :meth:`Crew.stop`: take no more work, stop after this turn."""
         self.waiter_id = f"{runner.owner}:{secrets.token_hex(4)}"
         """Names this worker's waits (one worker task of a runner among
         others: the owner alone does not)."""
@@ -93,12 +103,15 @@ class Worker:
         if claim is None:
             return False
         lease = claim.lease
+        self.busy = True
         try:
             await self.runner.execute_claimed(lease, claim.turn, running=claim.running)
         except (Fenced, VersionConflict) as error:
             log.warning("dropped turn %s: %s", lease.turn_id, error)
         except Exception:
             log.exception("turn %s failed in the worker", lease.turn_id)
+        finally:
+            self.busy = False
         self.executed += 1
         return True
 
@@ -146,6 +159,8 @@ class Worker:
         try:
             while True:
                 _stop_if_cancelled()
+                if self.draining:
+                    return  # what it was handed goes back (below)
                 if self.retire is not None:
                     if self.retire.is_set() and handed is None:
                         return
@@ -166,8 +181,7 @@ class Worker:
             store, now = self.runner.store, self.runner.clock()
             with contextlib.suppress(StoreError):
                 if handed is not None:  # stopped before it ran: give it back
-                    await store.release(handed.lease)
-                    await store.make_runnable(handed.lease.turn_id, now)
+                    await store.give_up(handed.lease, now)
                 await store.stop_waiting(self._waiter(), now)
 
 
@@ -211,7 +225,8 @@ class Crew:
         self.exhausted = 0
         """Waits for people that found every spare lent."""
         self._warned = -WARN_EVERY
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Task[None], Worker] = {}
+        """Every worker and spare running now, by its task."""
         self._stopping = False
 
     @property
@@ -228,9 +243,12 @@ class Crew:
         # carry that tool's context (ToolContext.current(), the lender).
         run = worker.run()
         task = asyncio.get_running_loop().create_task(run, context=contextvars.Context())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._running[task] = worker
+        task.add_done_callback(self._ended)
         return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
 
     def lend(self, lender: Worker) -> None:
         """``lender``'s tool began to wait for people: a spare in its place."""
@@ -282,12 +300,27 @@ class Crew:
             if wanting.waiting_for_people and wanting not in self._lent:
                 self._start(wanting)
 
-    async def stop(self) -> None:
-        """Stop every worker and spare (what each was handed goes back)."""
+    async def stop(self, grace: float = 0.0) -> None:
+        """Stop every worker and spare: those without a turn at once (what
+        each was handed goes back), those running one once it reaches its
+        next stop (blocked, or done) or after ``grace`` seconds, whichever
+        comes first. A turn still running then is handed on to whichever
+        worker claims next (``Runner.execute_claimed``: at once, as after a
+        crash), not left to wait out its lease. A turn whose tool waits for
+        people (an MCP server's question) may wait long: it is handed on at
+        once."""
         self._stopping = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
+        running = dict(self._running)
+        for worker in running.values():
+            worker.draining = True
+        later = [t for t, w in running.items() if w.busy and not w.waiting_for_people]
+        for task in running:
+            if task not in later:
+                task.cancel()
+        if later and grace > 0:
+            await asyncio.wait(later, timeout=grace)
+        for task in later:
+            task.cancel()  # nothing when it has ended
+        for task in running:
             with contextlib.suppress(asyncio.CancelledError):
                 await task

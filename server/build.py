@@ -45,10 +45,13 @@ class Parts:
             self.retention.start()
 
     async def stop(self) -> None:
-        """Stop, in the order that lets what was begun finish (for up to
-        STOP_PATIENCE in all while the store refuses): the actions' follow-ups
-        while the runner still takes resumes, then the runner's own, then
-        the audit's records."""
+        """Stop, in the order that lets what was begun finish: the turns
+        running here (for up to ``drain_seconds``: AgentService.drain), then,
+        for up to STOP_PATIENCE in all while the store refuses, the actions'
+        follow-ups while the runner still takes resumes, then the runner's
+        own, then the audit's records."""
+        if self.service is not None:
+            await self.service.drain()
         until = time.monotonic() + STOP_PATIENCE
         if self.retention is not None:
             await self.retention.stop()

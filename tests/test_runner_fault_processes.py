@@ -204,10 +204,21 @@ LONG_LEASE = "60"
 """A lease no test outlives: a turn taken over within WITHIN was handed on."""
 
 
-async def test_a_worker_stopped_in_a_tool_lets_the_tool_finish_and_the_turn_go_on_first(
-    redis_server: RedisServer, tmp_path: Path
-) -> None:
-    drain = str(10 * WITHIN)
+@dataclass
+class Exporting:
+    """A deployment whose one worker is inside the exporter's tool."""
+
+    deployment: Deployment
+    worker: asyncio.subprocess.Process
+    person: HuddleClient
+    chat: str
+    mirror: Mirror
+
+
+@contextlib.asynccontextmanager
+async def exporting(
+    redis_server: RedisServer, tmp_path: Path, drain: str
+) -> AsyncIterator[Exporting]:
     async with deployed(
         redis_server,
         tmp_path,
@@ -219,44 +230,40 @@ async def test_a_worker_stopped_in_a_tool_lets_the_tool_finish_and_the_turn_go_o
         person, chat, mirror = await start_turn(deployment, "Export the ledger")
         await until(mirror, running_tool)
         await deployment.tool_ran(1)
-        deployment.stop(worker)
-        await deployment.printed("huddle worker: stopping")
-        deployment.release()  # the tool may finish now: the stop waits for it
-        state = await until(mirror, ended)
-        async with asyncio.timeout(WITHIN):
-            code = await worker.wait()
+        yield Exporting(deployment, worker, person, chat, mirror)
         await person.close()
+
+
+async def test_a_worker_stopped_in_a_tool_lets_the_tool_finish_and_the_turn_go_on_first(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async with exporting(redis_server, tmp_path, str(10 * WITHIN)) as run:
+        run.deployment.stop(run.worker)
+        await run.deployment.printed("huddle worker: stopping")
+        run.deployment.release()  # the tool may finish now: the stop waits for it
+        state = await until(run.mirror, ended)
+        async with asyncio.timeout(WITHIN):
+            code = await run.worker.wait()
     assert code == 0
     assert state.turns[-1].state == "complete"
     assert markdown(state)["t1:md:1"] == "Done: exported the ledger."
-    assert runs(tmp_path) == [("slow_export", f"{channel_id(chat)}.t1:c1")]  # once
+    assert runs(tmp_path) == [("slow_export", f"{channel_id(run.chat)}.t1:c1")]  # once
 
 
 async def test_a_worker_stopped_in_a_tool_past_its_drain_hands_the_turn_on_at_once(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    async with deployed(
-        redis_server,
-        tmp_path,
-        "exporter",
-        HUDDLE_LEASE_SECONDS=LONG_LEASE,
-        HUDDLE_DRAIN_SECONDS="0",
-    ) as deployment:
-        first = await deployment.start_worker()
-        person, chat, mirror = await start_turn(deployment, "Export the ledger")
-        await until(mirror, running_tool)
-        await deployment.tool_ran(1)
-        deployment.stop(first)
+    async with exporting(redis_server, tmp_path, "0") as run:
+        run.deployment.stop(run.worker)
         async with asyncio.timeout(WITHIN):
-            code = await first.wait()
-        await deployment.start_worker()
-        await deployment.tool_ran(2)  # taken over long before the lease ends
-        deployment.release()
-        state = await until(mirror, ended)
-        await person.close()
+            code = await run.worker.wait()
+        await run.deployment.start_worker()
+        await run.deployment.tool_ran(2)  # taken over long before the lease ends
+        run.deployment.release()
+        state = await until(run.mirror, ended)
     assert code == 0
     assert state.turns[-1].state == "complete"
-    key = f"{channel_id(chat)}.t1:c1"
+    key = f"{channel_id(run.chat)}.t1:c1"
     assert runs(tmp_path) == [("slow_export", key), ("slow_export", key)]
 
 

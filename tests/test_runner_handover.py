@@ -125,6 +125,9 @@ class Recorded(TurnStore):
             self.handed.append(claim.lease.turn_id)
         return claim
 
+    async def wake(self, waiter: Waiter) -> None:
+        await self.inner.wake(waiter)
+
     async def stop_waiting(self, waiter: Waiter, now: float) -> None:
         await self.inner.stop_waiting(waiter, now)
 

@@ -54,6 +54,9 @@ Every write is one Lua script, so it is atomic:
   ``waiting`` and pops its inbox (a turn handed to it, if its lease is
   still the current one), then claims as above and returns the payload
   too; when there is nothing, it registers the waiter in ``waiting``;
+- ``wake`` puts an item without a header in a waiter's inbox: its wait
+  returns at once with nothing (a worker stopping is told so; every reader
+  of an inbox skips such an item);
 - ``stop_waiting`` takes a waiter out and gives back what its inbox holds
   (lease released, queued again);
 - ``runnable_rider`` is ``save_runnable`` as a rider on a chat's append
@@ -254,11 +257,13 @@ return {1, version, cancel, 0}
 # handed item, and whether its lease is still the current one.
 _INBOX_ITEM = """
 local function handed(item)
-  local header = cjson.decode(string.sub(item, 1, string.find(item, '\\n', 1, true) - 1))
+  local newline = string.find(item, '\\n', 1, true)
+  if not newline then return nil, nil end
+  local header = cjson.decode(string.sub(item, 1, newline - 1))
   return header[1], tonumber(header[2])
 end
 local function current(prefix, id, token)
-  return tonumber(redis.call('HGET', prefix .. id, 'lease_token')) == token
+  return id ~= nil and tonumber(redis.call('HGET', prefix .. id, 'lease_token')) == token
 end
 """
 
@@ -362,7 +367,9 @@ while true do
   local item = redis.call('LPOP', ARGV[2] .. ARGV[1])
   if not item then return given end
   local id, token = handed(item)
-  given = given + give_up(ARGV[3], id, token, KEYS[3], KEYS[4], KEYS[5], ARGV[4], ARGV[5])
+  if id ~= nil then
+    given = given + give_up(ARGV[3], id, token, KEYS[3], KEYS[4], KEYS[5], ARGV[4], ARGV[5])
+  end
 end
 """
 )
@@ -411,7 +418,18 @@ _CREATE, _SAVE, _REQUEST_CANCEL = Script(CREATE), Script(SAVE), Script(REQUEST_C
 _MAKE_RUNNABLE, _CLAIM = Script(MAKE_RUNNABLE), Script(CLAIM)
 _RENEW, _RELEASE = Script(RENEW), Script(RELEASE)
 _SAVE_RUNNABLE, _STOP_WAITING = Script(SAVE_RUNNABLE), Script(STOP_WAITING)
-_PARK, _GIVE_UP_LEASE = Script(PARK), Script(GIVE_UP)
+# KEYS: a waiter's inbox.  An item without a header wakes the waiter's
+# wait with nothing (the readers of an inbox skip it); it goes within a
+# minute if nobody pops it.
+WAKE_WAITER = """
+redis.call('RPUSH', KEYS[1], '')
+if redis.call('TTL', KEYS[1]) < 0 or redis.call('TTL', KEYS[1]) > 60 then
+  redis.call('EXPIRE', KEYS[1], 60)
+end
+return 1
+"""
+
+_PARK, _GIVE_UP_LEASE, _WAKE_WAITER = Script(PARK), Script(GIVE_UP), Script(WAKE_WAITER)
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Turn)
@@ -692,6 +710,9 @@ class RedisTurnStore(TurnStore):
         args = [self._turn_prefix, lease.turn_id, lease.token, repr(now), WAKE_TOKENS]
         await self.link.run(_GIVE_UP_LEASE, keys, args)
 
+    async def wake(self, waiter: Waiter) -> None:
+        await self.link.run(_WAKE_WAITER, [self._inbox_prefix + waiter.id], [], replicate=False)
+
     async def wait_for_work(self, at_most: float, waiter: Waiter | None = None) -> Claim | None:
         if at_most <= 0:
             return None
@@ -710,9 +731,10 @@ class RedisTurnStore(TurnStore):
         if popped is None or waiter is None:
             return None
         where, item = popped
-        if where in (self._wake, self._wake.encode()):
-            return None
-        return await self._handed(item if isinstance(item, bytes) else item.encode(), waiter.owner)
+        item = item if isinstance(item, bytes) else item.encode()
+        if where in (self._wake, self._wake.encode()) or b"\n" not in item:
+            return None  # a wake-up token, or a wake-up of this waiter (wake)
+        return await self._handed(item, waiter.owner)
 
     async def stop_waiting(self, waiter: Waiter, now: float) -> None:
         keys = [self._waiting, self._waiters, self._runnable, self._leases, self._wake]

@@ -522,11 +522,14 @@ class Runner:
         """
         try:
             advanced = await self._advance_leased(lease, turn, running)
+            await self.store.release(lease)
         except asyncio.CancelledError:
+            # Also in the release: a turn handed on as it blocked is only
+            # claimed and found blocked; a lease kept would hold an answer's
+            # resume back until it expired.
             with contextlib.suppress(StoreError):
                 await self.store.give_up(lease, self.clock())
             raise
-        await self.store.release(lease)
         return advanced
 
     async def _advance_leased(self, lease: Lease, turn: Turn | None, running: bool) -> Turn:

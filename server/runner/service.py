@@ -85,6 +85,12 @@ class AgentService:
     async def start(self) -> None:
         self.crew.start()
 
+    async def drain(self) -> None:
+        """Stop the workers: those running a turn after up to
+        ``drain_seconds`` (Crew.stop). :meth:`stop` does it too, if not
+        done before."""
+        await self.crew.stop(self.drain_seconds)
+
     async def stop(self, *, until: float | None = None) -> None:
         """Stop the workers (those running a turn after up to
         ``drain_seconds``: Crew.stop); a resume whose save's answer was lost

@@ -198,6 +198,13 @@ class TurnStore(ABC):
         await asyncio.sleep(at_most)
         return None
 
+    async def wake(self, waiter: Waiter) -> None:
+        """End ``waiter``'s wait now, if it waits (``wait_for_work`` returns
+        what was handed to it, or None): a worker that is stopping is told
+        so without cancelling a wait, which could lose a turn handed to it
+        in the meantime. Nothing else changes."""
+        del waiter  # this default wait is a sleep: it ends on its own
+
     @abstractmethod
     async def stop_waiting(self, waiter: Waiter, now: float) -> None:
         """``waiter`` waits no more: what was handed to it and not taken is
@@ -350,6 +357,11 @@ class MemoryTurnStore(TurnStore):
                     del self._inboxes[key]
         self._work = False
         return inbox.claims.popleft() if inbox.claims else None
+
+    async def wake(self, waiter: Waiter) -> None:
+        inbox = self._inboxes.get(waiter.id)
+        if inbox is not None:
+            inbox.wake()
 
     async def stop_waiting(self, waiter: Waiter, now: float) -> None:
         self._waiting.pop(waiter.id, None)

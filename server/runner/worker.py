@@ -171,6 +171,9 @@ class Worker:
                 try:
                     claim = handed or await self._claim(self._waiter())
                     handed = None
+                    if self.draining:
+                        handed = claim  # claimed as the stop began: it goes back
+                        continue
                     worked = await self._step(claim)
                 except Exception:
                     log.exception("claiming failed")
@@ -301,26 +304,38 @@ class Crew:
                 self._start(wanting)
 
     async def stop(self, grace: float = 0.0) -> None:
-        """Stop every worker and spare: those without a turn at once (what
-        each was handed goes back), those running one once it reaches its
-        next stop (blocked, or done) or after ``grace`` seconds, whichever
-        comes first. A turn still running then is handed on to whichever
-        worker claims next (``Runner.execute_claimed``: at once, as after a
-        crash), not left to wait out its lease. A turn whose tool waits for
-        people (an MCP server's question) may wait long: it is handed on at
-        once."""
+        """Stop every worker and spare: those without a turn at once (their
+        waits woken, not cancelled: a cancelled wait could lose a turn
+        handed to it meanwhile; what each was handed goes back), those
+        running one once it reaches its next stop (blocked, or done) or
+        after ``grace`` seconds, whichever comes first. A turn still running
+        then is handed on to whichever worker claims next
+        (``Runner.execute_claimed``: at once, as after a crash), not left to
+        wait out its lease. A turn whose tool waits for people (an MCP
+        server's question) may wait long: it is handed on at once."""
         self._stopping = True
         running = dict(self._running)
-        for worker in running.values():
+        if not running:
+            return
+        store = self.runner.store
+        for task, worker in running.items():
             worker.draining = True
-        later = [t for t, w in running.items() if w.busy and not w.waiting_for_people]
-        for task in running:
-            if task not in later:
+            if worker.busy and worker.waiting_for_people:
                 task.cancel()
-        if later and grace > 0:
-            await asyncio.wait(later, timeout=grace)
-        for task in later:
-            task.cancel()  # nothing when it has ended
+            elif not worker.busy:
+                with contextlib.suppress(StoreError):
+                    await store.wake(worker._waiter())
+        if grace > 0:
+            await asyncio.wait(running, timeout=grace)
+        for task, worker in running.items():
+            if worker.busy:
+                task.cancel()  # past its grace: handed on
+        # Those left end within a wait (woken, they end at once) and a
+        # hand-on; then they are cancelled whatever they do.
+        await asyncio.wait(running, timeout=max(w.idle_wait for w in running.values()) + 1.0)
         for task in running:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            task.cancel()  # nothing when it has ended
+        # Every one awaited, whatever one of them raised.
+        for outcome in await asyncio.gather(*running, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.error("a worker failed as it stopped", exc_info=outcome)

@@ -384,6 +384,15 @@ return give_up(ARGV[1], ARGV[2], ARGV[3], KEYS[2], KEYS[3], KEYS[4], ARGV[4], AR
 """
 )
 
+# KEYS: a waiter's inbox.  An item without a header wakes the waiter's
+# wait with nothing (the readers of an inbox skip it); an inbox it alone
+# makes goes within a minute if nobody pops it.
+WAKE_WAITER = """
+redis.call('RPUSH', KEYS[1], '')
+if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], 60) end
+return 1
+"""
+
 # KEYS: turn, leases.  ARGV: id, token, until.  Returns 1, or 0 if not held.
 RENEW = """
 if tonumber(redis.call('HGET', KEYS[1], 'lease_token')) ~= tonumber(ARGV[2]) then return 0 end
@@ -418,17 +427,6 @@ _CREATE, _SAVE, _REQUEST_CANCEL = Script(CREATE), Script(SAVE), Script(REQUEST_C
 _MAKE_RUNNABLE, _CLAIM = Script(MAKE_RUNNABLE), Script(CLAIM)
 _RENEW, _RELEASE = Script(RENEW), Script(RELEASE)
 _SAVE_RUNNABLE, _STOP_WAITING = Script(SAVE_RUNNABLE), Script(STOP_WAITING)
-# KEYS: a waiter's inbox.  An item without a header wakes the waiter's
-# wait with nothing (the readers of an inbox skip it); it goes within a
-# minute if nobody pops it.
-WAKE_WAITER = """
-redis.call('RPUSH', KEYS[1], '')
-if redis.call('TTL', KEYS[1]) < 0 or redis.call('TTL', KEYS[1]) > 60 then
-  redis.call('EXPIRE', KEYS[1], 60)
-end
-return 1
-"""
-
 _PARK, _GIVE_UP_LEASE, _WAKE_WAITER = Script(PARK), Script(GIVE_UP), Script(WAKE_WAITER)
 
 _encoder = msgspec.json.Encoder()

@@ -15,7 +15,13 @@ from typing import Any
 
 import msgspec
 
-from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed, ChatTurnStarted
+from protocol.actions import (
+    ChatInputCompleted,
+    ChatToolCallConfirmed,
+    ChatToolCallReady,
+    ChatToolCallStart,
+    ChatTurnStarted,
+)
 from protocol.chat import (
     ChatState,
     MarkdownPart,
@@ -352,3 +358,73 @@ async def test_an_approval_whose_resume_was_lost_is_resumed_by_the_sweep() -> No
         await huddle.stop()
     assert done.turns[-1].state == "complete"
     assert [run.tool for run in runs.runs] == ["deploy"]
+
+
+# ─── The sweep against a call still being shown ──────────────────────────────
+
+
+async def test_the_sweep_never_approves_a_call_that_is_streaming_or_waiting() -> None:
+    # The chaos run's finding: a worker saved the suspension and was still
+    # showing the call (`toolCallStart`, then `toolCallReady`) when the
+    # sweep read the chat, took the streaming call for an approved one and
+    # resumed the turn: the tool ran with nobody approving it.
+    runs = Runs()
+    agent = deploying(runs)
+    huddle = await start_server(agent=agent, workers=0)
+    try:
+        service = huddle.server.parts.service
+        assert service is not None
+        alice, chat, _ = await open_chat(huddle, "Deploy it")
+        turn_id = await service.bridge.turn_of(chat, "t1")
+        assert turn_id is not None
+        waiting = await Runner(service.runner.store, [agent]).execute(turn_id)
+        assert waiting.status == TurnStatus.WAITING_FOR_APPROVAL
+        shower = await huddle.client(role="agent")
+        steps: list[Any] = [
+            ChatToolCallStart(
+                turn_id="t1", tool_call_id="c1", tool_name="deploy", display_name="D"
+            ),
+            ChatToolCallReady(turn_id="t1", tool_call_id="c1", invocation_message="Deploy?"),
+        ]
+        for step in steps:
+            await shower.dispatch_and_wait(chat, step)
+            assert await service.bridge.reconcile() == 0
+            turn = await service.runner.store.load(turn_id)
+            assert turn.status == TurnStatus.WAITING_FOR_APPROVAL
+        await approve(alice, chat, "t1", "c1")
+        resumed = await service.runner.store.load(turn_id)
+    finally:
+        await huddle.stop()
+    assert runs.runs == []
+    assert resumed.status == TurnStatus.READY
+    assert resumed.audit[-1].metadata["by"] == "alice"
+
+
+async def test_the_sweep_never_approves_a_call_readied_without_a_confirmation() -> None:
+    # `toolCallReady` with `confirmed` skips the confirmation: the call runs
+    # as "not-needed", which is nobody's approval of a call that needs one.
+    runs = Runs()
+    agent = deploying(runs)
+    huddle = await start_server(agent=agent, workers=0)
+    try:
+        service = huddle.server.parts.service
+        assert service is not None
+        _, chat, _ = await open_chat(huddle, "Deploy it")
+        turn_id = await service.bridge.turn_of(chat, "t1")
+        assert turn_id is not None
+        await Runner(service.runner.store, [agent]).execute(turn_id)
+        shower = await huddle.client(role="agent")
+        start = ChatToolCallStart(
+            turn_id="t1", tool_call_id="c1", tool_name="deploy", display_name="D"
+        )
+        ready = ChatToolCallReady(
+            turn_id="t1", tool_call_id="c1", invocation_message="Deploy", confirmed="not-needed"
+        )
+        await shower.dispatch_and_wait(chat, start)
+        await shower.dispatch_and_wait(chat, ready)
+        assert await service.bridge.reconcile() == 0
+        turn = await service.runner.store.load(turn_id)
+    finally:
+        await huddle.stop()
+    assert turn.status == TurnStatus.WAITING_FOR_APPROVAL
+    assert runs.runs == []

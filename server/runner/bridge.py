@@ -98,17 +98,15 @@ from protocol.chat import (
     MessageOrigin,
     TextContent,
     TextQuestion,
-    TextValue,
     ToolCallCancelled,
     ToolCallCompleted,
-    ToolCallPendingConfirmation,
     ToolCallResult,
 )
 from protocol.chat import Turn as ChatTurn
 from protocol.messages import ActionEnvelope, ChannelState
 from protocol.session import SessionState, ToolDefinition
 from protocol.uris import chat_uri
-from protocol.wire import ErrorInfo, Markdown
+from protocol.wire import ErrorInfo
 from reducers import notes
 from reducers.chat import select_input_settlement, select_latest_tool_call, select_tool_call
 from reducers.clock import iso_ms, iso_time
@@ -118,17 +116,25 @@ from server.channels import Applied, Step
 from server.errors import ActionRejected, ChannelGone, HuddleError, StoreError
 from server.expiry import Expiry
 from server.host import Host
-from server.policy import same_turn, turn_stamp
+from server.policy import turn_stamp
 from server.runner.agent import Agent, ApprovalDecision, Tool
 from server.runner.errors import TurnExists, TurnNotFound, VersionConflict
 from server.runner.ids import (
-    InputRequestRef,
     input_request_id,
     markdown_part_id,
     parse_input_request_id,
     parse_markdown_part_id,
     parse_mcp_request_id,
     runner_turn_id,
+)
+from server.runner.resume import (
+    REPLY,
+    answered_input,
+    decision_of,
+    ended_turn,
+    input_command,
+    resume_for,
+    shows,
 )
 from server.runner.runner import PreparedResume, ResumeRejected, Runner
 from server.runner.turn import (
@@ -145,14 +151,10 @@ log = logging.getLogger("huddle.runner.bridge")
 
 APPROVE = ConfirmationOption(id="approve", label="Approve", kind="approve")
 DENY = ConfirmationOption(id="deny", label="Deny", kind="deny")
-REPLY = "reply"
-"""The question id of a plain-text suspension's one question."""
 INTERRUPTED = "\n\n*(Interrupted: this reply was cut off and is being retried.)*"
 """Appended to text whose stream a crash or a transient failure cut off."""
 EXPIRY_AUDIT = {"by": None, "role": None, "clientId": None, "via": "expiry"}
 """Who resumed a turn whose wait expired: nobody; the expiry did."""
-EXPIRED_APPROVAL = "nobody approved it in time: its approval expired"
-"""The reason the model gets for a call whose approval expired."""
 READ_AHEAD = 256
 """Turns read ahead (waiting for the people of a chat) kept in memory."""
 
@@ -208,9 +210,9 @@ class ChatBridge:
             return None
         if not isinstance(state, ChatState):
             return None
-        if state.active_turn is not None and _shows(turn, state.active_turn):
+        if state.active_turn is not None and shows(turn, state.active_turn):
             return state
-        if not turn.is_terminal and _ended_turn(state, turn) is not None:
+        if not turn.is_terminal and ended_turn(state, turn) is not None:
             self._stop_later(turn)
         return None
 
@@ -639,7 +641,7 @@ class ChatBridge:
                 # Only the server's own confirmation is the expiry's: a
                 # person's _meta saying so proves nothing.
                 expired = audit is EXPIRY_AUDIT and _expired(action) is not None
-                command = _decision(action, expired=expired)
+                command = decision_of(action, expired=expired)
                 stamp = _stamp_in(state, action.turn_id)
                 turn = await self._turn_of(uri, action.turn_id, stamp, read_ahead=True)
                 if turn is not None:
@@ -699,9 +701,9 @@ class ChatBridge:
                 if not held:
                     return None
                 data = None if form is None else form.data(dict(part.request.answers or {}))
-            command, chat_turn = _input_command(part, opened, data), opened.chat_turn
+            command, chat_turn = input_command(part, opened, data), opened.chat_turn
         else:
-            command, chat_turn = _decision(action), action.turn_id
+            command, chat_turn = decision_of(action), action.turn_id
         turn = self._read_ahead_turn(uri, chat_turn, _stamp_in(state, chat_turn))
         if turn is None:
             return None
@@ -863,7 +865,7 @@ class ChatBridge:
         if opened.call_id is not None and part.response == "accept":
             answers = dict(part.request.answers or {})
             data = await self.host.form_data(uri, part.request.id, answers)
-        command = _input_command(part, opened, data)
+        command = input_command(part, opened, data)
         turn = loaded
         if turn is None and state is not None:
             stamp = _stamp_in(state, opened.chat_turn)
@@ -945,11 +947,11 @@ class ChatBridge:
         cancelled. False while the chat turn is active."""
         assert self.runner is not None
         active = state.active_turn
-        if turn.chat_turn is None or (active is not None and _shows(turn, active)):
+        if turn.chat_turn is None or (active is not None and shows(turn, active)):
             return False
         # Over, or truncated away (then it is in no turn of the chat, or in
         # one of its id that is not its own).
-        ended = _ended_turn(state, turn)
+        ended = ended_turn(state, turn)
         error = ended.error.message if ended is not None and ended.error is not None else None
         await self._chat_turn_ended(turn, error, audit)
         return True
@@ -959,7 +961,7 @@ class ChatBridge:
         (the worker died between saving the suspension and asking)."""
         suspension = turn.suspension
         active = state.active_turn
-        if suspension is None or active is None or not _shows(turn, active):
+        if suspension is None or active is None or not shows(turn, active):
             return
         assert self.runner is not None
         if self.runner.clock() - turn.updated_at < self.ask_again_after:
@@ -998,61 +1000,34 @@ class ChatBridge:
         return bool(note and note.get("expired"))
 
     async def _resume_answered(self, turn: Turn, state: ChatState, audit: dict[str, Any]) -> bool:
-        """Resume ``turn`` from the chat's answer to its suspension; False
-        while it is unanswered."""
+        """Resume ``turn`` from the chat's answer to its suspension
+        (:func:`~server.runner.resume.resume_for` decides); False while it is
+        unanswered."""
         assert turn.suspension is not None
         assert turn.chat is not None
         assert self.runner is not None
         suspension = turn.suspension
-        if turn.chat_turn is not None and _ended_turn(state, turn) is None:
-            active = state.active_turn
-            if active is None or not _shows(turn, active):
-                return False  # its chat turn is gone: the answers are another's
-        if suspension.type == SuspensionType.USER_INPUT:
-            if turn.chat_turn is None:
-                return False
-            rid = input_request_id(turn.chat_turn, suspension.correlation_id)
-            settled = select_input_settlement(state, rid)
-            if settled.status != "resolved" or settled.part is None:
-                return False
-            try:
-                await self._input_resolved(turn.chat, settled.part, audit, loaded=turn)
-            except ResumeRejected as error:
-                log.info("%s", error)
-            return True
-        call = select_latest_tool_call(state, turn.chat_turn or "", suspension.correlation_id or "")
-        if call is None or isinstance(call, ToolCallPendingConfirmation):
+        data: dict[str, Any] | None = None
+        expired = False
+        part = answered_input(turn, state)
+        if part is not None and part.response == "accept":
+            opened = parse_input_request_id(part.request.id)
+            if opened is not None and opened.call_id is not None:
+                answers = dict(part.request.answers or {})
+                data = await self.host.form_data(turn.chat, part.request.id, answers)
+        if suspension.type == SuspensionType.TOOL_APPROVAL:
+            call_id = suspension.correlation_id or ""
+            call = select_latest_tool_call(state, turn.chat_turn or "", call_id)
+            if isinstance(call, ToolCallCancelled):
+                expired = await self._approval_expired(turn.chat, call_id, turn.chat_turn_stamp)
+        command = resume_for(turn, state, data=data, expired=expired)
+        if command is None:
             return False
-        if isinstance(call, ToolCallCancelled):
-            if await self._approval_expired(turn.chat, call.tool_call_id, turn.chat_turn_stamp):
-                command = ResumeCommand.reject_tool(
-                    call.tool_call_id, EXPIRED_APPROVAL, skipped=call.reason == "skipped"
-                )
-            else:
-                command = ResumeCommand.reject_tool(call.tool_call_id, "denied")
-        else:
-            edited = getattr(call, "tool_input", None)
-            command = _decision(
-                ChatToolCallConfirmed(
-                    turn_id=turn.chat_turn or "",
-                    tool_call_id=call.tool_call_id,
-                    approved=True,
-                    confirmed=getattr(call, "confirmed", "user-action"),
-                    edited_tool_input=edited,
-                )
-            )
         try:
             await self.runner.submit_resume(turn.id, command.with_metadata(**audit), loaded=turn)
         except ResumeRejected as error:
             log.info("%s", error)
         return True
-
-
-def _shows(turn: Turn, chat_turn: ChatTurn | ActiveTurn) -> bool:
-    """Whether ``chat_turn`` is the AHP turn the runner's ``turn`` shows: its
-    id, and its stamp (a turn id used again after a truncation names
-    another chat turn, which the earlier runner's turn must not reach)."""
-    return same_turn(chat_turn, turn.chat_turn, turn.chat_turn_stamp)
 
 
 def _stamp_in(state: ChatState, chat_turn: str) -> str | None:
@@ -1065,14 +1040,6 @@ def _stamp_in(state: ChatState, chat_turn: str) -> str | None:
         else next((t for t in state.turns if t.id == chat_turn), None)
     )
     return None if found is None else turn_stamp(found.message)
-
-
-def _ended_turn(state: ChatState, turn: Turn) -> ChatTurn | None:
-    """The AHP turn of ``state`` the runner's ``turn`` shows, if it is over
-    (not the active one)."""
-    if state.active_turn is not None and _shows(turn, state.active_turn):
-        return None
-    return next((t for t in state.turns if _shows(turn, t)), None)
 
 
 def _expired_request(action: StateAction) -> bool:
@@ -1100,23 +1067,6 @@ def _audit(sender: Identity | None, envelope: ActionEnvelope) -> dict[str, Any]:
     return audit
 
 
-def _input_command(
-    part: InputRequestPart, opened: InputRequestRef, data: dict[str, Any] | None
-) -> ResumeCommand:
-    """The resume a settled input request the runner ``opened`` makes;
-    ``data`` is an accepted form's (None: the request had no form)."""
-    assert part.response is not None
-    call = opened.call_id
-    if call is None:
-        answer = (part.request.answers or {}).get(REPLY)
-        text = answer.value.value if answer and isinstance(answer.value, TextValue) else ""
-        reply = text if part.response == "accept" else ""
-        return ResumeCommand.user_input(reply, question=opened.question_id)
-    if part.response == "accept":
-        return ResumeCommand.user_input(call, data or {})
-    return ResumeCommand.user_input(call, None, response=part.response)
-
-
 def _candidates(uri: str, chat_turn: str, stamp: str | None) -> list[str]:
     """The runner's turn ids AHP turn ``chat_turn`` (stamped ``stamp``) of
     chat ``uri`` may show, in the order :meth:`ChatBridge._turn_of` tries them."""
@@ -1133,26 +1083,6 @@ class _Fold:
     seq: int
     rider: Rider
     prepared: PreparedResume
-
-
-def _decision(action: ChatToolCallConfirmed, *, expired: bool = False) -> ResumeCommand:
-    """The resume a tool call's confirmation makes; ``expired``: it is the
-    expiry's (skipped or denied because nobody decided in time)."""
-    if expired:
-        skipped = action.reason == "skipped"
-        return ResumeCommand.reject_tool(action.tool_call_id, EXPIRED_APPROVAL, skipped=skipped)
-    if action.approved:
-        edited = None
-        if action.edited_tool_input is not None:
-            try:
-                parsed = json.loads(action.edited_tool_input)
-            except ValueError:
-                parsed = None
-            edited = parsed if isinstance(parsed, dict) else None
-        return ResumeCommand.approve_tool(action.tool_call_id, edited_arguments=edited)
-    reason = action.reason_message
-    text = reason.markdown if isinstance(reason, Markdown) else reason
-    return ResumeCommand.reject_tool(action.tool_call_id, text or action.reason)
 
 
 def _tool_of(runner: Runner, turn: Turn, name: str) -> Tool | None:

@@ -99,7 +99,6 @@ from server.cache import Lru
 from server.channels import Applied
 from server.errors import SeqConflict, StoreError, StoreUnavailable
 from server.forms import FormRegistry, chat_session
-from server.runner.events import EventType, RunnerEvent
 from server.store.base import ChannelStore
 
 log = logging.getLogger("huddle.audit")
@@ -370,12 +369,10 @@ class AuditTrail:
         self._truncations.put(session, made + 1)
         return made < TRUNCATIONS_PER_SESSION
 
-    def runner_listener(self, event: RunnerEvent) -> None:
-        """A runner listener: a resume the runner took is recorded (in the
-        background: listeners do not wait)."""
-        chat = event.data.get("chat")
-        if event.type != EventType.TURN_RESUMED or not isinstance(chat, str):
-            return
+    def runner_resumed(self, chat: str, turn_id: str, resume: object) -> None:
+        """Record that the runner took ``resume`` for turn ``turn_id``, shown
+        in ``chat`` (in the background: the runner's listeners do not wait;
+        ``server.build`` hears the runner's TURN_RESUMED events for it)."""
         session = self.session_of(chat)
         if session is None:
             return
@@ -385,8 +382,8 @@ class AuditTrail:
             "chat": chat,
             "what": "runner/resumed",
             "who": _who(None),
-            "turn": event.turn_id,
-            "resume": msgspec.to_builtins(event.data.get("resume")),
+            "turn": turn_id,
+            "resume": msgspec.to_builtins(resume),
         }
         task = asyncio.get_running_loop().create_task(self._logged(self.record(session, body)))
         self._tasks.add(task)

@@ -14,15 +14,17 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from protocol.session import AgentInfo
+from server.audit import AuditTrail
 from server.config import Settings
 from server.host import STOP_PATIENCE, Host
 from server.retention import Retention
 from server.runner.agent import Agent
+from server.runner.events import EventType, RunnerEvent
 from server.runner.service import AgentService, agent_info
 from server.runner.store import TurnStore
+from server.runner.store import open_turn_store as open_turn_store_at
 from server.sessions import CAPABILITIES
 from server.store import open_channel_store
-from server.store import open_turn_store as open_turn_store_at
 from server.store.base import ChannelStore
 
 
@@ -136,7 +138,7 @@ def build(
             lease_seconds=settings.lease_seconds,
             drain_seconds=settings.drain_seconds,
         )
-        service.runner.listeners.append(host.audit.runner_listener)
+        service.runner.listeners.append(audited_resumes(host.audit))
     retention = None
     if settings.retention is not None:
         retention = Retention(host, settings.retention, audit_dir=settings.audit_dir)
@@ -148,3 +150,15 @@ def build(
         clock=clock,
         retention=retention,
     )
+
+
+def audited_resumes(audit: AuditTrail) -> Callable[[RunnerEvent], None]:
+    """A runner listener that records each resume the runner took in the
+    audit of the chat its turn shows."""
+
+    def listen(event: RunnerEvent) -> None:
+        chat = event.data.get("chat")
+        if event.type == EventType.TURN_RESUMED and isinstance(chat, str):
+            audit.runner_resumed(chat, event.turn_id, event.data.get("resume"))
+
+    return listen

@@ -22,9 +22,9 @@ from redis.asyncio.cluster import RedisCluster
 
 from server.errors import StoreUnavailable
 from server.runner.redis_store import RedisTurnStore
-from server.runner.store import TurnStore
+from server.runner.store import TurnStore, open_turn_store
 from server.runner.turn import Turn
-from server.store import ChannelStore, open_channel_store, open_turn_store
+from server.store import ChannelStore, open_channel_store
 from server.store.memory import MemoryStore
 from server.store.redis import APPEND, RedisStore, topic_of
 from server.store.redis_link import Script, parse_target

@@ -3,19 +3,14 @@
 :class:`ChannelStore` is the contract; :class:`MemoryStore` is the embedded
 default and the Redis store (``server.store.redis``) implements the same
 contract for durable, multi-process deployments, on one Redis or a Redis
-Cluster. :func:`open_channel_store` and :func:`open_turn_store` open the
-store a ``--store`` value names.
+Cluster. :func:`open_channel_store` opens the store a ``--store`` value
+names (``server.runner.store.open_turn_store`` the runner's beside it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from server.store.base import ChannelStore, Listener, StoredChannel
 from server.store.memory import MemoryStore
-
-if TYPE_CHECKING:
-    from server.runner.store import TurnStore
 
 __all__ = [
     "ChannelStore",
@@ -23,7 +18,6 @@ __all__ = [
     "MemoryStore",
     "StoredChannel",
     "open_channel_store",
-    "open_turn_store",
 ]
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
@@ -44,18 +38,4 @@ def open_channel_store(
         from server.store.redis import RedisStore
 
         return RedisStore(url, retention=retention)
-    raise ValueError(f"unknown store {url!r} (use memory, redis://... or redis+cluster://...)")
-
-
-def open_turn_store(url: str) -> TurnStore:
-    """The turn store that goes with the channel store of ``url``."""
-    # Imported here: the runner sits above the store and imports from it.
-    if url == "memory":
-        from server.runner.store import MemoryTurnStore
-
-        return MemoryTurnStore()
-    if url.startswith(REDIS_SCHEMES):
-        from server.runner.redis_store import RedisTurnStore
-
-        return RedisTurnStore(url)
     raise ValueError(f"unknown store {url!r} (use memory, redis://... or redis+cluster://...)")

@@ -36,6 +36,7 @@ from server.runner.agent import Agent, Tool, TransientError, require_approval_fo
 from server.runner.bridge import INTERRUPTED
 from server.runner.model import ModelReply, ScriptedModel, TextSink, ToolSpec
 from server.runner.runner import Runner
+from server.runner.service import AgentService
 from server.runner.store import MemoryTurnStore
 from server.runner.turn import ModelMessage, Suspension, TurnStatus
 from server.store.memory import MemoryStore
@@ -240,21 +241,29 @@ def deploying(runs: Runs) -> Agent:
     )
 
 
+async def saved_not_shown(
+    huddle: RunningServer, agent: Agent
+) -> tuple[AgentService, HuddleClient, str, Mirror, str]:
+    """Alice's chat turn t1, whose runner's turn a worker with no chat to
+    show it in (one that dies before its chat shows it) left waiting for
+    approval: the service, Alice, the chat, her mirror of it and the turn's
+    id."""
+    service = huddle.server.parts.service
+    assert service is not None
+    alice, chat, mirror = await open_chat(huddle, "Deploy it")
+    turn_id = await service.bridge.turn_of(chat, "t1")
+    assert turn_id is not None
+    waiting = await Runner(service.runner.store, [agent]).execute(turn_id)
+    assert waiting.status == TurnStatus.WAITING_FOR_APPROVAL
+    return service, alice, chat, mirror, turn_id
+
+
 async def test_an_approval_the_chat_never_showed_is_shown_by_the_next_sweep() -> None:
     runs = Runs()
     agent = deploying(runs)
     huddle = await start_server(agent=agent, workers=0)
     try:
-        service = huddle.server.parts.service
-        assert service is not None
-        alice, chat, mirror = await open_chat(huddle, "Deploy it")
-        turn_id = await service.bridge.turn_of(chat, "t1")
-        assert turn_id is not None
-        # A worker that saves the suspension and dies before its chat shows
-        # it: its runner has no chat to show it in.
-        dying = Runner(service.runner.store, [agent])
-        waiting = await dying.execute(turn_id)
-        assert waiting.status == TurnStatus.WAITING_FOR_APPROVAL
+        service, alice, chat, mirror, turn_id = await saved_not_shown(huddle, agent)
         assert pending((await huddle.server.host.view(chat)).state) is None  # type: ignore[arg-type]
         await service.bridge.reconcile()
         assert pending((await huddle.server.host.view(chat)).state) is None  # type: ignore[arg-type]
@@ -372,13 +381,7 @@ async def test_the_sweep_never_approves_a_call_that_is_streaming_or_waiting() ->
     agent = deploying(runs)
     huddle = await start_server(agent=agent, workers=0)
     try:
-        service = huddle.server.parts.service
-        assert service is not None
-        alice, chat, _ = await open_chat(huddle, "Deploy it")
-        turn_id = await service.bridge.turn_of(chat, "t1")
-        assert turn_id is not None
-        waiting = await Runner(service.runner.store, [agent]).execute(turn_id)
-        assert waiting.status == TurnStatus.WAITING_FOR_APPROVAL
+        service, alice, chat, _, turn_id = await saved_not_shown(huddle, agent)
         shower = await huddle.client(role="agent")
         steps: list[Any] = [
             ChatToolCallStart(
@@ -407,12 +410,7 @@ async def test_the_sweep_never_approves_a_call_readied_without_a_confirmation() 
     agent = deploying(runs)
     huddle = await start_server(agent=agent, workers=0)
     try:
-        service = huddle.server.parts.service
-        assert service is not None
-        _, chat, _ = await open_chat(huddle, "Deploy it")
-        turn_id = await service.bridge.turn_of(chat, "t1")
-        assert turn_id is not None
-        await Runner(service.runner.store, [agent]).execute(turn_id)
+        service, _, chat, _, turn_id = await saved_not_shown(huddle, agent)
         shower = await huddle.client(role="agent")
         start = ChatToolCallStart(
             turn_id="t1", tool_call_id="c1", tool_name="deploy", display_name="D"

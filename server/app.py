@@ -452,7 +452,7 @@ async def read_snapshot(request: Request, server: Server, grant: Grant) -> Respo
     query = request.query_params
     uri = query.get("channel", "")
     turns = _positive(query.get("turns"), "$.turns")
-    budget = server.settings.limits.send_buffer // 2
+    budget = server.settings.limits.answer_budget
     cursor = query.get("cursor")
     if cursor is not None:
         return await _older_turns(server, grant, uri, cursor, turns, budget)

@@ -33,6 +33,13 @@ class Limits:
     """Sessions the server holds at most (server.policy.cap_refusal:
     a participant token creates them only below nine tenths of it)."""
 
+    @property
+    def answer_budget(self) -> int:
+        """The bytes one answer may take, over the socket or HTTP: half of
+        what a client may leave unread, so that an answer never cuts its own
+        connection off."""
+        return self.send_buffer // 2
+
 
 @dataclass(frozen=True)
 class Settings:

@@ -439,9 +439,8 @@ class Rpc:
 
     @property
     def frame_budget(self) -> int:
-        """The bytes one answer may take: half of what the client may leave
-        unread, so that an answer never cuts its own connection off."""
-        return self.limits.send_buffer // 2
+        """The bytes one answer may take (``Limits.answer_budget``)."""
+        return self.limits.answer_budget
 
     async def subscribe_to(self, uri: str, turns: int | None = None, share: int = 1) -> Snapshot:
         """Subscribe and return the snapshot, a chat's windowed to fit its

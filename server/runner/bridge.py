@@ -22,11 +22,12 @@ more (and should the reaction be lost, the turn's next output finds its chat
 turn over and cancels it). Each resume carries who did it (name, role,
 client id) for the turn's audit.
 
-:meth:`ChatBridge.reconcile` covers a crash between the chat action and the
-runner's resume: a turn still waiting on a request its chat has already
-resolved is resumed from the chat, which is durable; and a crash between
-the runner's suspension and the chat's request: a turn waiting on a request
-its chat never showed is asked again.
+The sweep (:meth:`ChatBridge.reconcile`, run periodically by the workers)
+lives in server.runner.sweep: it recovers what a crash between a chat and
+the runner left undone (an answer the runner never heard, a chat turn's end
+it never reacted to, a question its chat never showed), through this
+bridge: its runner and host, :meth:`ChatBridge.chat_turn_ended`, and
+showing a question again as a worker shows it.
 
 A turn's AHP turn is ``runner_turn_id(chat, chatTurn)`` for a turn people
 started; a child turn's AHP turn in its own chat has the child's id (see
@@ -108,12 +109,12 @@ from protocol.session import SessionState, ToolDefinition
 from protocol.uris import chat_uri
 from protocol.wire import ErrorInfo
 from reducers import notes
-from reducers.chat import select_input_settlement, select_latest_tool_call, select_tool_call
+from reducers.chat import select_input_settlement, select_tool_call
 from reducers.clock import iso_ms, iso_time
 from server.auth import Identity
 from server.cache import Lru
 from server.channels import Applied, Step
-from server.errors import ActionRejected, ChannelGone, HuddleError, StoreError
+from server.errors import ActionRejected, ChannelGone, HuddleError
 from server.expiry import Expiry
 from server.host import Host
 from server.policy import turn_stamp
@@ -129,18 +130,16 @@ from server.runner.ids import (
 )
 from server.runner.resume import (
     REPLY,
-    answered_input,
     decision_of,
     ended_turn,
     input_command,
-    resume_for,
     shows,
 )
 from server.runner.runner import PreparedResume, ResumeRejected, Runner
+from server.runner.sweep import Sweep
 from server.runner.turn import (
     ResumeCommand,
     Suspension,
-    SuspensionType,
     ToolCall,
     Turn,
     TurnStatus,
@@ -185,6 +184,8 @@ class ChatBridge:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping: set[str] = set()
         """Turns being cancelled because their chat turn ended without them."""
+        self.sweep = Sweep(self)
+        """The periodic sweep (:meth:`reconcile`)."""
 
     def attach(self, runner: Runner) -> None:
         self.runner = runner
@@ -194,7 +195,7 @@ class ChatBridge:
 
     # ─── Outward ─────────────────────────────────────────────────────────
 
-    def _tool(self, turn: Turn, name: str) -> Tool | None:
+    def tool(self, turn: Turn, name: str) -> Tool | None:
         """Tool ``name`` of the agent version running ``turn``."""
         if self.runner is None:
             return self.agent.tool(name)
@@ -496,7 +497,7 @@ class ChatBridge:
         state = await self._chat(turn)
         if state is None or state.active_turn is None:
             return
-        tool = self._tool(turn, call.name)
+        tool = self.tool(turn, call.name)
         title = tool.title if tool else call.name
         outcome = ToolCallResult(
             success=success,
@@ -540,7 +541,7 @@ class ChatBridge:
         if session is None:
             return None
         uri = chat_uri(secrets.token_hex(8))
-        tool = self._tool(turn, call.name)
+        tool = self.tool(turn, call.name)
         await self.host.create_chat(session, uri, title=tool.title if tool else call.name)
         return uri
 
@@ -610,7 +611,7 @@ class ChatBridge:
         try:
             turn = await self._turn_of(uri, dropped.id, turn_stamp(dropped.message))
             if turn is not None:
-                await self._chat_turn_ended(turn, None, audit)
+                await self.chat_turn_ended(turn, None, audit)
         except HuddleError as error:
             log.warning("could not end the turn truncated away: %s", error)
 
@@ -657,7 +658,7 @@ class ChatBridge:
                 turn = await self._turn_of(uri, action.turn_id, _stamp_in(state, action.turn_id))
                 if turn is not None:
                     error = action.error.message if isinstance(action, ChatError) else None
-                    await self._chat_turn_ended(turn, error, audit)
+                    await self.chat_turn_ended(turn, error, audit)
         except ResumeRejected as error:
             log.info("%s", error)
         except HuddleError as error:
@@ -873,7 +874,7 @@ class ChatBridge:
         if turn is not None:
             await self.runner.submit_resume(turn.id, command.with_metadata(**audit), loaded=turn)
 
-    async def _chat_turn_ended(self, turn: Turn, error: str | None, audit: dict[str, Any]) -> None:
+    async def chat_turn_ended(self, turn: Turn, error: str | None, audit: dict[str, Any]) -> None:
         """The chat turn ``turn`` shows is over, not by the runner (an agent
         ended it, with ``error`` or as complete): nothing the turn does can
         show any more, so it stops too. A turn waiting there fails with the
@@ -904,130 +905,14 @@ class ChatBridge:
         command = ResumeCommand.fail(suspension.type, suspension.correlation_id, message)
         await self.runner.submit_resume(turn.id, command.with_metadata(**audit), loaded=turn)
 
+    # ─── The sweep ───────────────────────────────────────────────────────
+
     async def reconcile(self) -> int:
         """Resume turns whose chat already answered them (a crash lost the
-        resume); returns how many."""
-        if self.runner is None:
-            return 0
-        store, resumed = self.runner.store, 0
-        audit = {"by": None, "role": None, "clientId": None, "via": "reconcile"}
-        for status in (TurnStatus.WAITING_FOR_USER, TurnStatus.WAITING_FOR_APPROVAL):
-            for turn_id in await store.by_status(status):
-                try:
-                    resumed += await self._reconcile(turn_id, audit)
-                except StoreError:
-                    raise  # the next sweep tries again
-                except Exception:  # one turn's fault must not end the sweep for the others
-                    log.exception("turn %s: the sweep could not reconcile it", turn_id)
-        return resumed
-
-    async def _reconcile(self, turn_id: str, audit: dict[str, Any]) -> bool:
-        """Resume or end waiting turn ``turn_id`` if its chat says so, else
-        show its suspension again if the chat never showed it; True if it
-        was resumed or ended."""
-        assert self.runner is not None
-        turn = await self.runner.store.load(turn_id)
-        if turn.chat is None or turn.suspension is None:
-            return False
-        try:
-            state = (await self.host.view(turn.chat)).state
-        except ChannelGone:
-            return False
-        assert isinstance(state, ChatState)
-        if await self._resume_answered(turn, state, audit) or await self._end_if_ended(
-            turn, state, audit
-        ):
-            return True
-        await self._ask_again_if_unseen(turn, state)
-        return False
-
-    async def _end_if_ended(self, turn: Turn, state: ChatState, audit: dict[str, Any]) -> bool:
-        """End ``turn`` if the chat turn it waits in is over (a crash lost
-        the reaction to its end): failed with the chat's error, else
-        cancelled. False while the chat turn is active."""
-        assert self.runner is not None
-        active = state.active_turn
-        if turn.chat_turn is None or (active is not None and shows(turn, active)):
-            return False
-        # Over, or truncated away (then it is in no turn of the chat, or in
-        # one of its id that is not its own).
-        ended = ended_turn(state, turn)
-        error = ended.error.message if ended is not None and ended.error is not None else None
-        await self._chat_turn_ended(turn, error, audit)
-        return True
-
-    async def _ask_again_if_unseen(self, turn: Turn, state: ChatState) -> None:
-        """Show ``turn``'s suspension in its chat if the chat never got it
-        (the worker died between saving the suspension and asking)."""
-        suspension = turn.suspension
-        active = state.active_turn
-        if suspension is None or active is None or not shows(turn, active):
-            return
-        assert self.runner is not None
-        if self.runner.clock() - turn.updated_at < self.ask_again_after:
-            return  # just suspended: its worker is likely showing it now
-        if suspension.type == SuspensionType.USER_INPUT:
-            rid = input_request_id(active.id, suspension.correlation_id)
-            if select_input_settlement(state, rid).part is None:
-                log.info("turn %s: its chat never showed %s; asking again", turn.id, rid)
-                await self.input_requested(turn, suspension)
-            return
-        pending = turn.call(suspension.correlation_id or "")
-        if pending is None or select_tool_call(state, pending.call.id) is not None:
-            return
-        assert self.runner is not None
-        tool = _tool_of(self.runner, turn, pending.call.name)
-        if tool is None:
-            return
-        log.info("turn %s: its chat never showed the approval; asking again", turn.id)
-        meta = suspension.metadata
-        decision = ApprovalDecision.require_approval(
-            code=meta.get("code"),
-            message=suspension.message,
-            reason=meta.get("reason"),
-            expiry=suspension.expiry,
-        )
-        await self.approval_requested(turn, pending.call, tool, decision)
-
-    async def _approval_expired(self, chat: str, call_id: str, turn: str | None) -> bool:
-        """Whether the session's notes say the approval of ``call_id`` in
-        ``chat`` (in the chat turn stamped ``turn``) expired (server.expiry)."""
-        session = await self.host.session_of(chat)
-        if session is None:
-            return False
-        state = (await self.host.view(session)).state
-        note = notes.note_for(getattr(state, "meta", None), "toolCalls", chat, call_id, turn)
-        return bool(note and note.get("expired"))
-
-    async def _resume_answered(self, turn: Turn, state: ChatState, audit: dict[str, Any]) -> bool:
-        """Resume ``turn`` from the chat's answer to its suspension
-        (:func:`~server.runner.resume.resume_for` decides); False while it is
-        unanswered."""
-        assert turn.suspension is not None
-        assert turn.chat is not None
-        assert self.runner is not None
-        suspension = turn.suspension
-        data: dict[str, Any] | None = None
-        expired = False
-        part = answered_input(turn, state)
-        if part is not None and part.response == "accept":
-            opened = parse_input_request_id(part.request.id)
-            if opened is not None and opened.call_id is not None:
-                answers = dict(part.request.answers or {})
-                data = await self.host.form_data(turn.chat, part.request.id, answers)
-        if suspension.type == SuspensionType.TOOL_APPROVAL:
-            call_id = suspension.correlation_id or ""
-            call = select_latest_tool_call(state, turn.chat_turn or "", call_id)
-            if isinstance(call, ToolCallCancelled):
-                expired = await self._approval_expired(turn.chat, call_id, turn.chat_turn_stamp)
-        command = resume_for(turn, state, data=data, expired=expired)
-        if command is None:
-            return False
-        try:
-            await self.runner.submit_resume(turn.id, command.with_metadata(**audit), loaded=turn)
-        except ResumeRejected as error:
-            log.info("%s", error)
-        return True
+        resume), end those whose chat turn is over and ask again what their
+        chat never showed (server.runner.sweep); returns how many were
+        resumed or ended."""
+        return await self.sweep.reconcile()
 
 
 def _stamp_in(state: ChatState, chat_turn: str) -> str | None:

@@ -40,7 +40,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -174,6 +174,30 @@ class Step:
     after: ChannelState
 
 
+@dataclass(slots=True)
+class Hooks:
+    """The core's hooks, in three named phases run in this order on every
+    applied envelope (each phase's hooks in their list's order, as are
+    their follow-ups):
+
+    * ``bookkeeping``: what the envelope settles of the host's own
+      records (waiters woken, a form read ahead, an expiry armed or
+      disarmed);
+    * ``reactions``: who acts on it (the runner's bridge, the metrics);
+    * ``records``: the session's view of it, which people wait for last
+      (notes, audit, the session's aggregate).
+    """
+
+    bookkeeping: list[Hook] = field(default_factory=list)
+    reactions: list[Hook] = field(default_factory=list)
+    records: list[Hook] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Hook]:
+        yield from self.bookkeeping
+        yield from self.reactions
+        yield from self.records
+
+
 Riding = Callable[[str, Step, Identity | None], Rider | None]
 """Asked, before this process appends an action it accepted on channel
 ``uri`` (its :class:`Step` and sender), for a write of another store's that
@@ -279,6 +303,7 @@ class ChannelCore(Listener):
         clock: Callable[[], float] = time.time,
         snapshot_every: int = 100,
         idle_check_interval: float = 2.0,
+        hooks: Hooks | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -293,7 +318,7 @@ class ChannelCore(Listener):
         )
         """Now and then, compare every watched channel with the store's head:
         an append whose hint was lost is applied within one interval."""
-        self.hooks: list[Hook] = []
+        self.hooks = hooks if hooks is not None else Hooks()
         self.riding: list[Riding] = []
         self.idle_channels = IDLE_CHANNELS
         self._channels: dict[str, _Channel] = {}

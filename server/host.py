@@ -50,7 +50,7 @@ from reducers.validation import reject_reason, working_directories_problem
 from server.aggregate import SessionAggregate
 from server.audit import GONE_RECORDS, AuditTrail, AuditValues
 from server.auth import Identity
-from server.channels import Applied, ChannelCore, ChannelView, Hook, Validator
+from server.channels import Applied, ChannelCore, ChannelView, Hook, Hooks, Riding, Validator
 from server.errors import ActionRejected, CommandError, StoreError
 from server.expiry import Expiries, Expiry, Family, expiry_problem
 from server.forms import Form, FormRegistry, chat_session, needs_session
@@ -98,8 +98,10 @@ class Host:
         self.agents = agents
         self.clock = clock
         self.sizes = sizes or SizeLimits()
+        self.hooks = Hooks()
         self.core = ChannelCore(
             store,
+            hooks=self.hooks,
             clock=clock,
             snapshot_every=snapshot_every,
             idle_check_interval=idle_check_interval,
@@ -126,19 +128,19 @@ class Host:
             max_bytes=audit_max_bytes,
         )
         self.expiries = Expiries(self.core, store, self.notes, check_interval=expiry_check_interval)
-        self.core.hooks = [
-            self.waiters.hook,
-            self._read_form_ahead,
-            self.expiries.hook,
-            self.notes.hook,
-            self.audit.hook,
-            self.aggregate.hook,
-        ]
+        self.hooks.bookkeeping += [self.waiters.hook, self._read_form_ahead, self.expiries.hook]
+        self.hooks.records += [self.notes.hook, self.audit.hook, self.aggregate.hook]
 
     def add_hook(self, hook: Hook) -> None:
-        """Run ``hook`` on every applied envelope, before the session's
-        notes, audit and aggregate (the side effects people wait for first)."""
-        self.core.hooks.insert(len(self.core.hooks) - 3, hook)
+        """Run ``hook`` on every applied envelope, a reaction: after the
+        host's bookkeeping, before the session's notes, audit and aggregate
+        (the side effects people wait for first: server.channels.Hooks)."""
+        self.hooks.reactions.append(hook)
+
+    def add_rider(self, riding: Riding) -> None:
+        """Ask ``riding`` for a write to ride on each append this process
+        makes of an action it accepted (server.channels.Riding)."""
+        self.core.riding.append(riding)
 
     def now_ms(self) -> int:
         return self.core.now_ms()

@@ -74,7 +74,7 @@ async def served(helper: Agent, store: Counted) -> tuple[RunningServer, AgentSer
 async def read_ahead(service: AgentService, turn_id: str) -> None:
     """Wait until the bridge has read ``turn_id`` ahead (its reads run in
     the background once the question shows)."""
-    bridge = service.bridge
+    bridge = service.bridge.resuming
     async with asyncio.timeout(WITHIN):
         while bridge._tasks:
             await asyncio.wait(set(bridge._tasks))

@@ -162,7 +162,7 @@ async def test_a_turn_started_twice_under_its_stamp_starts_one_agent_turn() -> N
             turn_id="t1", started_at=state.active_turn.started_at, message=state.active_turn.message
         )
         # The bridge hears the same start again (as after a crash and a replay).
-        await service.bridge.accepted(chat, action, {}, state)
+        await service.bridge.resuming.accepted(chat, action, {}, state)
 
         assert await Worker(service.runner).step()
         assert not await Worker(service.runner).step()  # nothing else to run

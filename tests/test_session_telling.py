@@ -164,7 +164,7 @@ async def test_a_change_told_after_the_check_that_followed_it_is_checked_again()
             if not event.local and type(event.action) in heard:
                 heard[type(event.action)].set()
 
-        asker.core.hooks.insert(0, hearing)
+        asker.core.hooks.bookkeeping.insert(0, hearing)
         asking = asyncio.create_task(asker.request_input(chat, NOTE))
         async with asyncio.timeout(2 * UNIT):
             await store.reached.wait()  # the asker's sender is held

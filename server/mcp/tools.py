@@ -69,9 +69,9 @@ from server.mcp.people import HostChat, People
 from server.mcp.sampling import ChatSampling, Roots
 from server.policy import same_turn
 from server.runner.agent import Tool
-from server.runner.bridge import ChatBridge
 from server.runner.context import ToolContext
 from server.runner.model import ChatModel
+from server.runner.showing import ChatShowing
 
 log = logging.getLogger("huddle.mcp")
 
@@ -505,7 +505,7 @@ def people_of_current_call() -> People | None:
     except LookupError:
         return None
     port = context.port
-    if context.chat is None or not isinstance(port, ChatBridge):
+    if context.chat is None or not isinstance(port, ChatShowing):
         return None
     chat_turn, stamp = context.chat_turn, context.chat_turn_stamp
     if chat_turn is None:

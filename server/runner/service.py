@@ -69,8 +69,7 @@ class AgentService:
         self.drain_seconds = drain_seconds
         """At :meth:`stop`, how long running turns may go on (Crew.stop)."""
         self.runner = Runner(store, [agent], clock=clock, lease_seconds=lease_seconds)
-        self.bridge = ChatBridge(host, agent)
-        self.bridge.attach(self.runner)
+        self.bridge = ChatBridge(host, agent, self.runner)
         self.crew = Crew(
             self.runner,
             workers,

@@ -102,7 +102,7 @@ class ChatResuming:
         self._read_ahead: Lru[str, Turn] = Lru(READ_AHEAD)
         """Turns whose question shows in a chat, as read then, by id; each
         is used once, by the resume that answers it."""
-        self._folds: Lru[str, _Fold] = Lru(READ_AHEAD)
+        self._ridden: Lru[str, _RiddenResume] = Lru(READ_AHEAD)
         """Per chat, the resume that rode on this process's latest append
         there (:meth:`riding`), until the hook of that envelope takes it."""
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -133,10 +133,10 @@ class ChatResuming:
             | ChatTurnComplete,
         ):
             audit = _audit(event.sender, event.envelope)
-            fold = self._folds.pop(event.uri)
-            if fold is not None and fold.seq != event.envelope.server_seq:
-                fold = None
-            return self.accepted(event.uri, action, audit, event.view.state, fold=fold)
+            ridden = self._ridden.pop(event.uri)
+            if ridden is not None and ridden.seq != event.envelope.server_seq:
+                ridden = None
+            return self.accepted(event.uri, action, audit, event.view.state, ridden=ridden)
         if isinstance(action, ChatTruncated) and isinstance(event.before, ChatState):
             dropped = event.before.active_turn
             if dropped is not None:  # AHP: always dropped, never kept
@@ -162,14 +162,14 @@ class ChatResuming:
         audit: dict[str, Any],
         state: ChannelState,
         *,
-        fold: _Fold | None = None,
+        ridden: _RiddenResume | None = None,
     ) -> None:
         """React to a client's action on chat ``uri`` (``state`` the chat
-        after it); ``audit`` says who; ``fold`` the resume that rode on its
+        after it); ``audit`` says who; ``ridden`` the resume that rode on its
         append, if one did."""
         assert isinstance(state, ChatState)
         try:
-            if fold is not None and self._folded(fold):
+            if ridden is not None and self._saved_by_rider(ridden):
                 pass
             elif isinstance(action, ChatTurnStarted):
                 await self._start(uri, action)
@@ -211,7 +211,7 @@ class ChatResuming:
         are saved. Nothing when the store carries no rider (the memory
         store, a cluster, two Redises), the answer needs a read (a form not
         held here) or the turn was not read ahead: the hook then resumes as
-        without it. What the script did is read in :meth:`_folded`."""
+        without it. What the script did is read in :meth:`_saved_by_rider`."""
         runner = self.runner
         action, state = result.envelope.action, result.after
         answer = ChatInputCompleted | ChatToolCallConfirmed
@@ -244,13 +244,13 @@ class ChatResuming:
             return None  # the copy may be stale: the hook decides on a fresh one
         rider = runner.store.runnable_rider(prepared.turn, runner.clock(), started=prepared.started)
         if rider is not None:
-            self._folds.put(uri, _Fold(result.envelope.server_seq, rider, prepared))
+            self._ridden.put(uri, _RiddenResume(result.envelope.server_seq, rider, prepared))
         return rider
 
-    def _folded(self, fold: _Fold) -> bool:
+    def _saved_by_rider(self, ridden: _RiddenResume) -> bool:
         """Whether the resume that rode on an append was saved (then its
         listeners are told here); False: resume as without it."""
-        rider, prepared = fold.rider, fold.prepared
+        rider, prepared = ridden.rider, ridden.prepared
         if rider.unknown:
             # The entry landed (it is being applied), so the script ran, but
             # its answer was lost: the rider saved the resume, or a conflict
@@ -506,7 +506,7 @@ def _candidates(uri: str, chat_turn: str, stamp: str | None) -> list[str]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Fold:
+class _RiddenResume:
     """A resume that rode on the append of ``seq`` (:meth:`ChatResuming.riding`)."""
 
     seq: int

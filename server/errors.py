@@ -105,7 +105,7 @@ their own::
                                     JSON-RPC error (HTTP 400)
     ValueError
     ├── BadChannelUri               protocol.uris: not a channel URI
-    ├── AuditBroken                 server.audit: an audit's hash chain is
+    ├── AuditBroken                 server.core.audit: an audit's hash chain is
     │                               broken (a record removed, altered or
     │                               out of place): ``huddle audit verify``
     │                               exits 1 naming the line

@@ -43,10 +43,10 @@ from protocol.status import ACTIVITY_MASK, SessionStatus
 from protocol.uris import ROOT_URI
 from server.auth import Identity
 from server.build import default_agents
-from server.channels import Applied
+from server.core.channels import Applied
+from server.core.host import Host
 from server.errors import ActionRejected, CommandError, InputAbandoned
 from server.frames import OutFrame
-from server.host import Host
 from server.store.base import Listener
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, RecordReads, user_message

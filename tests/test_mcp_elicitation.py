@@ -32,8 +32,8 @@ from protocol.chat import (
     TextValue,
 )
 from server.config import Settings
+from server.core.expiry import Expiry
 from server.errors import ActionRejected
-from server.expiry import Expiry
 from server.mcp import (
     ChatElicitation,
     HostChat,

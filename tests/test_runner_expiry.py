@@ -37,8 +37,8 @@ from reducers import notes
 from reducers.chat import select_latest_tool_call
 from server.client import HuddleClient
 from server.config import Settings
+from server.core.expiry import Expiry
 from server.errors import ActionRejected
-from server.expiry import Expiry
 from server.mcp import McpServerConfig, McpToolSource
 from server.runner.agent import Agent, ApprovalDecision, FormDefinition, Tool
 from server.runner.context import ToolContext

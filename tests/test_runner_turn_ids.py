@@ -21,9 +21,9 @@ from protocol.actions import ChatInputCompleted, ChatTruncated, ChatTurnCancelle
 from protocol.chat import ChatState, InputRequest, InputRequestPart, MarkdownPart, TextValue
 from server.auth import Role
 from server.client import HuddleClient, Mirror
+from server.core.policy import turn_stamp
 from server.errors import InputAbandoned
 from server.mcp.tools import people_of_current_call
-from server.policy import turn_stamp
 from server.runner.agent import Agent, Tool
 from server.runner.ids import runner_turn_id
 from server.runner.model import ModelReply

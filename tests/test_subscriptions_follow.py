@@ -31,8 +31,8 @@ from protocol.actions import ChatDraftChanged
 from protocol.chat import ChatState
 from protocol.messages import ReplayResume
 from protocol.session import SessionState
-from server.channels import Applied, ChannelCore, Step, step
 from server.config import Settings
+from server.core.channels import Applied, ChannelCore, Step, step
 from server.frames import ActionFrame, OutFrame
 from server.store.base import encode_entry
 from server.store.memory import MemoryStore

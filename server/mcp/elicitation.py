@@ -21,7 +21,7 @@ and the people's resolution becomes the ``ElicitResult`` the spec wants::
     cancel          no content: dismissed, the turn ended, the chat was
                     truncated, or the request was withdrawn
 
-An elicitation may be given an expiry (:class:`~server.expiry.Expiry`: the
+An elicitation may be given an expiry (:class:`~server.core.expiry.Expiry`: the
 callback's ``expiry``, set per bridge or per call): when nobody answers in
 time the server gets ``cancel`` or ``decline`` as the policy says, and with
 ``fail`` the chat's turn fails and the server gets error -32001 (request
@@ -69,12 +69,12 @@ from protocol.forms import (
     form_data_from_answers,
     parse_form,
 )
+from server.core.expiry import Expiry
+from server.core.schemas import SchemaCheck
 from server.errors import HuddleError, InputAbandoned
-from server.expiry import Expiry
 from server.mcp.errors import ElicitationExpired, Unaskable
 from server.mcp.people import People, Reply
 from server.runner.ids import mcp_request_id
-from server.schemas import SchemaCheck
 
 log = logging.getLogger("huddle.mcp")
 

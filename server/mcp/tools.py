@@ -61,13 +61,13 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from server.expiry import Expiry
+from server.core.expiry import Expiry
+from server.core.policy import same_turn
 from server.mcp.calls import call_tool
 from server.mcp.elicitation import ChatElicitation, UrlCompletions
 from server.mcp.errors import McpBridgeError, McpToolFailed
 from server.mcp.people import HostChat, People
 from server.mcp.sampling import ChatSampling, Roots
-from server.policy import same_turn
 from server.runner.agent import Tool
 from server.runner.context import ToolContext
 from server.runner.model import ChatModel

@@ -15,7 +15,7 @@ What resumes a waiting turn is decided in one place for all three paths:
 
 from __future__ import annotations
 
-from server.host import Host
+from server.core.host import Host
 from server.runner.agent import Agent
 from server.runner.resuming import ChatResuming
 from server.runner.runner import Runner

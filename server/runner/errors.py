@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from server.core.expiry import Expiry
 from server.errors import HuddleError, InternalError, StoreError
-from server.expiry import Expiry
 from server.runner.forms import FormDefinition
 
 

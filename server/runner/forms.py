@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.expiry import Expiry
-from server.schemas import SchemaCheck
+from server.core.expiry import Expiry
+from server.core.schemas import SchemaCheck
 
 
 @dataclass(frozen=True)

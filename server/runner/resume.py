@@ -42,7 +42,7 @@ from protocol.chat import (
 from protocol.chat import Turn as ChatTurn
 from protocol.wire import Markdown
 from reducers.chat import select_input_settlement, select_latest_tool_call
-from server.policy import same_turn
+from server.core.policy import same_turn
 from server.runner.ids import InputRequestRef, input_request_id, parse_input_request_id
 from server.runner.turn import ResumeCommand, SuspensionType, Turn
 

@@ -17,13 +17,13 @@ A turn's AHP turn is ``runner_turn_id(chat, chatTurn)`` for a turn people
 started; a child turn's AHP turn in its own chat has the child's id (see
 :meth:`ChatResuming.turn_of`). AHP turn ids are the client's: one a
 truncation took away may come back. The server stamps each turn a client
-starts (``_meta.huddle.turn``, server.policy.turn_stamp), the runner's turn
+starts (``_meta.huddle.turn``, server.core.policy.turn_stamp), the runner's turn
 keeps the stamp of the AHP turn it shows (a turn id used again gets the
 stamped ``runner_turn_id``), and the two are matched by id and stamp: the
 earlier turn, still winding down, reaches nothing of the later one (its
 tools' questions neither: server.mcp.tools.people_of_current_call), and
-the waits truncated away lose their notes and expiries (server.notes,
-server.expiry).
+the waits truncated away lose their notes and expiries (server.core.notes,
+server.core.expiry).
 
 A resume costs the chat's append alone: when a question of a turn shows in
 a chat this process holds (``chat/inputRequested``, a call waiting for
@@ -66,10 +66,10 @@ from protocol.messages import ActionEnvelope, ChannelState
 from reducers import notes
 from server.auth import Identity
 from server.cache import Lru
-from server.channels import Applied, Step
+from server.core.channels import Applied, Step
+from server.core.host import Host
+from server.core.policy import turn_stamp
 from server.errors import HuddleError
-from server.host import Host
-from server.policy import turn_stamp
 from server.runner.agent import Agent
 from server.runner.errors import TurnExists, TurnNotFound, VersionConflict
 from server.runner.ids import (
@@ -118,7 +118,7 @@ class ChatResuming:
         if event.sender is None:
             # The server's own (who sent an action is the server's word, not
             # its origin: one sent over HTTP has none): ours (nothing to do),
-            # or an expiry that settled one of our waits (server.expiry),
+            # or an expiry that settled one of our waits (server.core.expiry),
             # which resumes it.
             if _expired(action) is not None or _expired_request(action):
                 return self.accepted(event.uri, action, EXPIRY_AUDIT, event.view.state)
@@ -200,7 +200,7 @@ class ChatResuming:
         await asyncio.sleep(0)
 
     def riding(self, uri: str, result: Step, sender: Identity | None) -> Rider | None:
-        """The core's riding hook (server.channels.Riding): a person's answer
+        """The core's riding hook (server.core.channels.Riding): a person's answer
         to a question of a turn read ahead (an input request the runner
         opened, a call waiting for confirmation) resumes that turn in the
         answer's own append. The resume is applied here to the copy read
@@ -516,6 +516,6 @@ class _RiddenResume:
 
 def _expired(action: StateAction) -> dict[str, Any] | None:
     """The wait (``{"family", "id"}``) whose expiry made ``action``, if it
-    was server.expiry's."""
+    was server.core.expiry's."""
     expired = notes.huddle_meta(getattr(action, "meta", None), "expired")
     return expired if isinstance(expired, dict) else None

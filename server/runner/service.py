@@ -9,14 +9,14 @@ import time
 from collections.abc import Callable
 
 from protocol.session import AgentInfo
-from server.host import Host
+from server.core.host import Host
+from server.core.sessions import CAPABILITIES
 from server.runner.agent import Agent
 from server.runner.bridge import ChatBridge
 from server.runner.metrics import RunnerMetrics
 from server.runner.runner import Runner
 from server.runner.store import TurnStore
 from server.runner.worker import Crew
-from server.sessions import CAPABILITIES
 
 
 def load_agent(spec: str) -> Agent | None:

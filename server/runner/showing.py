@@ -69,9 +69,9 @@ from reducers import notes
 from reducers.chat import select_tool_call
 from reducers.clock import iso_ms, iso_time
 from server.cache import Lru
+from server.core.expiry import Expiry
+from server.core.host import Host
 from server.errors import ActionRejected, ChannelGone, HuddleError
-from server.expiry import Expiry
-from server.host import Host
 from server.runner.agent import Agent, ApprovalDecision, Tool
 from server.runner.ids import (
     input_request_id,
@@ -508,7 +508,7 @@ def _invocation(tool: Tool, call: ToolCall) -> str:
 
 
 def _expiry_meta(expiry: Expiry | None) -> dict[str, Any] | None:
-    """A tool call's ``_meta`` giving its approval ``expiry`` (server.expiry)."""
+    """A tool call's ``_meta`` giving its approval ``expiry`` (server.core.expiry)."""
     if expiry is None:
         return None
     return {notes.HUDDLE: {"expiry": {"seconds": expiry.seconds, "onExpiry": expiry.on_expiry}}}

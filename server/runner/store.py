@@ -64,7 +64,6 @@ from server.runner.errors import TurnExists as TurnExists
 from server.runner.errors import TurnNotFound as TurnNotFound
 from server.runner.errors import VersionConflict as VersionConflict
 from server.runner.turn import Turn, TurnStatus, copy_turn
-from server.store import REDIS_SCHEMES
 from server.store.base import Rider
 
 
@@ -432,15 +431,3 @@ class MemoryTurnStore(TurnStore):
 
     async def by_status(self, status: TurnStatus) -> list[str]:
         return [tid for tid, h in self._turns.items() if h.status == status]
-
-
-def open_turn_store(url: str) -> TurnStore:
-    """The turn store that goes with the channel store of ``url``
-    (``server.store.open_channel_store``); ValueError for anything else."""
-    if url == "memory":
-        return MemoryTurnStore()
-    if url.startswith(REDIS_SCHEMES):
-        from server.runner.redis_store import RedisTurnStore
-
-        return RedisTurnStore(url)
-    raise ValueError(f"unknown store {url!r} (use memory, redis://... or redis+cluster://...)")

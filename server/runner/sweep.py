@@ -12,7 +12,7 @@ and recovers it:
 * a turn whose chat already answered it (a crash lost the resume) is
   resumed from that answer (:func:`~server.runner.resume.resume_for`
   decides; an approval the expiry cancelled resumes as expired, going by
-  the session's notes, server.expiry);
+  the session's notes, server.core.expiry);
 * a turn whose chat turn is over (an agent ended it, or a truncation took
   it away, and the reaction to that was lost) ends: failed with the chat's
   error when it has one, else cancelled;
@@ -142,7 +142,7 @@ class Sweep:
 
     async def _approval_expired(self, chat: str, call_id: str, turn: str | None) -> bool:
         """Whether the session's notes say the approval of ``call_id`` in
-        ``chat`` (in the chat turn stamped ``turn``) expired (server.expiry)."""
+        ``chat`` (in the chat turn stamped ``turn``) expired (server.core.expiry)."""
         session = await self.host.session_of(chat)
         if session is None:
             return False

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from server.expiry import Expiry
+from server.core.expiry import Expiry
 from server.runner.agent import Agent, Tool
 from server.runner.errors import FormRequired, ResumeRejected
 from server.runner.forms import FormDefinition, schema_errors

@@ -27,7 +27,7 @@ from protocol.session import SessionState
 from reducers import notes
 from reducers.validation import FormCheck, ToolInputCheck
 from server.cache import Lru
-from server.schemas import SchemaCheck
+from server.core.schemas import SchemaCheck
 from server.store.base import ChannelStore
 
 FORM_RECORDS = "form"

@@ -63,6 +63,7 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import ROOT_URI, channel_kind
 from reducers import reduce
 from server.auth import Identity
+from server.core.policy import stamped, turn_stamp
 from server.errors import (
     ActionRejected,
     AlreadyApplied,
@@ -73,7 +74,6 @@ from server.errors import (
 )
 from server.frames import OutFrame, action_frame
 from server.periodic import Periodic
-from server.policy import stamped, turn_stamp
 from server.store.base import ChannelStore, Listener, Rider, decode_entry, encode_entry
 
 log = logging.getLogger("huddle.channels")
@@ -969,7 +969,7 @@ class ChannelCore(Listener):
 
 def _restamped(action: StateAction, first: StateAction) -> StateAction:
     """``action`` with the turn stamp ``first`` was given: a person's turn
-    start is stamped anew each time it is sent (server.policy.stamped), so
+    start is stamped anew each time it is sent (server.core.policy.stamped), so
     the copy re-sent after a drop is the first one but for its stamp."""
     if isinstance(action, ChatTurnStarted) and isinstance(first, ChatTurnStarted):
         stamp = turn_stamp(first.message)

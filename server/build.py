@@ -21,9 +21,9 @@ from server.core.retention import Retention
 from server.core.sessions import CAPABILITIES
 from server.runner.agent import Agent
 from server.runner.events import EventType, RunnerEvent
-from server.runner.redis_store import RedisTurnStore
+from server.runner.redis_turn_store import RedisTurnStore
 from server.runner.service import AgentService, agent_info
-from server.runner.store import MemoryTurnStore, TurnStore
+from server.runner.turn_store import MemoryTurnStore, TurnStore
 from server.store import REDIS_SCHEMES, open_channel_store
 from server.store.base import ChannelStore
 

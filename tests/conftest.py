@@ -26,7 +26,7 @@ from server.config import Limits, Settings
 from server.edge.app import Server, create_app
 from server.edge.serve import UvicornServer, uvicorn_config
 from server.runner.agent import Agent
-from server.runner.store import TurnStore
+from server.runner.turn_store import TurnStore
 from server.store.base import ChannelStore
 from server.store.memory import MemoryStore
 from tests.redis_server import RedisServer, running_redis

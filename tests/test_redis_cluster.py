@@ -22,9 +22,9 @@ from redis.asyncio.cluster import RedisCluster
 
 from server.build import turn_store_at
 from server.errors import StoreUnavailable
-from server.runner.redis_store import RedisTurnStore
-from server.runner.store import TurnStore
+from server.runner.redis_turn_store import RedisTurnStore
 from server.runner.turn import Turn
+from server.runner.turn_store import TurnStore
 from server.store import ChannelStore, open_channel_store
 from server.store.memory import MemoryStore
 from server.store.redis import APPEND, RedisStore, topic_of

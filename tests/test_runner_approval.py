@@ -16,8 +16,8 @@ from server.runner.agent import (
 )
 from server.runner.events import EventType, RunnerEvent
 from server.runner.runner import ResumeRejected, Runner
-from server.runner.store import MemoryTurnStore
 from server.runner.turn import ResumeCommand, SuspensionType, ToolCall, Turn, TurnStatus
+from server.runner.turn_store import MemoryTurnStore
 from tests.runner_kit import Clock, Model, Runs, agent, call, say, scripted, use
 
 ASK_BEFORE_DEPLOYING = require_approval_for("deploy")

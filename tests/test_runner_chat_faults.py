@@ -39,8 +39,8 @@ from server.runner.model import ModelReply, ScriptedModel, TextSink, ToolSpec
 from server.runner.runner import Runner
 from server.runner.service import AgentService
 from server.runner.showing import INTERRUPTED
-from server.runner.store import MemoryTurnStore
 from server.runner.turn import ModelMessage, Suspension, TurnStatus
+from server.runner.turn_store import MemoryTurnStore
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, RunningServer, start_server, user_message, watched_chat
 from tests.edge import http

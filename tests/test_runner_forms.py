@@ -14,8 +14,8 @@ from server.runner.agent import FormDefinition, FormRequired, Tool
 from server.runner.context import ToolContext
 from server.runner.forms import schema_errors
 from server.runner.runner import REQUEST_USER_INPUT, ResumeRejected, Runner
-from server.runner.store import MemoryTurnStore
 from server.runner.turn import FrozenForm, Phase, ResumeCommand, SuspensionType, TurnStatus
+from server.runner.turn_store import MemoryTurnStore
 from tests.runner_kit import (
     DETAILS,
     GOOD_DETAILS,

@@ -1,4 +1,4 @@
-"""What a session is yet to hear of a chat (server.core.aggregate) survives a
+"""What a session is yet to hear of a chat (server.core.rollup) survives a
 follow-up that is cancelled (or fails) while it sends, and a request
 answered while its asker lists it is not listed."""
 
@@ -29,9 +29,9 @@ from protocol.uris import ROOT_URI
 from reducers.aggregate import select_input_needed
 from server.build import default_agents
 from server.client import HuddleClient
-from server.core.aggregate import SESSION_RECORDS
 from server.core.channels import Applied
 from server.core.host import Host
+from server.core.rollup import SESSION_RECORDS
 from server.errors import StoreUnavailable
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, RunningServer, user_message

@@ -10,7 +10,6 @@ import pytest
 from server.errors import HuddleError, InternalError
 from server.runner.errors import IllegalTransition
 from server.runner.runner import Runner
-from server.runner.store import MemoryTurnStore
 from server.runner.turn import (
     TRANSITIONS,
     Phase,
@@ -22,6 +21,7 @@ from server.runner.turn import (
     copy_turn,
     next_status,
 )
+from server.runner.turn_store import MemoryTurnStore
 from tests.runner_kit import Clock, agent, say, scripted
 
 S, T = TurnStatus, Transition

@@ -59,7 +59,7 @@ from server.edge.app import create_app
 from server.edge.connection import CLOSE_GOING_AWAY
 from server.edge.serve import UvicornServer, uvicorn_config
 from server.runner import demo
-from server.runner.store import MemoryTurnStore
+from server.runner.turn_store import MemoryTurnStore
 from server.store.memory import MemoryStore
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, WallClock, start_server
 from tests.edge import CuttingProxy

@@ -49,8 +49,8 @@ from reducers.chat import select_open_input_part, select_tool_call, select_trunc
 from reducers.clock import iso_ms
 from server.core.channels import Applied, ChannelCore
 from server.core.forms import chat_session
-from server.core.notes import SessionNotes
 from server.core.policy import active_turn_stamp, turn_stamp
+from server.core.session_notes import SessionNotes
 from server.errors import ActionRejected, ChannelGone, StoreError
 from server.periodic import Periodic
 from server.store.base import ChannelStore

@@ -8,7 +8,7 @@
 - :class:`~server.core.forms.FormRegistry`: the frozen JSON Schemas and the
   schema checks of the validation rules;
 - :class:`~server.core.waiters.Waiters`: callers waiting for people;
-- :class:`~server.core.aggregate.SessionAggregate`: a chat reflected on its
+- :class:`~server.core.rollup.SessionAggregate`: a chat reflected on its
   session, a session on the sessions list;
 - :class:`~server.core.sessions.Sessions`: session and chat lifecycle.
 
@@ -48,13 +48,13 @@ from reducers.chat import select_input_settlement
 from reducers.limits import SizeLimits, limit_problem
 from reducers.validation import reject_reason, working_directories_problem
 from server.auth import Identity
-from server.core.aggregate import SessionAggregate
 from server.core.audit import GONE_RECORDS, AuditTrail, AuditValues
 from server.core.channels import Applied, ChannelCore, ChannelView, Hook, Hooks, Riding, Validator
 from server.core.expiry import Expiries, Expiry, Family, expiry_problem
 from server.core.forms import Form, FormRegistry, chat_session, needs_session
-from server.core.notes import SessionNotes
 from server.core.policy import active_turn_stamp
+from server.core.rollup import SessionAggregate
+from server.core.session_notes import SessionNotes
 from server.core.sessions import Sessions
 from server.core.waiters import InputOutcome, ToolDecision, Waiters
 from server.errors import ActionRejected, CommandError, StoreError

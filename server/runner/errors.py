@@ -3,7 +3,7 @@
 They are branches of the one tree that :mod:`server.errors` draws whole;
 each is also importable where the runner's users meet it
 (``server.runner.agent``, ``server.runner.openai``, ``server.runner.runner``,
-``server.runner.store``).
+``server.runner.turn_store``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ keeps the stamp of the AHP turn it shows (a turn id used again gets the
 stamped ``runner_turn_id``), and the two are matched by id and stamp: the
 earlier turn, still winding down, reaches nothing of the later one (its
 tools' questions neither: server.mcp.tools.people_of_current_call), and
-the waits truncated away lose their notes and expiries (server.core.notes,
+the waits truncated away lose their notes and expiries (server.core.session_notes,
 server.core.expiry).
 
 A resume costs the chat's append alone: when a question of a turn shows in

@@ -77,7 +77,6 @@ from server.runner.ids import child_turn_id
 from server.runner.loader import AgentCatalog, AgentLoader, load_for_turn
 from server.runner.model import ToolSpec
 from server.runner.port import ChatPort, NullPort
-from server.runner.store import Lease, TurnStore
 from server.runner.turn import (
     Audit,
     ModelMessage,
@@ -93,6 +92,7 @@ from server.runner.turn import (
     TurnStatus,
     result_text,
 )
+from server.runner.turn_store import Lease, TurnStore
 from server.runner.user_input import REQUEST_USER_INPUT as REQUEST_USER_INPUT
 
 log = logging.getLogger("huddle.runner")

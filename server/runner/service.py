@@ -15,7 +15,7 @@ from server.runner.agent import Agent
 from server.runner.bridge import ChatBridge
 from server.runner.metrics import RunnerMetrics
 from server.runner.runner import Runner
-from server.runner.store import TurnStore
+from server.runner.turn_store import TurnStore
 from server.runner.worker import Crew
 
 

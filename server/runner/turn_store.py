@@ -45,7 +45,7 @@ is never returned by ``claim_turn`` or ``wait_for_work``, nor claimed again
 each lease period: the store parks it (out of the queue, the leases and
 the recovery sweeps, its data kept for an operator), logs it once at error
 level, and claims the next turn. The Redis store does (see
-:mod:`server.runner.redis_store`); the memory store holds only snapshots it
+:mod:`server.runner.redis_turn_store`); the memory store holds only snapshots it
 encoded itself, in this process, so it never holds such a record.
 """
 

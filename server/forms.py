@@ -121,7 +121,7 @@ class FormRegistry:
             try:
                 failures = form.check.failure_texts(form.data(answers))
             except FormError as unfit:
-                return f"{unfit.property or 'the form'}: {unfit.reason}"
+                return str(unfit)  # worded as MCP elicitation words it
             return "; ".join(failures) or None
 
         return check

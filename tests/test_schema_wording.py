@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from protocol.chat import ChatState, InputRequest, ToolCallPendingConfirmation
+from protocol.chat import ChatState, InputRequest, TextValue, ToolCallPendingConfirmation
 from protocol.forms import answers_from_form_data, parse_form
 from protocol.session import SessionState, ToolDefinition
 from protocol.status import SessionStatus
@@ -20,6 +20,7 @@ from server.forms import Form, FormRegistry
 from server.mcp.elicitation import Question, form_content
 from server.schemas import SchemaCheck
 from server.store.memory import MemoryStore
+from tests.mcp_kit import submitted
 
 SESSION = "ahp-session:/wording"
 SCHEMA: dict[str, Any] = {
@@ -109,6 +110,17 @@ def test_a_schema_failure_names_field_and_rule_never_the_value(
         assert WORDING.match(text), text
         assert "secret" not in text.lower()
         assert not any(str(value) in text for value in data.values())
+
+
+def test_answers_that_make_no_data_for_the_form_are_worded_the_same_by_host_and_mcp() -> None:
+    # Not a schema failure: the answers do not convert to the form's data
+    # (protocol.forms.FormDataError words it, for both).
+    form = Form.of(SCHEMA)
+    answers = submitted(other=TextValue(value="secret"))
+    host = FormRegistry.form_check(form)(InputRequest(id="r1"), answers)
+    mcp = form_content(Question(InputRequest(id="r1"), SCHEMA, form.spec), answers)
+    assert host == "property 'other': answers a question this form does not have"
+    assert mcp == [host]
 
 
 def test_a_missing_required_field_fails_at_its_own_path() -> None:

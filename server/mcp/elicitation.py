@@ -189,20 +189,8 @@ def form_content(question: Question, answers: dict[str, InputAnswer]) -> dict[st
         data = form_data_from_answers(question.form, answers)
     except FormDataError as error:
         return [str(error)]
-    problems = schema_problems(question.schema, data)
+    problems = SchemaCheck.of(question.schema).failure_texts(data)
     return problems or data
-
-
-def schema_problems(schema: Mapping[str, Any], data: Any) -> list[str]:
-    """What in ``data`` fails ``schema``: field and rule, never the value."""
-    problems: list[str] = []
-    for path, rule in SchemaCheck.of(schema).failures(data):
-        where = "/".join(path)
-        if rule == "required":
-            problems.append(f"{where} is required")
-        else:
-            problems.append(f"{where or 'the form'} fails `{rule}`")
-    return problems
 
 
 # ─── The callback ────────────────────────────────────────────────────────────

@@ -48,8 +48,9 @@ class AgentVersionGone(RunnerError):
 
 
 class ResumeRejected(RunnerError):
-    """A resume that does not fit the turn: late, duplicate, mismatched, not
-    due yet, or with data that fails the frozen form. Nothing changed."""
+    """A resume that does not fit the turn: late, duplicate, mismatched (not
+    the kind its wait expects, another correlation id) or not due yet.
+    Nothing changed."""
 
     def __init__(self, turn_id: str, reason: str, errors: list[str] | None = None) -> None:
         super().__init__(turn_id, reason)

@@ -33,22 +33,17 @@ moment, never the mutable record the core keeps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import inspect
-import json
 import logging
 import random
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import msgspec
 from msgspec.structs import replace
 
 from protocol.actions import ChatTurnStarted, StateAction, action_type
-from protocol.codec import convert_state, encode
+from protocol.codec import encode
 from protocol.messages import (
     ActionEnvelope,
     ActionOrigin,
@@ -60,9 +55,15 @@ from protocol.messages import (
     SnapshotResume,
 )
 from protocol.rejections import Rejection, RejectionCode
-from protocol.uris import ROOT_URI, channel_kind
+from protocol.uris import ROOT_URI
 from reducers import reduce
 from server.auth import Identity
+from server.core.background import Background, FollowUps
+from server.core.following import UNSUBSCRIBED_FOLLOW as UNSUBSCRIBED_FOLLOW
+from server.core.following import Following
+from server.core.held import ChannelView as ChannelView
+from server.core.held import HeldChannel, HeldChannels
+from server.core.held import Subscriber as Subscriber
 from server.core.policy import stamped, turn_stamp
 from server.errors import (
     ActionRejected,
@@ -82,51 +83,9 @@ MAX_APPEND_ATTEMPTS = 50
 """Compare-and-set attempts before an append is given up as too contended;
 from the third on, each waits a little (random) so two processes that keep
 colliding fall out of step."""
-MAX_HINTS = 1000
-MAX_HINT_BYTES = 4 << 20
-"""Announced entries kept per channel while they cannot be applied yet (at
-most this many, and bytes): beyond, the log is read instead."""
 SNAPSHOT_BYTES = 4 << 20
 """Bytes of entries after which a snapshot is saved even before
 ``snapshot_every`` actions, so that the log a load reads stays bounded."""
-UNSUBSCRIBED_FOLLOW = 0.005
-"""Seconds a channel nobody here subscribes to or pins waits before it
-applies what other processes appended (its hooks hear it then). Nobody is
-shown it, and a read or a write here applies it first: the work waits
-until what this process has at hand is done (a worker's save of a turn,
-whose reply would otherwise be read after it), and a burst is applied in
-one go."""
-IDLE_CHANNELS = 1000
-"""Channels kept in memory while nobody here subscribes to or waits on
-them; the least recently used beyond are evicted (and no longer watched)."""
-
-
-class Subscriber(Protocol):
-    """A connection that receives frames; ``send_frame`` never blocks (a
-    subscriber that cannot keep up disconnects itself). ``session`` names
-    the session a sessions-list notice is about; ``channel`` the channel an
-    action envelope belongs to."""
-
-    def send_frame(
-        self, frame: OutFrame, session: str | None = None, channel: str | None = None
-    ) -> None: ...
-
-    def resync(self, channel: str) -> None:
-        """The channel's log was lost: the subscriber must start over."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelView:
-    """A channel at one moment: its URI, state and seq, and about how many
-    bytes its state takes as JSON (``size``: exact at each snapshot, plus
-    the bytes of each envelope since; an envelope carries more than it
-    adds, so this errs on the large side, by at most a snapshot's worth of
-    envelopes)."""
-
-    uri: str
-    state: ChannelState
-    seq: int
-    size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,72 +185,6 @@ def step(
     return Step(envelope=envelope, data=encode(envelope), after=after)
 
 
-@dataclass
-class _Channel:
-    """A channel as this process holds it."""
-
-    uri: str
-    state: ChannelState
-    seq: int
-    epoch: str
-    size: int = 0
-    """About how many bytes the state takes as JSON (see ChannelView)."""
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    subscribers: set[Subscriber] = field(default_factory=set)
-    since_snapshot: int = 0
-    since_snapshot_bytes: int = 0
-    remote_head: int = 0
-    hints: dict[int, bytes] = field(default_factory=dict)
-    """Entries other processes announced, by seq, not yet applied."""
-    hint_bytes: int = 0
-    pins: int = 0
-    """Callers that need the channel kept current without subscribing."""
-    catching_up: bool = False
-    follow_later: asyncio.TimerHandle | None = None
-    """The catch-up waiting UNSUBSCRIBED_FOLLOW, if any."""
-    appending: bool = False
-    unsure: tuple[int, bytes] | None = None
-    """An append of this process whose answer was lost (its seq and entry):
-    if the log holds it at that seq, it is this process's (its hooks run as
-    for a local action: the audit records it, the session hears of it)."""
-
-    last_view: ChannelView | None = None
-    """The view last made, given again while the channel has not moved
-    (a view is asked for several times for each action)."""
-
-    def view(self) -> ChannelView:
-        last = self.last_view
-        if (
-            last is not None
-            and last.state is self.state
-            and last.seq == self.seq
-            and last.size == self.size
-        ):
-            return last
-        self.last_view = last = ChannelView(self.uri, self.state, self.seq, self.size)
-        return last
-
-    @property
-    def served(self) -> bool:
-        return bool(self.subscribers) or self.pins > 0
-
-    def keep_hints_after(self, seq: int | None) -> None:
-        """Forget the hints up to ``seq`` (all of them when None)."""
-        self.hints = {} if seq is None else {s: r for s, r in self.hints.items() if s > seq}
-        self.hint_bytes = sum(len(r) for r in self.hints.values())
-
-
-FollowUps = list[Awaitable[None]]
-
-
-async def _run_in_order(follow_ups: FollowUps, what: str) -> None:
-    for follow_up in follow_ups:
-        try:
-            await follow_up
-        except Exception:
-            log.exception("side effect of %s failed", what)
-
-
 class ChannelCore(Listener):
     """The channels this process serves; see the module docstring. Call
     :meth:`start` before use and :meth:`stop` at the end."""
@@ -320,25 +213,28 @@ class ChannelCore(Listener):
         an append whose hint was lost is applied within one interval."""
         self.hooks = hooks if hooks is not None else Hooks()
         self.riding: list[Riding] = []
-        self.idle_channels = IDLE_CHANNELS
-        self._channels: dict[str, _Channel] = {}
-        self._idle: OrderedDict[str, None] = OrderedDict()
-        """Channels held but not served (no subscriber, no pin), oldest first."""
-        self._leaving: dict[str, asyncio.Task[None]] = {}
-        """Evicted channels whose unwatch is under way: a load waits for it."""
-        self._loading: dict[str, asyncio.Future[_Channel]] = {}
-        self._tasks: set[asyncio.Future[None]] = set()
-        self._stopped = False
+        self.background = Background()
+        self._held = HeldChannels(store, self.background)
+        self._following = Following(store, self._held, self.background, self._apply_entry)
         self._remove_listener: Callable[[], None] | None = None
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
 
+    @property
+    def idle_channels(self) -> int:
+        """Channels kept while nobody here serves them (server.core.held)."""
+        return self._held.most
+
+    @idle_channels.setter
+    def idle_channels(self, most: int) -> None:
+        self._held.most = most
+
     # ─── Lifecycle ───────────────────────────────────────────────────────
 
     async def start(self) -> None:
         """Listen to other processes (and compare heads now and then)."""
-        self._stopped = False
+        self.background.start()
         self._remove_listener = self.store.add_listener(self)
         if self.idle_check_interval > 0:
             self._idle_check.start()
@@ -347,45 +243,12 @@ class ChannelCore(Listener):
         await self._idle_check.stop()
         if self._remove_listener is not None:
             self._remove_listener()
-        self._stopped = True
-        for task in list(self._tasks):
-            task.cancel()
+        self.background.stop()
 
     def spawn(self, coro: Awaitable[None]) -> asyncio.Future[None] | None:
-        """Run ``coro`` in the background; its failure is logged. Once
-        stopped, nothing more starts (what a cancelled task hands on is
-        dropped): None then."""
-        if self._stopped:
-            if inspect.iscoroutine(coro):
-                coro.close()
-            return None
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Future[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
-            log.error("background task failed", exc_info=error)
-
-    async def _await_all(self, follow_ups: FollowUps, what: str) -> None:
-        """Await hooks' follow-ups in order; one that fails is logged and the
-        others still run. They run in a task of the core's, which the caller
-        awaits shielded: a caller cancelled meanwhile (a task cancelled at a
-        stop, uvicorn's graceful timeout) leaves them running (the audit's
-        record and the session's telling of an action applied are not the
-        caller's to drop), and :meth:`settle` waits for them."""
-        if not follow_ups:
-            return
-        running = self.spawn(_run_in_order(follow_ups, what))
-        if running is None:  # stopped: nothing runs in the background any more
-            await _run_in_order(follow_ups, what)
-            return
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            return  # the caller is being cancelled: they run on without it
-        await asyncio.shield(running)
+        """Run ``coro`` in the background (server.core.background); None
+        once stopped."""
+        return self.background.spawn(coro)
 
     async def settle(self, until: float) -> None:
         """At a stop, before the hooks' owners stop: an append of this
@@ -395,7 +258,7 @@ class ChannelCore(Listener):
         refuses, up to ``until`` (``time.monotonic()``). What is still
         running then is logged, and left to :meth:`stop`."""
         pause = 0.05
-        while unsure := [ch for ch in self._channels.values() if ch.unsure is not None]:
+        while unsure := [ch for ch in self._held.all() if ch.unsure is not None]:
             left = until - time.monotonic()
             try:
                 if left <= 0:
@@ -411,14 +274,9 @@ class ChannelCore(Listener):
                     break
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
-        while self._tasks:
-            left = until - time.monotonic()
-            if left <= 0:
-                log.error("%d follow-ups and catch-ups still run at the stop", len(self._tasks))
-                return
-            await asyncio.wait(list(self._tasks), timeout=left)
+        await self.background.wait(until)
 
-    async def _read_back(self, ch: _Channel) -> None:
+    async def _read_back(self, ch: HeldChannel) -> None:
         """Whether ``ch``'s unsure append landed: the log after what this
         process holds is applied (its hooks run), and the append is known
         not to have landed when the log holds nothing after it."""
@@ -427,14 +285,14 @@ class ChannelCore(Listener):
             async with ch.lock:
                 if ch.unsure is not None:
                     try:
-                        await self._catch_up(ch, follow_ups, behind=True)
+                        await self._following.catch_up(ch, follow_ups, behind=True)
                     except StoreError:
                         raise  # tried again while the stop waits
                     except Exception:
                         log.exception("could not read back %s", ch.uri)
                     ch.unsure = None  # applied as ours, as another's, or never landed
         finally:
-            await self._await_all(follow_ups, f"reading back {ch.uri}")
+            await self.background.follow_ups(follow_ups, f"reading back {ch.uri}")
 
     # ─── Reading ─────────────────────────────────────────────────────────
 
@@ -445,103 +303,25 @@ class ChannelCore(Listener):
 
     def cached(self, uri: str) -> ChannelView | None:
         """The channel as this process holds it, without loading it."""
-        ch = self._channels.get(uri)
+        ch = self._held.get(uri)
         return None if ch is None else ch.view()
 
-    async def _channel(self, uri: str) -> _Channel:
+    async def _channel(self, uri: str) -> HeldChannel:
         """The channel, loaded on first use, with what was heard of it
         applied (UNSUBSCRIBED_FOLLOW): whoever reads, subscribes, resumes
         or pins gets no older state than this process heard of."""
-        found = self._channels.get(uri)
-        if found is not None:
-            self._touch(found, using=True)
-            if found.remote_head > found.seq and not found.lock.locked():
-                async with self._current(found):
-                    pass
-            return found
-        pending = self._loading.get(uri)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        leaving = self._leaving.get(uri)
-        if leaving is not None:
-            await asyncio.shield(leaving)  # its unwatch must not undo our watch
-            return await self._channel(uri)
-        future: asyncio.Future[_Channel] = asyncio.get_running_loop().create_future()
-        self._loading[uri] = future
-        try:
-            # Watch first: no append falls between the load and its hints.
-            await self.store.watch(uri)
-            ch = await self._load(uri)
-            self._channels[uri] = ch
-            self._touch(ch, using=True)
-            future.set_result(ch)
-            return ch
-        except BaseException as error:
-            if isinstance(error, Exception):  # gone, malformed, store down
-                await self.store.unwatch(uri)
-            future.set_exception(error)
-            future.exception()  # consumed here: waiters re-raise it
-            raise
-        finally:
-            del self._loading[uri]
-
-    async def _load(self, uri: str) -> _Channel:
-        kind = channel_kind(uri)
-        stored = await self.store.load(uri)
-        state = convert_state(json.loads(stored.snapshot), kind)
-        for raw in stored.log:
-            entry = decode_entry(raw)
-            state = reduce(state, entry.envelope.action, entry.time)
-        size = len(stored.snapshot) + sum(len(raw) for raw in stored.log)
-        return _Channel(uri=uri, state=state, seq=stored.seq, epoch=stored.epoch, size=size)
-
-    def _touch(self, ch: _Channel, *, using: bool = False) -> None:
-        """Note that ``ch`` was used: an idle one becomes the newest idle one,
-        and the oldest beyond ``idle_channels`` are evicted; but not ``ch``
-        when the caller is ``using`` it (it was loaded to be used: to be
-        subscribed to, pinned or read)."""
-        if ch.served:
-            self._idle.pop(ch.uri, None)
-            return
-        self._idle[ch.uri] = None
-        self._idle.move_to_end(ch.uri)
-        busy: list[str] = []
-        while len(self._idle) > self.idle_channels:
-            oldest = next(iter(self._idle))
-            if using and oldest == ch.uri:
-                break  # the only idle one left: it goes at a later touch
-            del self._idle[oldest]
-            if self._evict(oldest):
-                busy.append(oldest)
-        for uri in busy:
-            self._idle[uri] = None  # in use now (a write, a catch-up): at a later touch
-
-    def _evict(self, uri: str) -> bool:
-        """Evict an idle channel; True when it is busy (locked, catching
-        up) and stays, still idle."""
-        ch = self._channels.get(uri)
-        if ch is None or ch.served:
-            return False
-        if ch.lock.locked() or ch.catching_up:
-            return True
-        del self._channels[uri]
-        task = asyncio.ensure_future(self._unwatch(uri))
-        self._leaving[uri] = task
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return False
-
-    async def _unwatch(self, uri: str) -> None:
-        try:
-            await self.store.unwatch(uri)
-        except StoreError as error:
-            log.warning("could not stop watching %s: %s", uri, error)
-        finally:
-            self._leaving.pop(uri, None)
+        found = self._held.get(uri)
+        if found is None:
+            return await self._held.load(uri)
+        self._held.touch(found, using=True)
+        if found.remote_head > found.seq and not found.lock.locked():
+            async with self._following.current(found):
+                pass
+        return found
 
     def held(self) -> int:
         """How many channels this process holds in memory."""
-        return len(self._channels)
+        return len(self._held)
 
     # ─── Creating and dropping ───────────────────────────────────────────
 
@@ -552,8 +332,7 @@ class ChannelCore(Listener):
     async def drop(self, uri: str) -> None:
         """Forget ``uri`` here and delete it from the store; its subscribers
         hear no more."""
-        ch = self._channels.pop(uri, None)
-        self._idle.pop(uri, None)
+        ch = self._held.forget(uri)
         if ch is not None:
             ch.subscribers.clear()
         await self.store.delete(uri)
@@ -610,11 +389,11 @@ class ChannelCore(Listener):
                     ch, change, origin, name, sender, validate, started, follow_ups
                 )
         finally:
-            await self._await_all(follow_ups, f"an action on {uri}")
+            await self.background.follow_ups(follow_ups, f"an action on {uri}")
 
     async def _commit(
         self,
-        ch: _Channel,
+        ch: HeldChannel,
         change: Change,
         origin: ActionOrigin | None,
         name: str | None,
@@ -629,7 +408,7 @@ class ChannelCore(Listener):
         for attempt in range(MAX_APPEND_ATTEMPTS):
             if attempt >= 2:
                 await asyncio.sleep(random.uniform(0, 0.001 * attempt))  # jitter
-            await self._heard(ch, follow_ups)
+            await self._following.heard(ch, follow_ups)
             action = change(ch.state)
             if action is None:
                 return None
@@ -656,9 +435,9 @@ class ChannelCore(Listener):
                 raise await self._applied(ch, applied.seq, action, origin) from None
             except SeqConflict as conflict:
                 if conflict.current < ch.seq:
-                    await self._restore(ch)
+                    await self._following.restore(ch)
                 else:
-                    await self._catch_up(ch, follow_ups, behind=True)
+                    await self._following.catch_up(ch, follow_ups, behind=True)
                 continue
             except StoreUnavailable:
                 ch.unsure = (ch.seq + 1, entry)  # it may have landed all the same
@@ -687,7 +466,7 @@ class ChannelCore(Listener):
         return None
 
     async def _applied(
-        self, ch: _Channel, seq: int, action: StateAction, origin: ActionOrigin
+        self, ch: HeldChannel, seq: int, action: StateAction, origin: ActionOrigin
     ) -> AlreadyApplied:
         """A re-sent action's first outcome: its envelope as the log holds
         it (rebuilt from what was re-sent when the log no longer does).
@@ -712,7 +491,7 @@ class ChannelCore(Listener):
 
     def _apply(
         self,
-        ch: _Channel,
+        ch: HeldChannel,
         result: Step,
         sender: Identity | None,
         *,
@@ -749,41 +528,8 @@ class ChannelCore(Listener):
 
     # ─── Other processes ─────────────────────────────────────────────────
 
-    async def _catch_up(self, ch: _Channel, follow_ups: FollowUps, *, behind: bool = False) -> None:
-        """Apply what other processes appended after ``ch.seq`` (lock held):
-        the announced entries while they follow on, then the store's log
-        when some are still missing (or ``behind``: a conflict said so)."""
-        while (raw := ch.hints.pop(ch.seq + 1, None)) is not None:
-            self._apply_entry(ch, raw, follow_ups)
-        ch.keep_hints_after(ch.seq)
-        if ch.remote_head <= ch.seq and not behind:
-            return
-        entries = await self.store.read_log(ch.uri, ch.seq, ch.epoch)
-        if entries is None:
-            await self._reload(ch)
-            return
-        for raw in entries:
-            self._apply_entry(ch, raw, follow_ups)
-
-    @contextlib.asynccontextmanager
-    async def _current(self, ch: _Channel) -> AsyncIterator[None]:
-        """Hold ``ch``'s lock with what was heard of it applied (:meth:`_heard`);
-        the follow-ups of what that applied run once the lock is released."""
-        follow_ups: FollowUps = []
-        try:
-            async with ch.lock:
-                await self._heard(ch, follow_ups)
-                yield
-        finally:
-            await self._await_all(follow_ups, f"catching up {ch.uri}")
-
-    async def _heard(self, ch: _Channel, follow_ups: FollowUps) -> None:
-        """Apply what was heard of ``ch`` and not applied yet (lock held):
-        what is read or written next builds on it (UNSUBSCRIBED_FOLLOW)."""
-        if ch.remote_head > ch.seq:
-            await self._catch_up(ch, follow_ups)
-
-    def _apply_entry(self, ch: _Channel, raw: bytes, follow_ups: FollowUps) -> None:
+    def _apply_entry(self, ch: HeldChannel, raw: bytes, follow_ups: FollowUps) -> None:
+        """Apply an entry another process appended (or this one, unsure)."""
         entry = decode_entry(raw)
         seq = entry.envelope.server_seq
         if seq != ch.seq + 1:
@@ -793,97 +539,12 @@ class ChannelCore(Listener):
         ours = ch.unsure == (seq, raw)
         self._apply(ch, result, entry.sender, local=ours, follow_ups=follow_ups)
 
-    async def _restore(self, ch: _Channel) -> None:
-        """The store is behind what this process saw: it lost acknowledged
-        appends. Give it back the state we hold, under a new epoch; every
-        other process then reloads it, and its subscribers start over."""
-        snapshot = encode(ch.state)
-        ch.size = len(snapshot)
-        epoch = await self.store.restore(ch.uri, ch.seq, snapshot)
-        log.warning("%s: the store lost appends up to %d; restored them", ch.uri, ch.seq)
-        if epoch is not None:
-            ch.epoch = epoch
-            ch.keep_hints_after(None)
-            ch.remote_head = ch.seq  # what was heard of the lost log is gone with it
-
-    async def _reload(self, ch: _Channel) -> None:
-        """The log we knew is gone (epoch changed or trimmed past us): load
-        afresh and make every subscriber start over."""
-        fresh = await self._load(ch.uri)
-        ch.state, ch.seq, ch.epoch, ch.size = fresh.state, fresh.seq, fresh.epoch, fresh.size
-        ch.keep_hints_after(None)
-        ch.remote_head = ch.seq  # the load holds what was heard
-        ch.unsure = None
-        for subscriber in list(ch.subscribers):
-            subscriber.resync(ch.uri)
-        ch.subscribers.clear()
-        self._touch(ch)
-
     def envelope_appended(self, channel: str, seq: int, envelope: bytes) -> None:
-        ch = self._channels.get(channel)
-        if ch is None or seq <= ch.seq:
-            return
-        if len(ch.hints) < MAX_HINTS and ch.hint_bytes + len(envelope) <= MAX_HINT_BYTES:
-            ch.hints[seq] = envelope  # kept even now: a conflict uses it
-            ch.hint_bytes += len(envelope)
-        if ch.appending and seq == ch.seq + 1:
-            return  # most likely our own append; a conflict would catch us up
-        ch.remote_head = max(ch.remote_head, seq)
-        if ch.served and ch.follow_later is not None:
-            # Subscribed (or pinned) since: no more waiting.
-            ch.follow_later.cancel()
-            ch.follow_later, ch.catching_up = None, False
-        if not ch.catching_up:
-            ch.catching_up = True
-            if ch.served:
-                self.spawn(self._follow(ch))
-            else:
-                loop = asyncio.get_running_loop()
-                ch.follow_later = loop.call_later(UNSUBSCRIBED_FOLLOW, self._follow_later, ch)
-
-    def _follow_later(self, ch: _Channel) -> None:
-        ch.follow_later = None
-        if self.spawn(self._follow(ch)) is None:
-            ch.catching_up = False  # stopped: a start follows it again
-
-    async def _follow(self, ch: _Channel) -> None:
-        follow_ups: FollowUps = []
-        try:
-            async with ch.lock:
-                if ch.remote_head > ch.seq:
-                    await self._catch_up(ch, follow_ups)
-        finally:
-            ch.catching_up = False
-            await self._await_all(follow_ups, f"catching up {ch.uri}")
+        self._following.envelope_appended(channel, seq, envelope)
 
     async def check_heads(self, *, idle: bool = False) -> None:
-        """Catch up every channel served here (with subscribers, or pinned)
-        or holding an append whose answer was lost, that is behind the
-        store (or whose log changed its epoch: then subscribers start over);
-        with ``idle``, the channels held here unserved too."""
-        watched = [
-            uri for uri, ch in self._channels.items() if idle or ch.served or ch.unsure is not None
-        ]
-        if not watched:
-            return
-        heads = await self.store.heads(watched)
-        for uri in watched:
-            ch = self._channels.get(uri)
-            head = heads.get(uri)
-            if ch is None or head is None:
-                continue
-            epoch, seq = head
-            if epoch == ch.epoch and seq <= ch.seq:
-                continue
-            follow_ups: FollowUps = []
-            try:
-                async with ch.lock:
-                    if epoch != ch.epoch:
-                        await self._reload(ch)
-                    else:
-                        await self._catch_up(ch, follow_ups, behind=True)
-            finally:
-                await self._await_all(follow_ups, f"catching up {uri}")
+        """Catch up what is behind the store (server.core.following)."""
+        await self._following.check_heads(idle=idle)
 
     def store_reconnected(self) -> None:
         # Hints were lost meanwhile, those of the idle channels too: a copy
@@ -891,7 +552,7 @@ class ChannelCore(Listener):
         self.spawn(self.check_heads(idle=True))
 
     def notice(self, topic: str, payload: bytes) -> None:
-        root = self._channels.get(ROOT_URI)
+        root = self._held.get(ROOT_URI)
         if topic != ROOT_URI or root is None:
             return
         frame = OutFrame(payload)
@@ -910,9 +571,9 @@ class ChannelCore(Listener):
         """Add ``subscriber`` to ``uri`` and return the snapshot it starts
         from: every later envelope has a greater seq."""
         ch = await self._channel(uri)
-        async with self._current(ch):
+        async with self._following.current(ch):
             ch.subscribers.add(subscriber)
-            self._touch(ch)
+            self._held.touch(ch)
             return Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
 
     async def pin(self, uri: str) -> ChannelView:
@@ -920,25 +581,25 @@ class ChannelCore(Listener):
         would), for a caller waiting on its envelopes."""
         ch = await self._channel(uri)
         ch.pins += 1
-        self._touch(ch)
+        self._held.touch(ch)
         return ch.view()
 
     def unpin(self, uri: str) -> None:
-        ch = self._channels.get(uri)
+        ch = self._held.get(uri)
         if ch is not None and ch.pins > 0:
             ch.pins -= 1
-            self._touch(ch)
+            self._held.touch(ch)
 
     def subscribers(self, uri: str) -> frozenset[Subscriber]:
         """Who is subscribed to ``uri`` here now."""
-        ch = self._channels.get(uri)
+        ch = self._held.get(uri)
         return frozenset(ch.subscribers) if ch is not None else frozenset()
 
     def unsubscribe(self, uri: str, subscriber: Subscriber) -> None:
-        ch = self._channels.get(uri)
+        ch = self._held.get(uri)
         if ch is not None:
             ch.subscribers.discard(subscriber)
-            self._touch(ch)
+            self._held.touch(ch)
 
     async def resume(
         self, uri: str, last_seen: int, subscriber: Subscriber, max_bytes: int | None = None
@@ -950,12 +611,12 @@ class ChannelCore(Listener):
             ch = await self._channel(uri)
         except ChannelGone:
             return MissingResume(channel=uri)
-        async with self._current(ch):
+        async with self._following.current(ch):
             entries = None
             if last_seen <= ch.seq:
                 entries = await self.store.read_log(uri, last_seen, ch.epoch)
             ch.subscribers.add(subscriber)
-            self._touch(ch)
+            self._held.touch(ch)
             too_large = (
                 entries is not None
                 and max_bytes is not None

@@ -48,7 +48,15 @@ from protocol.actions import (
 )
 from protocol.chat import Message, Turn
 from protocol.codec import MalformedFrame
-from protocol.messages import ActionEnvelope, ActionOrigin, ChannelState, ErrorCode, ExpireParams
+from protocol.messages import (
+    ActionEnvelope,
+    ActionOrigin,
+    ChannelState,
+    ErrorCode,
+    ExpireParams,
+    Resume,
+    Snapshot,
+)
 from protocol.rejections import Rejection, RejectionCode
 from protocol.session import ActiveClient, RootState, SessionState, SessionSummary
 from protocol.uris import ROOT_URI, BadChannelUri, channel_kind
@@ -58,7 +66,8 @@ from reducers.limits import json_bytes
 from reducers.notes import HUDDLE
 from reducers.validation import working_directories_problem
 from server.auth import ROLES, Grant, Identity, Role, TokenAuthority
-from server.core.channels import ChannelView
+from server.core import presence
+from server.core.channels import ChannelView, Subscriber
 from server.core.expiry import Expiry, Family
 from server.core.host import Host
 from server.core.metrics import Metrics
@@ -212,6 +221,38 @@ class Commands:
         if isinstance(view.state, SessionState):  # read, as a subscribe reads it
             self.host.aggregate.check_listing(uri, view.state)
         return view
+
+    # ─── Subscriptions ───────────────────────────────────────────────────
+
+    async def subscribe(self, uri: str, subscriber: Subscriber) -> Snapshot:
+        """Subscribe ``subscriber`` to ``uri`` (reached already: :meth:`reach`)
+        and return the snapshot it starts from; raises ChannelGone. A
+        session read so has its listing checked, as :meth:`snapshot` does."""
+        snapshot = await self.host.core.subscribe(uri, subscriber)
+        if isinstance(snapshot.state, SessionState):
+            self.host.aggregate.check_listing(uri, snapshot.state)
+        return snapshot
+
+    async def resume(
+        self, uri: str, last_seen: int, subscriber: Subscriber, max_bytes: int | None = None
+    ) -> Resume:
+        """Subscribe ``subscriber`` to ``uri`` again after a drop: the
+        envelopes after ``last_seen`` (at most ``max_bytes``) or a snapshot
+        (server.core.channels.ChannelCore.resume)."""
+        return await self.host.core.resume(uri, last_seen, subscriber, max_bytes=max_bytes)
+
+    def unsubscribe(self, uri: str, subscriber: Subscriber) -> None:
+        self.host.core.unsubscribe(uri, subscriber)
+
+    def leave(self, session: str, client_id: str, back: Callable[[], bool]) -> None:
+        """``client_id``'s connection went: take its entry out of
+        ``session``'s active clients, in the background, unless it is
+        ``back`` by then (server.core.presence)."""
+        self.host.core.spawn(presence.leave(self.host, session, client_id, back))
+
+    async def root_seq(self) -> int:
+        """The root channel's seq now (what ``initialize`` answers)."""
+        return (await self.host.view(ROOT_URI)).seq
 
     # ─── Sessions and chats ──────────────────────────────────────────────
 

@@ -38,7 +38,7 @@ leaves out what is beyond the limit, as it does a gone channel.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from protocol.codec import MalformedFrame
 from protocol.messages import (
@@ -55,12 +55,51 @@ from protocol.messages import (
     Snapshot,
     SnapshotResume,
 )
+from server.auth import Grant
+from server.commands import Commands
+from server.config import Limits
+from server.edge.connection import Connection
 from server.edge.numbering import Numbering
 from server.errors import ChannelGone, CommandError
 from server.frames import Room
 
-if TYPE_CHECKING:
-    from server.edge.rpc import Rpc
+
+class Rpc(Protocol):
+    """What a reconnect needs of the connection it runs on: its methods'
+    state (server.edge.rpc.Rpc is one), named here so that the two modules
+    do not import each other."""
+
+    connection: Connection
+    commands: Commands
+    grant: Grant
+    client_id: str | None
+    extensions: frozenset[str]
+    subscriptions: set[str]
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def numbering(self) -> Numbering | None:
+        """This connection's own serverSeq numbering (None: per channel)."""
+
+    @property
+    def frame_budget(self) -> int: ...
+
+    @property
+    def answer_budget(self) -> int: ...
+
+    def retired_numbering(self, client_id: str) -> Numbering | None:
+        """The numbering plain client ``client_id`` left behind, if any."""
+
+    def label(self, client_id: str) -> None: ...
+
+    def fitted(self, snapshot: Snapshot, turns: int | None = None, share: int = 1) -> Snapshot: ...
+
+    def count_subscriptions(self, more: int) -> None: ...
+
+    def add_subscription(self, uri: str) -> None: ...
+
 
 NOT_THERE = (ErrorCode.SESSION_NOT_FOUND, ErrorCode.NOT_FOUND)
 
@@ -99,7 +138,7 @@ async def reconnect(
         await rpc.commands.claim_client(rpc.grant, params.client_id)
     reached = await reach_all(rpc, ((uri, "$.subscriptions") for uri in params.subscriptions))
     if rpc.client_id is None:
-        left = rpc.clients.numbering_of(params.client_id)
+        left = rpc.retired_numbering(params.client_id)
         rpc.label(params.client_id)
         rpc.extensions = frozenset()
     else:
@@ -168,7 +207,7 @@ async def resume_plain(
         rpc.connection.park(uri)
         if not exact or cursor is None:
             continue
-        resume = await rpc.host.core.resume(uri, cursor, rpc.connection, max_bytes=share)
+        resume = await rpc.commands.resume(uri, cursor, rpc.connection, max_bytes=share)
         if isinstance(resume, ReplayResume):
             replayed.extend(resume.actions)
         elif isinstance(resume, MissingResume):
@@ -188,12 +227,12 @@ async def resume_plain(
     room = Room(rpc.answer_budget)
     for uri in reachable:
         try:
-            snapshot = await rpc.host.core.subscribe(uri, rpc.connection)
+            snapshot = await rpc.commands.subscribe(uri, rpc.connection)
         except ChannelGone:
             continue  # gone: no snapshot says so
         snapshot = rpc.fitted(snapshot, share=len(reachable))
         if not room.takes(snapshot):  # beyond what one answer may take: left out
-            rpc.host.core.unsubscribe(uri, rpc.connection)
+            rpc.commands.unsubscribe(uri, rpc.connection)
             rpc.connection.unpark(uri)
             break
         rpc.add_subscription(uri)
@@ -217,13 +256,13 @@ async def resume_channels(rpc: Rpc, cursors: list[ChannelCursor]) -> ReconnectRe
             resumes.append(MissingResume(channel=uri))
             continue
         rpc.connection.park(uri)
-        resume = await rpc.host.core.resume(
+        resume = await rpc.commands.resume(
             uri, cursor.last_seen_server_seq, rpc.connection, max_bytes=share
         )
         if isinstance(resume, SnapshotResume):
             snapshot = rpc.fitted(resume.snapshot, share=len(cursors))
             if not room.takes(snapshot):  # beyond what one answer may take: left out
-                rpc.host.core.unsubscribe(uri, rpc.connection)
+                rpc.commands.unsubscribe(uri, rpc.connection)
                 rpc.connection.unpark(uri)
                 resumes.append(MissingResume(channel=uri))
                 continue

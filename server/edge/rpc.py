@@ -66,12 +66,9 @@ from protocol.messages import (
     SubscribeResult,
 )
 from protocol.rejections import Rejection, RejectionCode
-from protocol.session import SessionState
-from protocol.uris import ROOT_URI
 from server.auth import Grant
 from server.commands import PAGE_MARGIN, Commands, not_found, refused
 from server.config import Limits
-from server.core import presence
 from server.core.policy import reaches
 from server.core.sessions import windowed
 from server.edge.connection import CLOSE_NORMAL, Connection
@@ -168,7 +165,6 @@ class Rpc:
         "connection",
         "extensions",
         "grant",
-        "host",
         "identity",
         "present",
         "seq_scope",
@@ -188,7 +184,6 @@ class Rpc:
         self.connection = connection
         self.commands = commands
         self.clients = clients if clients is not None else LiveClients()
-        self.host = commands.host
         self.grant = grant
         self.server_info = server_info
         self.client_id: str | None = None
@@ -362,11 +357,10 @@ class Rpc:
         # Each snapshot is a read too, charged (its next requests wait it out).
         self.commands.charge_snapshots(self.grant, room.count, room.read)
         self.label(params.client_id)
-        root = await self.host.view(ROOT_URI)
         extensions = {"huddle": self._announced(asked)} if asked else None
         return InitializeResult(
             protocol_version=version,
-            server_seq=root.seq,
+            server_seq=await self.commands.root_seq(),
             server_info=self.server_info,
             snapshots=snapshots,
             meta=extensions,
@@ -395,6 +389,11 @@ class Rpc:
             self.connection.numbering = None
         else:
             self.connection.numbering = Numbering(start=left.counter if left else 0)
+
+    def retired_numbering(self, client_id: str) -> Numbering | None:
+        """The numbering plain client ``client_id`` left behind (its live
+        connection's, or one that closed lately): a reconnect continues it."""
+        return self.clients.numbering_of(client_id)
 
     def label(self, client_id: str) -> None:
         """Make ``client_id`` (claimed for this token) this connection's
@@ -449,12 +448,10 @@ class Rpc:
         self.count_subscription(uri)
         try:
             self.connection.park(uri)
-            snapshot = await self.host.core.subscribe(uri, self.connection)
+            snapshot = await self.commands.subscribe(uri, self.connection)
         except ChannelGone:
             raise not_found(uri) from None
         self.add_subscription(uri)
-        if isinstance(snapshot.state, SessionState):
-            self.host.aggregate.check_listing(uri, snapshot.state)
         return self.fitted(snapshot, turns, share)
 
     def fitted(self, snapshot: Snapshot, turns: int | None = None, share: int = 1) -> Snapshot:
@@ -488,7 +485,7 @@ class Rpc:
         if params.channel in self.subscriptions:
             self.subscriptions.discard(params.channel)
             self.connection.metrics.subscribed(-1)
-            self.host.core.unsubscribe(params.channel, self.connection)
+            self.commands.unsubscribe(params.channel, self.connection)
             if self.numbering is not None:
                 self.numbering.forget(params.channel)
 
@@ -501,10 +498,10 @@ class Rpc:
                 return self.clients.live(client_id) not in (None, self)
 
             for session in self.present:
-                self.host.core.spawn(presence.leave(self.host, session, client_id, back))
+                self.commands.leave(session, client_id, back)
         self.present.clear()
         for uri in self.subscriptions:
-            self.host.core.unsubscribe(uri, self.connection)
+            self.commands.unsubscribe(uri, self.connection)
         self.connection.metrics.subscribed(-len(self.subscriptions))
         self.subscriptions.clear()
         if self.client_id is not None:

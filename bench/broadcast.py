@@ -132,7 +132,7 @@ async def serve_huddle(portfile: str, profile: str | None) -> None:
     ready: dict[str, Any] = {}
 
     async def on_start(server: Server) -> None:
-        host = server.host
+        host = server.parts.host
         chat = await host.create_session(SESSION, title="Bench")
         message = Message(text="Users cannot log in", origin=MessageOrigin(kind="user"))
         started = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())

@@ -169,7 +169,7 @@ async def serve_child(portfile: str, store: str, chat: str | None) -> None:
     ready: dict[str, Any] = {}
 
     async def on_start(server: Server) -> None:
-        host = server.host
+        host = server.parts.host
         served = chat
         if served is None:
             session = f"ahp-session:/bench-{secrets.token_hex(4)}"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import base64
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -46,8 +46,8 @@ from protocol.actions import (
     StateAction,
     action_type,
 )
-from protocol.chat import Message, Turn
-from protocol.codec import MalformedFrame
+from protocol.chat import ChatState, Message, Turn
+from protocol.codec import MalformedFrame, decode_json
 from protocol.messages import (
     ActionEnvelope,
     ActionOrigin,
@@ -59,7 +59,7 @@ from protocol.messages import (
 )
 from protocol.rejections import Rejection, RejectionCode
 from protocol.session import ActiveClient, RootState, SessionState, SessionSummary
-from protocol.uris import ROOT_URI, BadChannelUri, channel_kind
+from protocol.uris import ROOT_URI, SESSION_SCHEME, BadChannelUri, channel_kind
 from protocol.wire import quoted
 from reducers.clock import iso_time
 from reducers.limits import json_bytes
@@ -67,12 +67,12 @@ from reducers.notes import HUDDLE
 from reducers.validation import working_directories_problem
 from server.auth import ROLES, Grant, Identity, Role, TokenAuthority
 from server.core import presence
+from server.core.audit import export as audit_export
 from server.core.channels import ChannelView, Subscriber
 from server.core.expiry import Expiry, Family
 from server.core.host import Host
-from server.core.metrics import Metrics
+from server.core.policy import Command as Command
 from server.core.policy import (
-    Command,
     admission_refusal,
     cap_refusal,
     command_refusal,
@@ -81,9 +81,10 @@ from server.core.policy import (
     reaches,
     stamped,
 )
-from server.core.sessions import new_chat, new_session
+from server.core.sessions import new_chat, new_session, windowed
 from server.core.waiters import InputOutcome
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
+from server.metrics import Metrics
 from server.ratelimit import Budgets, NewClientIds
 
 PAGE_SIZE = 100
@@ -99,6 +100,10 @@ READ_COST = 0.5
 """A read (a snapshot, a page of turns, a long poll): half an action."""
 BYTES_PER_COST = 64 << 10
 """A snapshot costs one action more per whole 64 KiB of it (as a debt)."""
+AUDIT_RECORDS_PER_COST = 100
+"""An audit export costs one action more per whole 100 records or per whole
+64 KiB of it, whichever is more (as a debt, however large:
+:meth:`Commands.export_audit`)."""
 PAGE_MARGIN = 1024
 """Bytes kept, in a page of turns or sessions, for what wraps them (the JSON-RPC
 answer, a chat/turnsLoaded envelope, the HTTP answer's resource and
@@ -222,6 +227,42 @@ class Commands:
             self.host.aggregate.check_listing(uri, view.state)
         return view
 
+    def reaches(self, grant: Grant, session: str | None) -> bool:
+        """Whether ``grant``'s token reaches ``session`` (server.core.policy)."""
+        return reaches(grant, session)
+
+    async def export_audit(self, grant: Grant, uri: str) -> AsyncIterator[bytes]:
+        """Session ``uri``'s audit, its records as JSON lines
+        (server.core.audit.export), once their cost is charged to the token
+        (a debt). Unlike any other answer its cost is not capped at the
+        burst: an export's bytes are whatever the session holds (up to
+        ``--audit-max-bytes``), so a token that exports a large audit waits
+        its size out before its next request (the last record says the
+        audit's bytes before it: server.core.audit). One action more per
+        whole :data:`AUDIT_RECORDS_PER_COST` records or per whole 64 KiB of
+        it, whichever is more."""
+        self.allow(grant, Command.READ_AUDIT)
+        if not uri.startswith(SESSION_SCHEME):
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS, "expected ahp-session:/<id>", "$.session"
+            )
+        await self.reach(grant, uri, "$.session")  # a malformed id: 400
+        store = self.host.store
+        last = await store.last_audit(uri)
+        if last is None:
+            await self.snapshot(grant, uri)  # 404 when there is no such session
+        else:
+            head = decode_json(last)
+            records = int(head["n"])  # records are numbered from 1
+            before = head.get("bytes")
+            size = len(last) + records + (before if isinstance(before, int) else 0)
+            cost = max(records // AUDIT_RECORDS_PER_COST, size // BYTES_PER_COST)
+            burst = self.budgets.budget_of(grant).burst
+            while cost > 0:  # each charge is capped at the burst: the debt is not
+                self.charge(grant, min(cost, burst))
+                cost -= burst
+        return audit_export(store, uri)
+
     # ─── Subscriptions ───────────────────────────────────────────────────
 
     async def subscribe(self, uri: str, subscriber: Subscriber) -> Snapshot:
@@ -249,6 +290,12 @@ class Commands:
         ``session``'s active clients, in the background, unless it is
         ``back`` by then (server.core.presence)."""
         self.host.core.spawn(presence.leave(self.host, session, client_id, back))
+
+    @staticmethod
+    def window(state: ChatState, turns: int | None, max_bytes: int) -> ChatState:
+        """Chat ``state`` as an answer shows it: its newest ``turns`` turns
+        that fit in ``max_bytes`` (server.core.sessions.windowed)."""
+        return windowed(state, turns, max_bytes)
 
     async def root_seq(self) -> int:
         """The root channel's seq now (what ``initialize`` answers)."""

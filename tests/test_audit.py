@@ -83,7 +83,7 @@ def text(value: str, state: str = "submitted") -> InputAnswer:
 
 
 async def audit_of(huddle: RunningServer, token: str, session: str = SESSION) -> list[bytes]:
-    await huddle.server.host.audit.settled()
+    await huddle.server.parts.host.audit.settled()
     reply = await http("GET", f"{huddle.http}/api/audit?session={session}", token=token)
     assert reply.status == 200, reply.body
     assert reply.headers["Content-Type"].startswith("application/x-ndjson")
@@ -97,7 +97,7 @@ def records(lines: list[bytes]) -> list[dict[str, Any]]:
 async def asked(huddle: RunningServer) -> str:
     agent = await huddle.client("agent", name="agent")
     chat = await session_chat_with_turn(agent, SESSION, TURN)
-    await huddle.server.host.ask(chat, FORM, schema=SCHEMA)
+    await huddle.server.parts.host.ask(chat, FORM, schema=SCHEMA)
     return chat
 
 
@@ -244,7 +244,7 @@ async def test_sensitive_fields_are_redacted_and_drafts_recorded_when_their_auth
 async def test_toggling_answers_cannot_fill_the_audit_and_the_completion_is_recorded(
     huddle: RunningServer,
 ) -> None:
-    huddle.server.host.audit.drafts_per_request = 6
+    huddle.server.parts.host.audit.drafts_per_request = 6
     chat = await asked(huddle)
     lee = await huddle.client(name="Lee")
     dana = await huddle.client(name="Dana")
@@ -350,7 +350,7 @@ async def test_a_full_audit_says_so_and_records_no_more() -> None:
 async def test_the_last_tenth_of_an_audit_is_kept_for_decisive_records() -> None:
     huddle = await start_server(Settings(port=0, audit_max_records=30))
     try:
-        audit = huddle.server.host.audit
+        audit = huddle.server.parts.host.audit
         mallory = {"role": "participant", "name": "Mallory", "token": "t-m"}
 
         def body(what: str, who: dict[str, Any]) -> dict[str, Any]:
@@ -409,7 +409,7 @@ async def test_a_large_message_is_kept_as_its_digest_and_the_chain_still_verifie
 async def test_an_audit_is_bounded_in_bytes_and_its_reserve_keeps_decisions() -> None:
     huddle = await start_server(Settings(port=0, audit_max_bytes=40_000))
     try:
-        audit = huddle.server.host.audit
+        audit = huddle.server.parts.host.audit
         mallory = {"role": "participant", "name": "Mallory", "token": "t-m"}
 
         def body(what: str, text: str) -> dict[str, Any]:
@@ -442,7 +442,7 @@ async def test_an_audit_is_bounded_in_bytes_and_its_reserve_keeps_decisions() ->
 async def test_an_export_is_charged_by_its_bytes_as_a_debt() -> None:
     huddle = await start_server(Settings(port=0, limits=Limits(action_burst=10)))
     try:
-        audit = huddle.server.host.audit
+        audit = huddle.server.parts.host.audit
         agent = await huddle.client("agent", name="agent")
         await session_chat_with_turn(agent, SESSION, TURN)
         for _ in range(60):  # 60 records of about 12 KB: 0 whole hundreds of records
@@ -490,7 +490,7 @@ async def test_a_participants_truncations_stay_out_of_the_reserve_beyond_a_hundr
             await lee.dispatch_and_wait(chat, turn)
             await lee.dispatch_and_wait(chat, ChatTurnCancelled(turn_id=f"l{i}", duration=1))
             await lee.dispatch_and_wait(chat, ChatTruncated(turn_id="t1"))  # Lee's own away
-        await huddle.server.host.audit.settled()
+        await huddle.server.parts.host.audit.settled()
         await agent.dispatch_and_wait(chat, ChatTruncated())
         lines = [line async for line in export(huddle.server.parts.store, SESSION)]
     finally:
@@ -590,7 +590,7 @@ async def test_the_command_line_exports_and_verifies(
     huddle: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     await asked(huddle)
-    await huddle.server.host.audit.settled()
+    await huddle.server.parts.host.audit.settled()
     out = tmp_path / "audit.jsonl"
 
     exported = await asyncio.to_thread(

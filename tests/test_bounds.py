@@ -62,7 +62,7 @@ async def a_long_chat(running: RunningServer) -> str:
     """A chat of 12 turns of 60 KiB (t0 .. t11): about three times the send
     buffer."""
     chat = await a_chat_of(running, 12)
-    full = (await running.server.host.view(chat)).state
+    full = (await running.server.parts.host.view(chat)).state
     assert len(encode(full)) > SEND_BUFFER
     return chat
 
@@ -372,7 +372,7 @@ async def test_a_chat_that_fills_up_takes_no_new_turn_and_stays_loadable() -> No
                 refused = error
                 break
             await mallory.dispatch_and_wait(chat, ChatTurnCancelled(turn_id=f"t{n}", duration=1))
-        full = (await running.server.host.view(chat)).state
+        full = (await running.server.parts.host.view(chat)).state
         late = await Peer.ready(running.ws, running.token(name="late"), "late")
         snapshot = await late.subscribe(chat)
     finally:

@@ -21,7 +21,7 @@ async def test_an_action_whose_rejected_echo_does_not_decode_fails_and_the_clien
     # A NaN goes out as null (JSON has no NaN); the server refuses the
     # action and echoes it as sent, which the client could not decode: its
     # reader died, and every reconnect sent the action again, for ever.
-    chat, asking = await asked_and_listed(huddle.server.host)
+    chat, asking = await asked_and_listed(huddle.server.parts.host)
     person = await huddle.client(sessions=[SESSION])
     await person.subscribe(chat)
     nan = InputAnswer(state="submitted", value=NumberValue(value=float("nan")))

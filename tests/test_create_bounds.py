@@ -84,14 +84,14 @@ async def create_chat(peer: Peer, chat: str, session: str = SESSION, **params: A
 
 
 async def catalog(running: RunningServer, session: str = SESSION) -> list[str]:
-    state = (await running.server.host.view(session)).state
+    state = (await running.server.parts.host.view(session)).state
     assert isinstance(state, SessionState)
     return [c.resource for c in state.chats]
 
 
 async def exists(running: RunningServer, uri: str) -> bool:
     try:
-        await running.server.host.view(uri)
+        await running.server.parts.host.view(uri)
     except ChannelGone:
         return False
     return True
@@ -267,7 +267,10 @@ async def defaults() -> AsyncIterator[RunningServer]:
 async def test_a_session_at_its_chat_cap_with_the_largest_titles_still_loads(
     defaults: RunningServer,
 ) -> None:
-    sizes, budget = defaults.server.host.sizes, defaults.server.settings.limits.send_buffer // 2
+    sizes, budget = (
+        defaults.server.parts.host.sizes,
+        defaults.server.settings.limits.send_buffer // 2,
+    )
     assert json_bytes(LARGEST_TITLE) == sizes.title
     await a_session(defaults)
     makers = [await Peer.ready(defaults.ws, AGENT_TOKEN, f"agent-{n}") for n in range(8)]
@@ -395,11 +398,11 @@ async def test_an_initial_message_is_the_callers_turn(small: RunningServer) -> N
     reply = await create_chat(peer, "ahp-chat:/asked", initialMessage=message("Is it down?"))
 
     assert "result" in reply, reply
-    state = (await small.server.host.view("ahp-chat:/asked")).state
+    state = (await small.server.parts.host.view("ahp-chat:/asked")).state
     assert isinstance(state, ChatState)
     assert state.active_turn is not None
     assert state.active_turn.message.text == "Is it down?"
-    await small.server.host.audit.settled()
+    await small.server.parts.host.audit.settled()
     audit = await http(
         "GET", f"{small.http}/api/audit?session={SESSION}", token=small.token(name="Lee")
     )
@@ -462,6 +465,6 @@ async def test_a_participant_may_not_pass_a_message_off_as_not_the_users(
         f"forbidden: a participant token's message comes from the user: origin '{kind}' "
         "is only the agent's to send"
     )
-    state = (await small.server.host.view(chat)).state
+    state = (await small.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     assert state.active_turn is None

@@ -106,7 +106,7 @@ async def test_participant_cannot_dispatch_server_only_actions(
     echo = await participant.envelope()
     assert echo["rejectionReason"].startswith("forbidden: ")
     assert echo["serverSeq"] == snapshot["fromSeq"]
-    assert (await huddle.server.host.view(chat)).seq == snapshot["fromSeq"]
+    assert (await huddle.server.parts.host.view(chat)).seq == snapshot["fromSeq"]
 
 
 async def test_another_session_looks_to_a_scoped_token_as_one_that_does_not_exist(
@@ -146,7 +146,7 @@ async def test_scoped_participant_cannot_dispatch_to_another_session(
     agent = await huddle.client("agent")
     await default_chat(agent, SESSION_A)
     chat_b = await default_chat(agent, SESSION_B)
-    before = (await huddle.server.host.view(chat_b)).seq
+    before = (await huddle.server.parts.host.view(chat_b)).seq
     scoped = await Peer.ready(huddle.ws, huddle.token("participant", [SESSION_A]), "scoped")
 
     await scoped.dispatch(chat_b, ChatDraftChanged(draft=user_message("let me in")))
@@ -156,7 +156,7 @@ async def test_scoped_participant_cannot_dispatch_to_another_session(
     # seq either; the ping's answer is the next frame.
     assert "result" in await scoped.request("ping", {"channel": "ahp-root://"})
     assert not scoped.backlog
-    assert (await huddle.server.host.view(chat_b)).seq == before
+    assert (await huddle.server.parts.host.view(chat_b)).seq == before
 
 
 async def test_observer_can_subscribe(huddle: RunningServer) -> None:

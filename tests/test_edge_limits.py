@@ -334,7 +334,7 @@ async def test_a_client_id_over_the_id_limit_is_refused_and_kept_nowhere(
     assert reply["error"]["code"] == -32602
     assert reply["error"]["data"] == {"path": "$.params.clientId"}
     assert "the clientId is 257 bytes; the limit is 256" in reply["error"]["message"]
-    assert await huddle.server.host.store.claim(f"client:{too_long}", "another", 60) is None
+    assert await huddle.server.parts.host.store.claim(f"client:{too_long}", "another", 60) is None
     assert "result" in await peer.request("initialize", initialize_params("mallory-1"))
 
 
@@ -353,7 +353,7 @@ async def test_a_client_id_with_a_control_character_is_refused_and_kept_nowhere(
     assert reply["error"]["code"] == -32602
     assert reply["error"]["data"] == {"path": "$.params.clientId"}
     assert "the clientId holds the control character U+001F" in reply["error"]["message"]
-    assert await huddle.server.host.store.claim(f"client:{forged}", "another", 60) is None
+    assert await huddle.server.parts.host.store.claim(f"client:{forged}", "another", 60) is None
 
 
 async def test_a_client_id_is_measured_in_utf8_bytes(huddle: RunningServer) -> None:
@@ -776,7 +776,7 @@ async def test_stalled_client_is_dropped_with_its_subscriptions(
 
         await flood_until_dropped(running, chat, stalled)
 
-        assert stalled.connection not in running.server.host.core.subscribers(chat)
+        assert stalled.connection not in running.server.parts.host.core.subscribers(chat)
         assert not stalled.subscriptions
     metrics = running.server.metrics.render().decode()
     assert "huddle_send_queue_drops_total 1.0" in metrics

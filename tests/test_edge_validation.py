@@ -280,7 +280,7 @@ async def make_busy(
     for step in steps:
         await agent.dispatch_and_wait(chat, step)
     profile = InputRequest(id="profile", message="Which team owns it?")
-    host = running.server.host
+    host = running.server.parts.host
     background.append(asyncio.create_task(host.request_input(chat, profile, schema=PROFILE_SCHEMA)))
     await agent.mirrors[chat].wait_for(has_request("profile"))
 
@@ -290,7 +290,7 @@ async def make_scene(
 ) -> Scene:
     # Session summaries then follow every chat action at once, not on a
     # timer, so that no mirror changes behind the test's back.
-    running.server.host.aggregate.modified_at_interval = 0.0
+    running.server.parts.host.aggregate.modified_at_interval = 0.0
     async with asyncio.timeout(5 * UNIT):
         agent = await running.client("agent", name="agent")
         await agent.create_session(SESSION, title="Outage")
@@ -667,7 +667,7 @@ async def test_sender_gets_the_rejection_with_the_current_seq(
     scene = await make_scene(huddle, rule.setup, background)
     uri = scene.uri(rule.channel)
     sender = await scene.peer("sender", rule.action, rule.channel)
-    current = (await huddle.server.host.view(uri)).seq
+    current = (await huddle.server.parts.host.view(uri)).seq
 
     client_seq = await sender.dispatch(uri, rule.action)
     echo = await sender.envelope()
@@ -708,7 +708,7 @@ async def test_a_rejection_leaves_every_state_untouched(
     uri = scene.uri(rule.channel)
     sender = await scene.peer("sender", rule.action, rule.channel)
     before = scene.mirror_states()
-    held = (await huddle.server.host.view(uri)).state
+    held = (await huddle.server.parts.host.view(uri)).state
 
     await sender.dispatch(uri, rule.action)
     assert (await sender.envelope())["rejectionReason"].startswith(f"{code}: ")
@@ -716,7 +716,7 @@ async def test_a_rejection_leaves_every_state_untouched(
         await scene.settle_mirrors()
 
     assert scene.mirror_states() == before
-    assert (await huddle.server.host.view(uri)).state == held
+    assert (await huddle.server.parts.host.view(uri)).state == held
 
 
 # ─── Actions that keep the rules ─────────────────────────────────────────────

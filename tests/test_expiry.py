@@ -79,20 +79,20 @@ async def chat_with_turn(huddle: RunningServer) -> str:
 
 async def asked(huddle: RunningServer, expiry: Expiry) -> tuple[str, asyncio.Task[Any]]:
     chat = await chat_with_turn(huddle)
-    host = huddle.server.host
+    host = huddle.server.parts.host
     waiter = await host.waiters.expect_input(chat, REQUEST.id, TURN.turn_id)
     await host.ask(chat, REQUEST, expiry=expiry)
     return chat, asyncio.create_task(host.waiters.input_outcome(waiter))
 
 
 async def chat_state(huddle: RunningServer, chat: str) -> ChatState:
-    state = (await huddle.server.host.view(chat)).state
+    state = (await huddle.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     return state
 
 
 async def note(huddle: RunningServer, chat: str, family: str, key: str) -> dict[str, Any]:
-    state = (await huddle.server.host.view(SESSION)).state
+    state = (await huddle.server.parts.host.view(SESSION)).state
     assert isinstance(state, SessionState)
     found = notes.note_of(state.meta, family, chat, key)
     assert found is not None
@@ -128,9 +128,9 @@ async def test_a_question_nobody_answers_is_withdrawn_or_declined_once_its_time_
     assert noted["expiresAt"] == int(clock.now * 1000) + 60_000
     assert noted["onExpiry"] == policy
 
-    assert await huddle.server.host.expiries.sweep() == 0  # not due yet
+    assert await huddle.server.parts.host.expiries.sweep() == 0  # not due yet
     clock.now += 61
-    assert await huddle.server.host.expiries.sweep() == 1
+    assert await huddle.server.parts.host.expiries.sweep() == 1
     async with asyncio.timeout(5 * UNIT):
         outcome = await waiting
 
@@ -140,7 +140,7 @@ async def test_a_question_nobody_answers_is_withdrawn_or_declined_once_its_time_
     assert (await chat_state(huddle, chat)).active_turn is not None  # the turn goes on
     assert (await note(huddle, chat, "requests", "details"))["expired"] is True
     assert await huddle.server.parts.store.records(EXPIRY_RECORDS) == {}
-    assert await huddle.server.host.expiries.sweep() == 0  # once
+    assert await huddle.server.parts.host.expiries.sweep() == 0  # once
 
 
 async def test_a_question_with_fail_ends_its_turn_with_a_clear_error(
@@ -149,7 +149,7 @@ async def test_a_question_with_fail_ends_its_turn_with_a_clear_error(
     chat, waiting = await asked(huddle, Expiry(5, "fail"))
     clock.now += 5
 
-    await huddle.server.host.expiries.sweep()
+    await huddle.server.parts.host.expiries.sweep()
 
     with pytest.raises(InputAbandoned, match="Nobody answered the input request 'details' in time"):
         async with asyncio.timeout(5 * UNIT):
@@ -172,8 +172,8 @@ async def test_a_late_answer_is_refused_as_expired_before_and_after_the_sweep(
     with pytest.raises(ActionRejected, match="expired") as before:
         await lee.dispatch_and_wait(chat, answer("SS"))
     with pytest.raises(ActionRejected, match="expired") as extended:  # too late to extend
-        await huddle.server.host.expire(chat, "requests", "details", Expiry(60))
-    await huddle.server.host.expiries.sweep()
+        await huddle.server.parts.host.expire(chat, "requests", "details", Expiry(60))
+    await huddle.server.parts.host.expiries.sweep()
     with pytest.raises(ActionRejected) as after:
         await lee.dispatch_and_wait(
             chat, ChatInputCompleted(request_id="details", response="accept")
@@ -195,7 +195,7 @@ async def test_a_question_answered_in_time_is_left_alone(
     )
     clock.now += 31
 
-    assert await huddle.server.host.expiries.sweep() == 0
+    assert await huddle.server.parts.host.expiries.sweep() == 0
     assert (await waiting).response == "accept"
     assert await huddle.server.parts.store.records(EXPIRY_RECORDS) == {}  # the sweep tidied it
     assert (await chat_state(huddle, chat)).active_turn is not None
@@ -233,7 +233,7 @@ async def test_a_tool_approval_nobody_gives_is_skipped_or_denied(
     assert noted["onExpiry"] == policy
 
     clock.now += 10
-    await huddle.server.host.expiries.sweep()
+    await huddle.server.parts.host.expiries.sweep()
 
     call = select_tool_call(await chat_state(huddle, chat), "deploy")
     assert isinstance(call, ToolCallCancelled)
@@ -250,7 +250,7 @@ async def test_a_tool_approval_with_fail_ends_the_turn(
     await ready_call(huddle, chat, {"seconds": 10, "onExpiry": "fail"})
     clock.now += 11
 
-    await huddle.server.host.expiries.sweep()
+    await huddle.server.parts.host.expiries.sweep()
 
     state = await chat_state(huddle, chat)
     assert state.active_turn is None
@@ -379,7 +379,7 @@ async def test_an_expiry_survives_a_restart(redis_server: RedisServer, clock: Wa
     clock.now += 120
     second = await start_server(SLOW, RedisStore(redis_server.url), clock=clock)
     try:
-        fired = await second.server.host.expiries.sweep()
+        fired = await second.server.parts.host.expiries.sweep()
         state = await chat_state(second, chat)
     finally:
         await second.stop()
@@ -398,10 +398,12 @@ async def test_two_processes_fire_an_expiry_once(
     b = await start_server(SLOW, RedisStore(redis_server.url), clock=clock)
     try:
         chat, waiting = await asked(a, Expiry(60, "decline"))
-        await b.server.host.view(chat)
+        await b.server.parts.host.view(chat)
         clock.now += 61
 
-        fired = await asyncio.gather(a.server.host.expiries.sweep(), b.server.host.expiries.sweep())
+        fired = await asyncio.gather(
+            a.server.parts.host.expiries.sweep(), b.server.parts.host.expiries.sweep()
+        )
         async with asyncio.timeout(5 * UNIT):
             outcome = await waiting
         entries = (await a.server.parts.store.load(chat)).log

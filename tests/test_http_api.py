@@ -104,7 +104,7 @@ def wait_query(chat: str, timeout: float) -> dict[str, str | float]:
 async def parked_poll(huddle: RunningServer, chat: str) -> asyncio.Task[HttpReply]:
     """Start the long poll; returns once the server is waiting on it."""
     poll = asyncio.create_task(get(huddle, "/api/input/wait", wait_query(chat, 5 * UNIT)))
-    await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) > 0)
+    await eventually(lambda: huddle.server.parts.host.waiters.waiting_on(chat) > 0)
     return poll
 
 
@@ -130,7 +130,7 @@ async def test_snapshot_returns_the_channel_state(huddle: RunningServer) -> None
     assert body["resource"] == SESSION
     assert body["state"]["title"] == "Over HTTP"
     assert body["state"]["defaultChat"] == chat
-    assert body["fromSeq"] == (await huddle.server.host.view(SESSION)).seq
+    assert body["fromSeq"] == (await huddle.server.parts.host.view(SESSION)).seq
 
 
 async def test_snapshot_of_an_unknown_chat_is_404(huddle: RunningServer) -> None:
@@ -242,13 +242,13 @@ async def test_another_session_is_404_to_a_scoped_token_as_if_it_did_not_exist(
 
 async def test_action_of_another_channels_family_is_rejected(huddle: RunningServer) -> None:
     chat = await new_session(huddle)
-    seq = (await huddle.server.host.view(chat)).seq
+    seq = (await huddle.server.parts.host.view(chat)).seq
 
     reply = await dispatch(huddle, chat, SessionTitleChanged(title="wrong place"))
 
     assert reply.status == 409
     assert reply.json()["rejectionReason"].startswith("wrong-channel: ")
-    assert (await huddle.server.host.view(chat)).seq == seq
+    assert (await huddle.server.parts.host.view(chat)).seq == seq
 
 
 # ─── The input long poll ─────────────────────────────────────────────────────
@@ -301,7 +301,7 @@ async def test_long_poll_times_out_with_408(huddle: RunningServer) -> None:
     reply = await get(huddle, "/api/input/wait", wait_query(chat, 0.1 * UNIT))
 
     assert reply.status == 408
-    assert huddle.server.host.waiters.waiting_on(chat) == 0
+    assert huddle.server.parts.host.waiters.waiting_on(chat) == 0
 
 
 async def test_long_poll_ends_with_410_when_the_turn_ends(huddle: RunningServer) -> None:
@@ -324,12 +324,12 @@ async def test_long_poll_stops_waiting_when_its_client_hangs_up(huddle: RunningS
         f"Authorization: Bearer {AGENT_TOKEN}\r\n\r\n".encode()
     )
     await writer.drain()
-    await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) > 0)
+    await eventually(lambda: huddle.server.parts.host.waiters.waiting_on(chat) > 0)
 
     writer.close()  # the client goes away long before the poll's timeout
     await writer.wait_closed()
 
-    await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) == 0)
+    await eventually(lambda: huddle.server.parts.host.waiters.waiting_on(chat) == 0)
 
 
 async def test_long_poll_of_an_unknown_request_is_410(huddle: RunningServer) -> None:

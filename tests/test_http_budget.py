@@ -62,7 +62,7 @@ def question(request_id: str) -> ChatInputRequested:
 
 async def chat_asking(running: RunningServer, session: str = SESSION, request: str = "r") -> str:
     """A session whose chat asks ``request``, set up in-process."""
-    host = running.server.host
+    host = running.server.parts.host
     chat = await host.create_session(session)
     await host.dispatch(chat, turn("t1"))
     await host.dispatch(chat, question(request))
@@ -237,17 +237,21 @@ async def test_the_browsers_of_one_shared_link_spend_its_budget_over_http(
 async def test_a_large_export_is_charged_by_its_size_and_the_next_read_waits(
     tight: RunningServer, export: str
 ) -> None:
-    chat = await tight.server.host.create_session(SESSION)
+    chat = await tight.server.parts.host.create_session(SESSION)
     if export == "snapshot":  # 4 turns of 60 KiB: more than 3 times 64 KiB
         for n in range(4):
-            await tight.server.host.dispatch(chat, turn(f"t{n}", "x" * (60 << 10)))
-            await tight.server.host.dispatch(chat, ChatTurnComplete(turn_id=f"t{n}", duration=1))
+            await tight.server.parts.host.dispatch(chat, turn(f"t{n}", "x" * (60 << 10)))
+            await tight.server.parts.host.dispatch(
+                chat, ChatTurnComplete(turn_id=f"t{n}", duration=1)
+            )
         url, params = "/api/snapshot", {"channel": chat}
     else:  # 300 records: 3 times 100
         record = {"at": "2026-12-01T10:00:00.000Z", "session": SESSION, "what": "chat/turnStarted"}
         for _ in range(300):
-            await tight.server.host.audit.record(SESSION, {**record, "who": {"role": "server"}})
-        await tight.server.host.audit.settled()
+            await tight.server.parts.host.audit.record(
+                SESSION, {**record, "who": {"role": "server"}}
+            )
+        await tight.server.parts.host.audit.settled()
         url, params = "/api/audit", {"session": SESSION}
     async with client(tight, tight.token("participant")) as http:
         exported = await http.get(url, params=params)
@@ -348,13 +352,15 @@ async def test_a_token_holds_at_most_eight_long_polls_at_once(huddle: RunningSer
     query: Query = {"chat": chat, "request": "r", "timeout": 5 * UNIT}
     async with client(huddle, token) as http, client(huddle, other) as another:
         polls = [asyncio.create_task(http.get("/api/input/wait", params=query)) for _ in range(8)]
-        await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) == LONG_POLLS)
+        await eventually(lambda: huddle.server.parts.host.waiters.waiting_on(chat) == LONG_POLLS)
 
         refused = await http.get("/api/input/wait", params=query)
         elsewhere = asyncio.create_task(another.get("/api/input/wait", params=query))
-        await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) == LONG_POLLS + 1)
+        await eventually(
+            lambda: huddle.server.parts.host.waiters.waiting_on(chat) == LONG_POLLS + 1
+        )
 
-        await huddle.server.host.dispatch(
+        await huddle.server.parts.host.dispatch(
             chat, ChatInputCompleted(request_id="r", response="cancel")
         )
         answers = await asyncio.gather(*polls, elsewhere)
@@ -389,7 +395,7 @@ async def test_a_long_poll_gives_its_slot_back_however_it_ends(
         await eventually(lambda: huddle.server.polls.held(grant) == LONG_POLLS)
         assert (await http.get("/api/input/wait", params=query)).status_code == 429
 
-        host = huddle.server.host
+        host = huddle.server.parts.host
         if ending != "timed-out":
             await eventually(lambda: host.waiters.waiting_on(other_chat) == 1)
         if ending == "answered":

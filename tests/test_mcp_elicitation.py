@@ -180,7 +180,7 @@ async def test_every_field_type_reaches_the_mcp_tool_with_its_python_type(
     huddle: RunningServer, mode: str
 ) -> None:
     room = await open_room(huddle)
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     async with connected(build_server("bookings"), mode, asker) as client:
         call = asyncio.create_task(call_tool(client, "fill", {"form_name": "everything"}))
         part = await next_request(room.mirror)
@@ -195,7 +195,7 @@ async def test_a_decline_reaches_the_mcp_tool_without_content(
     huddle: RunningServer, mode: str
 ) -> None:
     room = await open_room(huddle)
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     async with connected(build_server(), mode, asker) as client:
         call = asyncio.create_task(call_tool(client, "fill", {"form_name": "contact"}))
         part = await next_request(room.mirror)
@@ -210,7 +210,7 @@ async def test_cancel_reaches_the_mcp_tool_when_nobody_will_answer(
     huddle: RunningServer, mode: str, how: str
 ) -> None:
     room = await open_room(huddle)
-    host = huddle.server.host
+    host = huddle.server.parts.host
     asker = ChatElicitation(HostChat(host, room.chat))
     async with connected(build_server(), mode, asker) as client:
         call = asyncio.create_task(call_tool(client, "fill", {"form_name": "contact"}))
@@ -234,7 +234,7 @@ async def test_an_accept_missing_a_required_field_is_refused_before_it_reaches_t
     huddle: RunningServer, mode: str
 ) -> None:
     room = await open_room(huddle)
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     async with connected(build_server(), mode, asker) as client:
         call = asyncio.create_task(call_tool(client, "fill", {"form_name": "contact"}))
         part = await next_request(room.mirror)
@@ -279,7 +279,7 @@ async def test_a_form_without_properties_is_a_plain_confirm(
     huddle: RunningServer, mode: str
 ) -> None:
     room = await open_room(huddle)
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     async with connected(build_server(), mode, asker) as client:
         call = asyncio.create_task(call_tool(client, "fill", {"form_name": "confirm"}))
         part = await next_request(room.mirror)
@@ -291,7 +291,7 @@ async def test_a_form_without_properties_is_a_plain_confirm(
 
 async def test_a_request_without_a_mode_is_a_form(huddle: RunningServer) -> None:
     room = await open_room(huddle)
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     async with connected(build_server(), MODES[0], asker) as client:
         call = asyncio.create_task(call_tool(client, "fill_without_mode", {"form_name": "contact"}))
         part = await next_request(room.mirror)
@@ -320,7 +320,7 @@ async def test_what_cannot_be_asked_gets_a_clear_error_and_asks_nobody(
     huddle: RunningServer, mode: str, tool: str, arguments: dict[str, Any], reason: str
 ) -> None:
     room = await open_room(huddle)
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     async with connected(build_server(), mode, asker) as client:
         with pytest.raises(MCPError) as raised:
             await within(call_tool(client, tool, arguments))
@@ -335,7 +335,7 @@ async def test_a_question_too_large_for_the_chat_is_an_error_naming_the_size(
 ) -> None:
     room = await open_room(huddle)
     if through == "host":
-        people: HostChat | RemoteChat = HostChat(huddle.server.host, room.chat)
+        people: HostChat | RemoteChat = HostChat(huddle.server.parts.host, room.chat)
     else:
         people = RemoteChat(await huddle.client("agent"), room.chat)
     async with connected(build_server(), MODES[0], ChatElicitation(people)) as client:
@@ -365,7 +365,7 @@ async def test_a_url_elicitation_is_a_url_request_whose_accept_sends_no_content(
 ) -> None:
     room = await open_room(huddle)
     completions = UrlCompletions()
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     url = "https://login.example.test/start?flow=42"
     async with connected(build_server("calendar"), mode, asker, completions) as client:
         call = asyncio.create_task(call_tool(client, "open_link", {"url": url}))
@@ -385,7 +385,7 @@ async def test_a_url_required_error_asks_for_the_link_then_calls_again_once_comp
 ) -> None:
     room = await open_room(huddle)
     kit, completions = Kit(), UrlCompletions()
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     async with connected(build_server("files", kit=kit), MODES[0], asker, completions) as client:
         call = asyncio.create_task(
             call_tool(client, "list_files", elicitation=asker, completions=completions)
@@ -403,7 +403,7 @@ async def test_a_url_required_error_whose_link_is_declined_fails_the_call(
     huddle: RunningServer,
 ) -> None:
     room = await open_room(huddle)
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     async with connected(build_server("files"), MODES[0], asker) as client:
         call = asyncio.create_task(call_tool(client, "list_files", elicitation=asker))
         part = await next_request(room.mirror)
@@ -418,7 +418,7 @@ async def test_a_url_required_error_whose_link_is_declined_fails_the_call(
 async def test_the_mcp_server_giving_up_withdraws_the_chat_request(huddle: RunningServer) -> None:
     room = await open_room(huddle)
     kit = Kit()
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     async with connected(build_server(kit=kit), MODES[0], asker) as client:
         call = asyncio.create_task(call_tool(client, "ask_then_give_up"))
         part = await next_request(room.mirror)
@@ -433,7 +433,7 @@ async def test_a_call_given_up_while_people_answer_withdraws_its_request(
     huddle: RunningServer,
 ) -> None:
     room = await open_room(huddle)
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     async with connected(build_server(), MODES[1], asker) as client:
         call = asyncio.create_task(call_tool(client, "fill", {"form_name": "contact"}))
         part = await next_request(room.mirror)
@@ -452,7 +452,7 @@ async def test_an_expired_request_state_is_called_again_and_asked_again(
 ) -> None:
     room = await open_room(huddle)
     kit, codec = Kit(), ExpiringCodec()
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     answers = submitted(name=TextValue(value="Ada"), email=TextValue(value="ada@example.com"))
     server = build_server("bookings", kit=kit, codec=codec)
     async with connected(server, MODES[1], asker) as client:

@@ -129,7 +129,7 @@ async def test_a_fastmcp_server_that_refuses_to_ask_in_2026_is_asked_in_2025_wit
             source.call(
                 "book",
                 {"restaurant": "Chez Huddle"},
-                people=HostChat(huddle.server.host, room.chat),
+                people=HostChat(huddle.server.parts.host, room.chat),
             )
         )
         part = await next_request(room.mirror)
@@ -178,7 +178,9 @@ async def test_an_answer_off_a_rule_only_the_schema_knows_is_refused_in_the_chat
     room = await open_room(huddle)
     async with fastmcp_source("stdio") as source:
         call = asyncio.create_task(
-            source.call("book", {"restaurant": "X"}, people=HostChat(huddle.server.host, room.chat))
+            source.call(
+                "book", {"restaurant": "X"}, people=HostChat(huddle.server.parts.host, room.chat)
+            )
         )
         part = await next_request(room.mirror)
         off_step = submitted(party=NumberValue(value=2), budget=NumberValue(value=10.2))
@@ -199,7 +201,7 @@ async def calling_list_files(
     """``list_files`` called, its link put to the chat and accepted."""
     room = await open_room(huddle)
     completions = UrlCompletions()
-    asker = ChatElicitation(HostChat(huddle.server.host, room.chat))
+    asker = ChatElicitation(HostChat(huddle.server.parts.host, room.chat))
     handler = completions.message_handler
     server = build_server("files", kit=kit)
     async with Client(
@@ -305,7 +307,7 @@ async def test_sampling_is_off_by_default_and_nobody_is_asked(huddle: RunningSer
     async with McpToolSource(config) as source:
         with pytest.raises((McpToolFailed, MCPError), match=r"[Ss]ampling not supported"):
             await source.call(
-                "summarize", {"text": "x"}, people=HostChat(huddle.server.host, room.chat)
+                "summarize", {"text": "x"}, people=HostChat(huddle.server.parts.host, room.chat)
             )
     assert input_parts(room.mirror.chat) == []
 

@@ -133,7 +133,7 @@ async def test_a_session_whose_notes_outgrow_the_bound_still_loads_for_a_new_sub
     meta = snapshot["state"]["_meta"]
     assert notes.notes_bytes(meta) <= NOTES
     assert len(encode(snapshot)) < SEND_BUFFER // 2
-    state = (await running.server.host.view(SESSION)).state
+    state = (await running.server.parts.host.view(SESSION)).state
     assert isinstance(state, SessionState)
     assert notes.notes_bytes(state.meta) <= NOTES
 
@@ -142,7 +142,7 @@ async def test_beyond_the_bound_the_oldest_notes_go_first_and_the_current_ones_s
     running: RunningServer,
 ) -> None:
     flood = await flooded(running)
-    state = (await running.server.host.view(SESSION)).state
+    state = (await running.server.parts.host.view(SESSION)).state
     assert isinstance(state, SessionState)
     meta = state.meta
 

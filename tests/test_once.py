@@ -87,7 +87,7 @@ async def test_a_submit_cut_off_before_its_echo_counts_once(
     assert proxy.cuts == 1
     assert lee.reconnects == 1
     assert envelope.rejection_reason is None
-    state = (await huddle.server.host.view(chat)).state
+    state = (await huddle.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     settled = select_input_settlement(state, "details")
     assert settled.status == "resolved"
@@ -171,7 +171,7 @@ async def test_a_submit_cut_off_before_the_server_saw_it_is_sent_again(
 
     assert proxy.cuts == 1
     assert envelope.rejection_reason is None  # not lost: applied on the new connection
-    state = (await huddle.server.host.view(chat)).state
+    state = (await huddle.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     assert select_input_settlement(state, "details").status == "resolved"
     await lee.close()
@@ -413,7 +413,7 @@ async def test_a_plain_client_numbering_its_next_connection_from_1_has_its_actio
     assert "rejectionReason" not in second
     assert "rejectionReason" not in accepted
     assert second["origin"] == {"clientId": "plain-browser", "clientSeq": 1}
-    state = (await huddle.server.host.view(chat)).state
+    state = (await huddle.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     assert select_input_settlement(state, "details").status == "resolved"
     await peer.close()
@@ -436,7 +436,7 @@ async def test_a_client_seq_used_again_for_another_action_is_refused_not_taken_f
     assert "rejectionReason" not in first
     assert echo["rejectionReason"].startswith("client-seq-reused: clientSeq 1 was used already")
     assert echo["action"]["type"] == "chat/inputCompleted"  # its own action comes back refused
-    state = (await huddle.server.host.view(chat)).state
+    state = (await huddle.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     assert select_input_settlement(state, "details").status == "open"  # the accept did nothing
     await peer.close()
@@ -455,7 +455,7 @@ async def test_a_client_id_used_again_by_a_new_process_numbers_on_and_is_not_ref
     envelope = await again.dispatch_and_wait(chat, ACCEPT)
 
     assert envelope.rejection_reason is None
-    state = (await huddle.server.host.view(chat)).state
+    state = (await huddle.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     assert select_input_settlement(state, "details").status == "resolved"
     await again.close()

@@ -161,7 +161,7 @@ async def test_the_long_poll_says_a_typed_in_name_is_declared(huddle: RunningSer
             token=huddle.token(name="agent-poller"),
         )
     )
-    await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) > 0)
+    await eventually(lambda: huddle.server.parts.host.waiters.waiting_on(chat) > 0)
     shared = huddle.authority.mint(
         "participant", name="participant", expires_at=time.time() + 60, shared=True
     )
@@ -255,10 +255,10 @@ async def test_a_client_back_on_a_new_connection_keeps_its_entry(huddle: Running
     async with asyncio.timeout(5 * UNIT):
         await session.wait_for(lambda s: bool(s.active_clients))
 
-    await presence.leave(huddle.server.host, SESSION, "dana-laptop", back=lambda: True)
-    kept = (await huddle.server.host.view(SESSION)).state
-    await presence.leave(huddle.server.host, SESSION, "dana-laptop")
-    gone = (await huddle.server.host.view(SESSION)).state
+    await presence.leave(huddle.server.parts.host, SESSION, "dana-laptop", back=lambda: True)
+    kept = (await huddle.server.parts.host.view(SESSION)).state
+    await presence.leave(huddle.server.parts.host, SESSION, "dana-laptop")
+    gone = (await huddle.server.parts.host.view(SESSION)).state
 
     assert isinstance(kept, SessionState)
     assert isinstance(gone, SessionState)

@@ -154,7 +154,7 @@ async def same_as_server(running: RunningServer, client: PlainClient) -> None:
     have reached the client too."""
 
     async def differing() -> list[str]:
-        host = running.server.host
+        host = running.server.parts.host
         return [
             uri
             for uri, state in client.mirrors.items()
@@ -296,7 +296,7 @@ async def test_a_plain_client_gets_no_title_window_or_page_it_did_not_ask_for(
     fetched = await peer.request("fetchTurns", {"channel": chat})
 
     assert created["result"] is None
-    titled = (await huddle.server.host.view("ahp-session:/titled")).state
+    titled = (await huddle.server.parts.host.view("ahp-session:/titled")).state
     assert titled.title == "New session"  # type: ignore[union-attr]
     assert len(windowed["result"]["snapshot"]["state"]["turns"]) == 3
     assert fetched["result"] == {}
@@ -498,7 +498,7 @@ async def test_dispose_chat_removes_it_from_its_session(huddle: RunningServer) -
     assert removed["action"] == {"type": "session/chatRemoved", "chat": "ahp-chat:/side"}
     assert default["error"]["code"] == -32011
     assert by_participant["error"]["code"] == -32009
-    session = (await huddle.server.host.view(SESSION)).state
+    session = (await huddle.server.parts.host.view(SESSION)).state
     assert [c.resource for c in session.chats] == [chat]  # type: ignore[union-attr]
 
 

@@ -88,7 +88,7 @@ async def test_reconnect_catches_up_by_replay_or_snapshot(
         await writer.dispatch_and_wait(chat, typing(n))
     await reader.reconnect()
     assert reader.resumed[chat] == how
-    server_channel = await small_window.server.host.view(chat)
+    server_channel = await small_window.server.parts.host.view(chat)
     assert mirror.seq == server_channel.seq
     assert same_state(mirror.state, server_channel.state)
 

@@ -50,8 +50,8 @@ async def test_a_finished_session_past_its_time_goes_after_its_audit_is_exported
 ) -> None:
     chat = await session_with_a_turn(huddle, "ahp-session:/old", finish=True)
     await session_with_a_turn(huddle, "ahp-session:/busy", finish=False)
-    await huddle.server.host.audit.settled()
-    host = huddle.server.host
+    await huddle.server.parts.host.audit.settled()
+    host = huddle.server.parts.host
 
     assert await retention(huddle).sweep() == []  # not old enough
     clock.now += 31 * DAY
@@ -75,8 +75,8 @@ async def test_a_disposed_sessions_audit_stays_its_time_then_goes(
     huddle: RunningServer, clock: WallClock, tmp_path: Path
 ) -> None:
     await session_with_a_turn(huddle, "ahp-session:/gone", finish=False)
-    await huddle.server.host.audit.settled()
-    await huddle.server.host.dispose_session("ahp-session:/gone")
+    await huddle.server.parts.host.audit.settled()
+    await huddle.server.parts.host.dispose_session("ahp-session:/gone")
     store = huddle.server.parts.store
 
     clock.now += 29 * DAY
@@ -85,13 +85,13 @@ async def test_a_disposed_sessions_audit_stays_its_time_then_goes(
     # Its id stays taken meanwhile: a new session there would read the old
     # one's records (and lose its own with them).
     with pytest.raises(CommandError, match="already exists"):
-        await huddle.server.host.create_session("ahp-session:/gone")
+        await huddle.server.parts.host.create_session("ahp-session:/gone")
     clock.now += 2 * DAY
     assert await retention(huddle).sweep() == ["ahp-session:/gone"]
 
     assert await store.read_audit("ahp-session:/gone", 0, 10) == []
     assert verify((tmp_path / "audits" / "gone.jsonl").read_bytes().splitlines()).records == 1
-    await huddle.server.host.create_session("ahp-session:/gone")  # free once it went
+    await huddle.server.parts.host.create_session("ahp-session:/gone")  # free once it went
 
 
 async def test_without_an_audit_dir_nothing_is_written(clock: WallClock, tmp_path: Path) -> None:

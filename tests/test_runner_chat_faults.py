@@ -266,9 +266,9 @@ async def test_an_approval_the_chat_never_showed_is_shown_by_the_next_sweep() ->
     huddle = await start_server(agent=agent, workers=0)
     try:
         service, alice, chat, mirror, turn_id = await saved_not_shown(huddle, agent)
-        assert pending((await huddle.server.host.view(chat)).state) is None  # type: ignore[arg-type]
+        assert pending((await huddle.server.parts.host.view(chat)).state) is None  # type: ignore[arg-type]
         await service.bridge.reconcile()
-        assert pending((await huddle.server.host.view(chat)).state) is None  # type: ignore[arg-type]
+        assert pending((await huddle.server.parts.host.view(chat)).state) is None  # type: ignore[arg-type]
         service.bridge.sweep.ask_again_after = 0.0  # as if it had gone unseen for long
         await service.bridge.reconcile()
         shown = await until(mirror, lambda s: pending(s) is not None)

@@ -111,7 +111,7 @@ class Served:
         return await service.store.load(runner_turn_id(chat, "t1"))
 
     async def sweep(self) -> int:
-        return await self.huddle.server.host.expiries.sweep()
+        return await self.huddle.server.parts.host.expiries.sweep()
 
 
 @contextlib.asynccontextmanager
@@ -290,7 +290,7 @@ async def test_a_wait_truncated_away_never_expires_the_turn_that_uses_its_id_aga
     async with serving(helper, clock) as served:
         alice, chat, mirror = await open_chat(served.huddle, "Fix it")
         rid = (await next_request(mirror)).request.id
-        await served.huddle.server.host.expiries.expire(chat, "requests", rid, Expiry(60))
+        await served.huddle.server.parts.host.expiries.expire(chat, "requests", rid, Expiry(60))
         await noted(served, chat, "requests", rid)
         await alice.dispatch_and_wait(chat, ChatTurnCancelled(turn_id="t1", duration=1))
         await served.ends.of(runner_turn_id(chat, "t1"))
@@ -322,7 +322,7 @@ async def test_a_wait_that_expired_and_was_truncated_away_leaves_its_id_answerab
         room = Room(alice, chat, mirror)
         await reply(room, rid, "accept", submitted(system=TextValue(value="SSO")))
         done = await until(mirror, lambda s: ended(s) and s.turns[-1].id == "t1")
-        session = (await served.huddle.server.host.view("ahp-session:/faults")).state
+        session = (await served.huddle.server.parts.host.view("ahp-session:/faults")).state
 
     assert done.turns[-1].state == "complete"
     assert model.tool_results()["c1"]["data"] == {"system": "SSO"}
@@ -493,7 +493,7 @@ async def test_two_processes_on_one_redis_expire_a_wait_once(redis_server: Redis
     ):
         _, chat, mirror = await open_chat(a.huddle, "Deploy")
         await asked_approval(a, chat)
-        await b.huddle.server.host.view(chat)
+        await b.huddle.server.parts.host.view(chat)
         clock.now += 10
 
         fired = await asyncio.gather(a.sweep(), b.sweep())
@@ -600,7 +600,7 @@ async def test_a_turn_whose_chat_turn_failed_meanwhile_is_failed_by_reconcile() 
         error = ChatError(
             turn_id="t1", duration=0, error=ErrorInfo(error_type="x", message="it broke")
         )
-        await served.huddle.server.host.dispatch(chat, error)
+        await served.huddle.server.parts.host.dispatch(chat, error)
         assert (await served.turn(chat)).status == TurnStatus.WAITING_FOR_USER
         service = served.huddle.server.parts.service
         assert service is not None
@@ -718,7 +718,7 @@ async def test_a_turn_whose_chat_turn_ended_unheard_is_cancelled_when_it_next_sh
         _, chat, _ = await open_chat(served.huddle, "Deploy")
         async with asyncio.timeout(WITHIN):
             await work.started.wait()
-        await served.huddle.server.host.dispatch(chat, agent_ends("error"))
+        await served.huddle.server.parts.host.dispatch(chat, agent_ends("error"))
         work.go_on.set()  # the progress comes after the chat turn ended
         await served.ends.of(runner_turn_id(chat, "t1"))
         turn = await served.turn(chat)

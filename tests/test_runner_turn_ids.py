@@ -79,7 +79,7 @@ def started(text: str) -> ChatTurnStarted:
 
 
 async def chat_state(huddle: RunningServer, chat: str) -> ChatState:
-    state = (await huddle.server.host.view(chat)).state
+    state = (await huddle.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     return state
 

@@ -405,7 +405,7 @@ async def test_a_session_subscribed_to_unlists_what_its_chats_settled(
     # (its unlisting untold, the retries gone with the process); the next
     # process listed it until the chat changed again, which a turn waiting
     # on people may not do for long.
-    host = huddle.server.host
+    host = huddle.server.parts.host
     chat, asking = await asked_and_listed(host)
     entry = (await listed(host, "q")).input_needed or []
     await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
@@ -426,7 +426,7 @@ async def test_a_session_subscribed_to_lists_what_its_chats_hold_open(
 ) -> None:
     # The other way round: the listing of a request was lost at such a stop,
     # and the open request stayed unlisted until it was answered.
-    host = huddle.server.host
+    host = huddle.server.parts.host
     chat, asking = await asked_and_listed(host)
     [entry] = (await listed(host, "q")).input_needed or []
     await host.dispatch(SESSION, SessionInputNeededRemoved(id=entry.id))  # its listing lost
@@ -465,7 +465,7 @@ async def test_a_session_read_over_http_unlists_what_its_chats_settled(
     huddle: RunningServer,
 ) -> None:
     # As a subscribe does: HTTP clients read sessions with /api/snapshot.
-    host = huddle.server.host
+    host = huddle.server.parts.host
     chat, asking = await asked_and_listed(host)
     [entry] = (await listed(host, "q")).input_needed or []
     await host.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
@@ -487,7 +487,7 @@ async def test_a_session_listed_is_checked_and_its_entry_said_again(
     # The sessions list said what such a stop left (a request still waiting
     # on people) until someone opened the session: listSessions read the
     # entries and checked nothing.
-    host = huddle.server.host
+    host = huddle.server.parts.host
     person = await huddle.client(sessions=[SESSION])
     await person.subscribe(ROOT_URI)
     chat, asking = await asked_and_listed(host)
@@ -517,7 +517,7 @@ async def test_a_session_listed_is_checked_and_its_entry_said_again(
 async def test_a_listed_entry_the_store_kept_old_is_said_again(huddle: RunningServer) -> None:
     # The session was told, but writing its entry failed: the list kept
     # the entry from before, which the session no longer says.
-    host = huddle.server.host
+    host = huddle.server.parts.host
     person = await huddle.client(sessions=[SESSION])
     await person.subscribe(ROOT_URI)
     answered = status_heard(person, lambda status: status != SessionStatus.INPUT_NEEDED)

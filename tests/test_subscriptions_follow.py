@@ -253,7 +253,7 @@ async def test_a_server_subscribes_to_what_its_clients_watch_and_no_other(
 ) -> None:
     async with servers(deployment, 2) as (a, b):
         heard = Heard()
-        a.server.host.store.add_listener(heard)
+        a.server.parts.host.store.add_listener(heard)
         x = await new_chat(a, "ahp-session:/x")
         y = await new_chat(b, "ahp-session:/y")
         alice, bob = await a.client("agent"), await b.client("agent")
@@ -267,7 +267,7 @@ async def test_a_server_subscribes_to_what_its_clients_watch_and_no_other(
         # b holds x now (it wrote to it), so both hear x; only b hears y.
         assert await deployment.subscribers(x) == 2
         assert await deployment.subscribers(y) == 1
-        assert a.server.host.core.cached(y) is None
+        assert a.server.parts.host.core.cached(y) is None
         heard_on_a = {channel for channel, _, _ in heard.appends}
         assert x in heard_on_a
         assert not heard_on_a & {y, "ahp-session:/y"}
@@ -275,7 +275,7 @@ async def test_a_server_subscribes_to_what_its_clients_watch_and_no_other(
 
 async def test_subscriptions_follow_clients_as_they_come_and_go(deployment: Deployment) -> None:
     async with servers(deployment, 2) as (a, b):
-        a.server.host.core.idle_channels = 0  # evict a channel once unserved
+        a.server.parts.host.core.idle_channels = 0  # evict a channel once unserved
         chat = await new_chat(b, "ahp-session:/coming-and-going")
 
         async def watchers(count: int) -> bool:
@@ -290,7 +290,7 @@ async def test_subscriptions_follow_clients_as_they_come_and_go(deployment: Depl
         await alice.unsubscribe(chat)
         await bob.close()
         await eventually(lambda: watchers(0))  # the last one left: a let go
-        assert a.server.host.core.cached(chat) is None
+        assert a.server.parts.host.core.cached(chat) is None
 
         carol = await a.client()
         carol_chat = await carol.subscribe(chat)
@@ -306,10 +306,10 @@ async def append_unannounced(deployment: Deployment, b: RunningServer, chat: str
     """Append the next envelope of ``chat`` as the store's script does, but
     announce it on a topic nobody hears (same slot): a lost pub/sub
     message. Returns its seq."""
-    view = await b.server.host.view(chat)
-    made = step(view, draft("unannounced"), None, b.server.host.now_ms())
+    view = await b.server.parts.host.view(chat)
+    made = step(view, draft("unannounced"), None, b.server.parts.host.now_ms())
     assert isinstance(made, Step)
-    entry = encode_entry(b.server.host.now_ms(), made.data)
+    entry = encode_entry(b.server.parts.host.now_ms(), made.data)
     tag = "{" + chat + "}"
     keys = [f"huddle:{tag}:meta", f"huddle:{tag}:log"]
     result = await deployment.raw.eval(APPEND, 2, *keys, view.seq, entry, f"huddle:{tag}:nobody")
@@ -336,7 +336,7 @@ async def test_idle_channels_catch_up_when_pub_sub_comes_back(deployment: Deploy
     a message lost while the link was down is caught when it is back."""
     async with servers(deployment, 2) as (a, b):
         chat = await new_chat(b, "ahp-session:/idle")
-        host = a.server.host
+        host = a.server.parts.host
         before = (await host.view(chat)).seq  # held here, idle
         back = Reconnected()
         host.store.add_listener(back)

@@ -157,7 +157,7 @@ async def test_a_participant_cannot_forge_another_clients_tool_result(
         "forbidden: tool call 'open' is not executed by this client, so it may not complete "
         "or update it"
     )
-    state = (await huddle.server.host.view(chat)).state
+    state = (await huddle.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     assert isinstance(select_tool_call(state, "open"), ToolCallRunning)
 
@@ -185,7 +185,7 @@ async def test_the_long_poll_credits_the_token_that_answered(huddle: RunningServ
             token=huddle.token(name="agent-poller"),
         )
     )
-    await eventually(lambda: huddle.server.host.waiters.waiting_on(chat) > 0)
+    await eventually(lambda: huddle.server.parts.host.waiters.waiting_on(chat) > 0)
     mallory = await huddle.client(name="mallory", client_id="alice")
     answer = InputAnswer(state="submitted", value=TextValue(value="because"))
 
@@ -281,7 +281,7 @@ async def test_a_token_scoped_to_a_session_cannot_change_the_root_channel(
     await chat_of(huddle)
     scoped = await Peer.ready(huddle.ws, huddle.token(sessions=[SESSION], name="s"), "scoped")
     await scoped.subscribe(ROOT_URI)
-    before = (await huddle.server.host.view(ROOT_URI)).seq
+    before = (await huddle.server.parts.host.view(ROOT_URI)).seq
 
     await scoped.dispatch(ROOT_URI, RootConfigChanged(config={"theme": "mine"}))
 
@@ -289,7 +289,7 @@ async def test_a_token_scoped_to_a_session_cannot_change_the_root_channel(
     assert echo["rejectionReason"] == (
         "forbidden: a token scoped to sessions may not change the root channel"
     )
-    assert (await huddle.server.host.view(ROOT_URI)).seq == before
+    assert (await huddle.server.parts.host.view(ROOT_URI)).seq == before
 
 
 async def test_a_scoped_token_cannot_tell_a_chat_of_another_session_by_its_uri(
@@ -323,7 +323,7 @@ async def test_a_root_action_that_changes_nothing_is_not_stored(huddle: RunningS
     # Huddle's root channel has no config schema: a config change is a no-op.
     peer = await Peer.ready(huddle.ws, huddle.token(name="p"), "p")
     await peer.subscribe(ROOT_URI)
-    seq = (await huddle.server.host.view(ROOT_URI)).seq
+    seq = (await huddle.server.parts.host.view(ROOT_URI)).seq
 
     for _ in range(3):
         await peer.dispatch(ROOT_URI, RootConfigChanged(config={"theme": "dark"}))
@@ -331,7 +331,7 @@ async def test_a_root_action_that_changes_nothing_is_not_stored(huddle: RunningS
     for _ in range(3):
         echo = await peer.envelope()
         assert echo["rejectionReason"] == "no-change: the root channel already holds that"
-    assert (await huddle.server.host.view(ROOT_URI)).seq == seq
+    assert (await huddle.server.parts.host.view(ROOT_URI)).seq == seq
 
 
 async def test_json_nested_too_deeply_is_a_parse_error_and_the_socket_stays(
@@ -399,7 +399,7 @@ async def test_a_persons_turn_says_whose_it_is_and_only_they_may_truncate_it(
     await lee.dispatch(chat, ChatTruncated(turn_id="t1"))
     accepted = await eventually_envelope(lee, lambda e: e["origin"]["clientId"] == "lee")
 
-    state = await huddle.server.host.view(chat)
+    state = await huddle.server.parts.host.view(chat)
     assert refused["rejectionReason"].startswith("forbidden: turn 'l1' was started by someone else")
     assert "rejectionReason" not in accepted
     assert [t.id for t in state.state.turns] == ["t1"]  # type: ignore[union-attr]
@@ -422,7 +422,7 @@ async def test_which_turn_of_an_id_a_turn_is_is_the_servers_word(huddle: Running
     await lee.dispatch(chat, started)
     assert "rejectionReason" not in await lee.envelope()
 
-    state = (await huddle.server.host.view(chat)).state
+    state = (await huddle.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     assert state.active_turn is not None
     stamp = state.active_turn.message.meta["huddle"]["turn"]  # type: ignore[index]
@@ -454,7 +454,7 @@ async def test_a_persons_action_carries_no_huddle_meta_of_its_own(huddle: Runnin
     assert isinstance(drafted, ChatDraftChanged)
     assert drafted.draft is not None
     assert drafted.draft.meta == {"x": 1}
-    state = (await huddle.server.host.view(chat)).state
+    state = (await huddle.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     assert state.draft is not None
     assert state.draft.meta == {"x": 1}

@@ -149,7 +149,7 @@ async def test_a_participant_starts_a_new_chat_writes_there_and_switches_back(
     chat = params["chat"]
     assert params == {"channel": session, "chat": chat}
     assert re.fullmatch(r"ahp-chat:/[0-9a-f]{16}", chat)
-    state = (await plain_server.server.host.view(session)).state
+    state = (await plain_server.server.parts.host.view(session)).state
     assert isinstance(state, SessionState)
     assert [c.resource for c in state.chats] == [main, chat]
 
@@ -158,7 +158,7 @@ async def test_a_participant_starts_a_new_chat_writes_there_and_switches_back(
     await composer.press("Enter")
     bot = await agent(plain_server)
     assert await active_text(bot, chat) == "Second topic: the printer"
-    main_state = (await plain_server.server.host.view(main)).state
+    main_state = (await plain_server.server.parts.host.view(main)).state
     assert isinstance(main_state, ChatState)
     assert main_state.active_turn is None
     assert main_state.turns == []
@@ -264,10 +264,10 @@ async def test_a_full_chat_offers_a_new_chat_that_opens_with_the_typed_text(
     starts = sent_turns(wire)
     assert [s["channel"] for s in starts] == [full, chat]
     assert [s["action"]["message"]["text"] for s in starts] == ["Where were we?"] * 2
-    new_state = (await small_server.server.host.view(chat)).state
+    new_state = (await small_server.server.parts.host.view(chat)).state
     assert isinstance(new_state, ChatState)
     assert new_state.turns == []
-    full_state = (await small_server.server.host.view(full)).state
+    full_state = (await small_server.server.parts.host.view(full)).state
     assert isinstance(full_state, ChatState)
     assert full_state.active_turn is None
     assert len(full_state.turns) == held

@@ -193,7 +193,7 @@ async def answer_ticket_form(page: Page, system: str = "SSO") -> None:
 
 
 async def chat_state(running: RunningServer, chat: str) -> ChatState:
-    state = (await running.server.host.view(chat)).state
+    state = (await running.server.parts.host.view(chat)).state
     assert isinstance(state, ChatState)
     return state
 
@@ -201,11 +201,11 @@ async def chat_state(running: RunningServer, chat: str) -> ChatState:
 async def start_agent_turn(running: RunningServer, chat: str, text: str = "Help me") -> str:
     """Open a turn as the agent side would (no built-in agent reacts)."""
     turn_id = "t-" + text.lower().replace(" ", "-")[:20]
-    await running.server.host.dispatch(
+    await running.server.parts.host.dispatch(
         chat,
         ChatTurnStarted(
             turn_id=turn_id,
-            started_at=iso_time(running.server.host.now_ms()),
+            started_at=iso_time(running.server.parts.host.now_ms()),
             message=Message(text=text, origin=MessageOrigin(kind="user")),
         ),
     )
@@ -340,7 +340,7 @@ async def test_the_sessions_list_shows_status_and_unread_and_creates_sessions(
     await item.get_by_role("link").click()
     await expect(page.get_by_role("heading", name="Made by an agent")).to_be_visible()
     await expect(item.get_by_text("unread")).not_to_be_attached()
-    summaries = await demo_server.server.host.aggregate.summaries()
+    summaries = await demo_server.server.parts.host.aggregate.summaries()
     summary = next(s for s in summaries if s.resource == other)
     assert summary.status & SessionStatus.IS_READ
 
@@ -375,7 +375,7 @@ async def test_question_text_that_looks_like_html_shows_as_text_and_runs_nothing
     page.on("dialog", on_dialog)
     payload = "<img src=x onerror=alert(1)>"
     await start_agent_turn(plain_server, chat)
-    await plain_server.server.host.dispatch(
+    await plain_server.server.parts.host.dispatch(
         chat,
         ChatInputRequested(
             request=InputRequest(
@@ -415,7 +415,7 @@ async def test_a_url_request_opens_only_on_click_in_a_new_tab_then_completes(
     context, page = await open_client(
         browser, plain_server.http, plain_server.token(), session=session
     )
-    host = plain_server.server.host
+    host = plain_server.server.parts.host
     await start_agent_turn(plain_server, chat)
     url = f"{plain_server.http}/healthz?next=%2Fdone#step-2"
     await host.dispatch(
@@ -454,7 +454,7 @@ async def test_a_url_request_that_is_not_http_cannot_be_opened(
     session, chat = await create_session(plain_server.http, "Bad link")
     _, page = await open_client(browser, plain_server.http, plain_server.token(), session=session)
     await start_agent_turn(plain_server, chat)
-    await plain_server.server.host.dispatch(
+    await plain_server.server.parts.host.dispatch(
         chat,
         ChatInputRequested(
             request=InputRequest(id="bad", message="Open this", url="javascript:alert(1)")
@@ -465,7 +465,7 @@ async def test_a_url_request_that_is_not_http_cannot_be_opened(
     assert await card.get_by_role("link").count() == 0
     await card.get_by_role("button", name="Decline").click()
     async with asyncio.timeout(10 * UNIT):
-        outcome = await plain_server.server.host.wait_input(chat, "bad")
+        outcome = await plain_server.server.parts.host.wait_input(chat, "bad")
     assert outcome.response == "decline"
 
 
@@ -615,7 +615,7 @@ async def test_every_question_kind_works_with_the_keyboard_alone(
             TextQuestion(id="notes", title="Notes", message="Anything else?"),
         ],
     )
-    await plain_server.server.host.dispatch(chat, ChatInputRequested(request=request))
+    await plain_server.server.parts.host.dispatch(chat, ChatInputRequested(request=request))
     await expect(page.get_by_label("Contact email")).to_be_visible()
 
     keys = page.keyboard
@@ -652,7 +652,7 @@ async def test_every_question_kind_works_with_the_keyboard_alone(
     await keys.press("Enter")
 
     async with asyncio.timeout(10 * UNIT):
-        outcome = await plain_server.server.host.wait_input(chat, "kb")
+        outcome = await plain_server.server.parts.host.wait_input(chat, "kb")
     assert outcome.response == "accept"
     values = {
         key: (answer.state, getattr(answer.value, "value", None))
@@ -718,7 +718,7 @@ async def test_the_page_survives_a_server_restart_and_catches_up(browser: Browse
     await expect(banner).to_contain_text("will be sent")
 
     async with serving(port, store, turns) as current:
-        host = current().host
+        host = current().parts.host
         # Someone else's answer lands before or while the page reconnects.
         await host.dispatch(
             chat,

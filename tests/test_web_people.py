@@ -93,11 +93,11 @@ def author_of(page: Page, question: str) -> Locator:
 async def ask(running: RunningServer, chat: str, request: InputRequest = FORM) -> None:
     """Open a turn and ask ``request`` in it, as an agent would."""
     await start_agent_turn(running, chat)
-    await running.server.host.dispatch(chat, ChatInputRequested(request=request))
+    await running.server.parts.host.dispatch(chat, ChatInputRequested(request=request))
 
 
 async def session_state(running: RunningServer, session: str) -> SessionState:
-    state = (await running.server.host.view(session)).state
+    state = (await running.server.parts.host.view(session)).state
     assert isinstance(state, SessionState)
     return state
 
@@ -336,7 +336,7 @@ async def test_a_deadline_counts_down_says_what_happens_then_and_shows_expired(
     browser: Browser, demo_server: RunningServer
 ) -> None:
     base = demo_server.http
-    host = demo_server.server.host
+    host = demo_server.server.parts.host
     session, chat = await create_session(base, "Deadlines")
     _, page = await open_client(
         browser, base, demo_server.token(name="Ann"), session=session, prepare=with_clock
@@ -474,7 +474,7 @@ async def assert_submitted_once(page: Page, agent: AgentSide, running: RunningSe
     card = page.locator("section.request")
     await expect(card.locator(".outcome")).to_have_text("Submitted by Lee")
     async with asyncio.timeout(10 * UNIT):
-        outcome = await running.server.host.wait_input(agent.chat, FORM.id)
+        outcome = await running.server.parts.host.wait_input(agent.chat, FORM.id)
         await agent.client.mirrors[agent.chat].wait_for(lambda _: bool(agent.completions))
     assert outcome.response == "accept"
     assert len(agent.completions) == 1
@@ -529,7 +529,7 @@ async def test_a_submit_that_landed_is_confirmed_by_the_server_after_a_snapshot_
     try:
         wire = Wire()
         page, agent, _ = await answered_through(browser, forgetful_server, proxy, wire)
-        host = forgetful_server.server.host
+        host = forgetful_server.server.parts.host
 
         proxy.hold_new_connections()
         proxy.cut_after_next_send()
@@ -610,7 +610,7 @@ async def test_the_audit_downloads_as_a_chain_that_verifies_and_an_observer_is_t
     await lee.get_by_label("Some users").check()
     await lee.get_by_role("button", name="Submit").click()
     await expect(lee.get_by_role("button", name="Approve")).to_be_visible()
-    await demo_server.server.host.audit.settled()
+    await demo_server.server.parts.host.audit.settled()
 
     async with lee.expect_download() as downloading:
         await lee.get_by_role("button", name="Download audit").click()
@@ -761,7 +761,7 @@ async def dana_answers_meanwhile(running: RunningServer, chat: str, proxy: Cutti
     """While Lee's page is held away, Dana answers "SSO and VPN"; then it may come back."""
     dana = InputAnswer(state="submitted", value=TextValue(value="SSO and VPN"))
     changed = ChatInputAnswerChanged(request_id=FORM.id, question_id="system", answer=dana)
-    await running.server.host.dispatch(chat, changed)
+    await running.server.parts.host.dispatch(chat, changed)
     proxy.release()
 
 
@@ -830,7 +830,7 @@ async def test_an_answer_still_being_typed_when_it_is_overtaken_is_not_sent_on_l
     await expect(page.get_by_role("button", name="Submit")).to_be_focused()
     await page.keyboard.press("Enter")  # ...so the submit, after it, completes with theirs
     async with asyncio.timeout(10 * UNIT):
-        outcome = await plain_server.server.host.wait_input(agent.chat, FORM.id)
+        outcome = await plain_server.server.parts.host.wait_input(agent.chat, FORM.id)
     assert outcome.answers["system"].value == TextValue(value="SSO and VPN")
     assert_none_after_the_cut(wire, "chat/inputAnswerChanged")
     await expect(told).to_be_visible()  # it stays until dismissed: the typed text is in it

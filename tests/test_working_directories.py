@@ -131,7 +131,7 @@ async def create_chat(peer: Peer, chat: str, **params: Any) -> Frame:
 
 
 async def state_of(running: RunningServer, uri: str) -> Any:
-    return (await running.server.host.view(uri)).state
+    return (await running.server.parts.host.view(uri)).state
 
 
 @pytest.mark.parametrize(
@@ -161,7 +161,7 @@ async def test_create_chat_refuses_a_directory_the_session_does_not_have(
     )
     assert reply["error"]["data"] == {"path": "$.params.workingDirectories"}
     with pytest.raises(ChannelGone):
-        await running.server.host.view("ahp-chat:/outside")
+        await running.server.parts.host.view("ahp-chat:/outside")
     assert await state_of(running, SESSION) == before
 
 
@@ -188,7 +188,7 @@ async def test_the_in_process_api_refuses_a_directory_the_session_does_not_have(
     running: RunningServer,
 ) -> None:
     await workspace(running, API)
-    host = running.server.host
+    host = running.server.parts.host
 
     with pytest.raises(ActionRejected) as refused:
         await host.create_chat(SESSION, "ahp-chat:/outside", working_directories=[WEB])
@@ -237,7 +237,7 @@ async def roomy() -> AsyncIterator[RunningServer]:
 async def test_a_session_at_its_caps_with_every_chat_in_every_directory_still_loads(
     roomy: RunningServer,
 ) -> None:
-    sizes = roomy.server.host.sizes
+    sizes = roomy.server.parts.host.sizes
     assert sizes == SizeLimits()
     budget = roomy.server.settings.limits.send_buffer // 2
     held = directories(sizes.working_directories, sizes.uri)

@@ -52,16 +52,11 @@ from protocol.chat import ChatState
 from protocol.codec import MalformedFrame, convert, decode_json, encode
 from protocol.messages import ErrorCode, ExpireParams, ExpireResult, Implementation
 from protocol.rejections import RejectionCode
-from protocol.uris import SESSION_SCHEME, channel_id, session_uri
+from protocol.uris import channel_id, session_uri
 from server.auth import Grant, TokenAuthority
 from server.build import Parts
-from server.commands import ACTION_COST, BYTES_PER_COST, READ_COST, Commands
+from server.commands import ACTION_COST, BYTES_PER_COST, READ_COST, Command, Commands
 from server.config import Settings
-from server.core.audit import export as audit_export
-from server.core.host import Host
-from server.core.metrics import ServerMetrics
-from server.core.policy import Command
-from server.core.sessions import windowed
 from server.edge.connection import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_UNSUPPORTED, Connection
 from server.edge.headers import Guard, allowed_hosts, is_own_origin, rebinding_warning, retry_after
 from server.edge.idempotency import Idempotency
@@ -77,6 +72,7 @@ from server.errors import (
     StoreUnavailable,
 )
 from server.frames import WRITE_EXTENSION
+from server.metrics import ServerMetrics
 from server.ratelimit import (
     AGENT_SOCKETS,
     LINK_SOCKETS,
@@ -125,10 +121,6 @@ class Server:
     @property
     def settings(self) -> Settings:
         return self.parts.settings
-
-    @property
-    def host(self) -> Host:
-        return self.parts.host
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -308,10 +300,6 @@ class DirectWriter:
 
 Handler = Callable[[Request, Server, Grant], Awaitable[Response]]
 
-AUDIT_RECORDS_PER_COST: Final = 100
-"""An audit export costs one action more per whole 100 records or per whole
-64 KiB of it, whichever is more (as a debt, however large: see
-read_audit)."""
 ROUTE_COSTS: Final[dict[str, float | None]] = {
     "/api/sessions": None,
     "/api/snapshot": READ_COST,
@@ -459,7 +447,7 @@ async def read_snapshot(request: Request, server: Server, grant: Grant) -> Respo
     view = await server.commands.snapshot(grant, uri)
     state = view.state
     if isinstance(state, ChatState):
-        state = windowed(state, turns, budget)
+        state = server.commands.window(state, turns, budget)
     return _charged(server, grant, _json({"resource": uri, "state": state, "fromSeq": view.seq}))
 
 
@@ -495,36 +483,14 @@ def _positive(value: str | None, path: str) -> int | None:
 
 
 async def read_audit(request: Request, server: Server, grant: Grant) -> Response:
-    """The session's audit as JSON Lines (server.core.audit), streamed; its
-    records and bytes are charged to the token (a debt) before the first is
-    read. Unlike any other answer its cost is not capped at the burst: an
-    export's bytes are whatever the session holds (up to
-    ``--audit-max-bytes``), so a token that exports a large audit waits its
-    size out before its next request (the last record says the audit's
-    bytes before it: server.core.audit)."""
-    server.commands.allow(grant, Command.READ_AUDIT)
+    """The session's audit as JSON Lines (server.core.audit), streamed
+    (:meth:`Commands.export_audit` charges it)."""
     uri = request.query_params.get("session", "")
-    if not uri.startswith(SESSION_SCHEME):
-        raise MalformedFrame(ErrorCode.INVALID_PARAMS, "expected ahp-session:/<id>", "$.session")
-    await server.commands.reach(grant, uri, "$.session")  # a malformed id: 400
-    store = server.parts.store
-    last = await store.last_audit(uri)
-    if last is None:
-        await server.commands.snapshot(grant, uri)  # 404 when there is no such session
-    else:
-        head = decode_json(last)
-        records = int(head["n"])  # records are numbered from 1
-        before = head.get("bytes")
-        size = len(last) + records + (before if isinstance(before, int) else 0)
-        cost = max(records // AUDIT_RECORDS_PER_COST, size // BYTES_PER_COST)
-        burst = server.commands.budgets.budget_of(grant).burst
-        while cost > 0:  # each charge is capped at the burst: the debt is not
-            server.commands.charge(grant, min(cost, burst))
-            cost -= burst
+    records = await server.commands.export_audit(grant, uri)
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in channel_id(uri))
 
     async def lines() -> AsyncIterator[bytes]:
-        async for line in audit_export(store, uri):
+        async for line in records:
             yield line + b"\n"
 
     return StreamingResponse(

@@ -22,9 +22,9 @@ from typing import Any, Final, Protocol
 from protocol.codec import encode
 from protocol.messages import ErrorResponse, RequestId, Response, RpcError
 from server.config import Limits
-from server.core.metrics import Metrics
 from server.edge.numbering import Numbering
 from server.frames import OVERLOADED, ActionFrame, OutFrame
+from server.metrics import Metrics
 
 log = logging.getLogger("huddle.connection")
 

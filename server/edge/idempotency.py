@@ -47,7 +47,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 import msgspec
 from starlette.responses import Response
@@ -55,7 +55,6 @@ from starlette.responses import Response
 from server.auth import Grant
 from server.cache import Lru
 from server.edge.headers import retry_after
-from server.store.base import ChannelStore
 
 MAX_KEY: Final = 200
 """Characters of an ``Idempotency-Key``."""
@@ -70,6 +69,20 @@ BUDGET: Final = 16 << 20
 PEOPLE_SHARE: Final = 0.5
 """Of what a store keeps at most, the part that participant and observer
 tokens' answers may take together; the rest is kept for agent tokens'."""
+
+
+class Memory(Protocol):
+    """Where the ledger keeps its records, shared by every process: the
+    channel store's (server.store.base.ChannelStore)."""
+
+    @property
+    def remember_limit(self) -> int | None: ...
+
+    async def claim(self, key: str, owner: str, ttl: float) -> str | None: ...
+
+    async def remember(self, key: str, value: bytes, ttl: float) -> None: ...
+
+    async def recall(self, key: str) -> bytes | None: ...
 
 
 @dataclass(slots=True)
@@ -150,7 +163,7 @@ class Idempotency:
 
     def __init__(
         self,
-        store: ChannelStore,
+        store: Memory,
         ttl: float,
         *,
         budget: int = BUDGET,

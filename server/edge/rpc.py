@@ -69,8 +69,6 @@ from protocol.rejections import Rejection, RejectionCode
 from server.auth import Grant
 from server.commands import PAGE_MARGIN, Commands, not_found, refused
 from server.config import Limits
-from server.core.policy import reaches
-from server.core.sessions import windowed
 from server.edge.connection import CLOSE_NORMAL, Connection
 from server.edge.numbering import Numbering, Retired
 from server.edge.reconnect import reconnect
@@ -199,7 +197,7 @@ class Rpc:
         """The sessions where this connection put itself in the active
         clients (taken out again when it goes: server.core.presence)."""
         connection.handler = self.receive_frame
-        connection.may_see = functools.partial(reaches, grant)
+        connection.may_see = functools.partial(commands.reaches, grant)
 
     @property
     def limits(self) -> Limits:
@@ -458,7 +456,7 @@ class Rpc:
         """``snapshot`` windowed to its ``share`` of the frame budget."""
         if not isinstance(snapshot.state, ChatState):
             return snapshot
-        state = windowed(snapshot.state, turns, self.frame_budget // max(1, share))
+        state = self.commands.window(snapshot.state, turns, self.frame_budget // max(1, share))
         if state is snapshot.state:
             return snapshot
         return Snapshot(resource=snapshot.resource, state=state, from_seq=snapshot.from_seq)

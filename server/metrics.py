@@ -4,12 +4,24 @@ servers in one test process do not collide)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from protocol.actions import action_type
-from server.core.channels import Applied
+from protocol.actions import StateAction, action_type
+
+
+class Accepted(Protocol):
+    """What the metrics read of an applied envelope (server.core.channels.Applied)."""
+
+    @property
+    def action(self) -> StateAction: ...
+
+    @property
+    def local(self) -> bool: ...
+
+    @property
+    def latency(self) -> float: ...
 
 
 class Metrics:
@@ -64,7 +76,7 @@ class ServerMetrics(Metrics):
     def queue_overflow(self) -> None:
         self.queue_drops.inc()
 
-    def hook(self, event: Applied) -> Awaitable[None] | None:
+    def hook(self, event: Accepted) -> Awaitable[None] | None:
         """The channel core's hook: count what this process accepted."""
         if event.local:
             type_ = action_type(event.action)

@@ -52,7 +52,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, assert_never
 
 import msgspec
 
@@ -75,6 +75,29 @@ from server.runner.errors import TurnBusy as TurnBusy
 from server.runner.events import EventType, Listener, RunnerEvent, notify
 from server.runner.ids import child_turn_id
 from server.runner.loader import AgentCatalog, AgentLoader, load_for_turn
+from server.runner.machine import (
+    AttemptFailed,
+    Blocked,
+    CancelChildren,
+    ChildStarted,
+    Finished,
+    FormAsked,
+    MakeRunnable,
+    ModelReplied,
+    Notify,
+    Resumed,
+    RetryLater,
+    Save,
+    ShowFinished,
+    Started,
+    ToolFinished,
+    ToolsCollected,
+    Touched,
+    TurnEffect,
+    TurnEvent,
+    WakeParent,
+    advance,
+)
 from server.runner.model import ToolSpec
 from server.runner.port import ChatPort, NullPort
 from server.runner.store import Lease, TurnStore
@@ -262,8 +285,8 @@ class Runner:
         to a waiting worker, or queued) and return; a worker continues it.
         Raises ResumeRejected.
 
-        ``loaded`` is the turn as the caller last read it (it may be stale,
-        and is changed here): it spares a load when it is still current;
+        ``loaded`` is the turn as the caller last read it (it may be
+        stale): it spares a load when it is still current;
         a save of a stale one fails and the resume is decided again on the
         turn as it is, and a refusal is only ever decided on a fresh load."""
         return await self._apply_resume(turn_id, command, loaded=loaded, runnable=True)
@@ -282,14 +305,14 @@ class Runner:
             loaded = None
             try:
                 self._check_resume(turn, command)
-                self._resume_changes(turn, command)
+                turn = self._resume_changes(turn, command)
             except ResumeRejected:
                 if fresh:
                     raise
                 continue  # the caller's copy may be stale: refuse only on what is there
             try:
                 if runnable:
-                    started = _started(turn)
+                    started = _started(turn, self.clock())
                     saved = await self.store.save_runnable(turn, self.clock(), started=started)
                 else:
                     saved = await self.store.save(turn)
@@ -304,14 +327,15 @@ class Runner:
             return saved
 
     def prepare_resume(self, turn: Turn, command: ResumeCommand) -> PreparedResume:
-        """``command`` applied to ``turn`` (a copy read ahead, changed here),
-        as :meth:`submit_resume` would save it, for a caller that saves it
+        """``command`` applied to ``turn`` (a copy read ahead), as
+        :meth:`submit_resume` would save it, for a caller that saves it
         another way (a rider on the chat's append: server.runner.bridge)
         and then tells :meth:`resumed`. Raises ResumeRejected, which on a
         copy read ahead may be stale: decide again with submit_resume."""
         self._check_resume(turn, command)
-        self._resume_changes(turn, command)
-        return PreparedResume(turn, _started(turn), turn.audit[-1], command)
+        resumed = self._resume_changes(turn, command)
+        started = _started(resumed, self.clock())
+        return PreparedResume(resumed, started, resumed.audit[-1], command)
 
     def resumed(self, saved: Turn, prepared: PreparedResume) -> None:
         """``prepared`` was saved (as ``saved``) by its caller."""
@@ -415,34 +439,37 @@ class Runner:
         except (UnknownAgent, AgentVersionGone):
             return None
 
-    def _resume_changes(self, turn: Turn, command: ResumeCommand) -> None:
+    def _resume_changes(self, turn: Turn, command: ResumeCommand) -> Turn:
+        """``turn`` as ``command`` (checked) resumes it: READY again."""
         suspension = turn.suspension
         assert suspension is not None
-        turn.audit.append(
-            Audit(
-                command=command.type.value,
-                correlation_id=command.correlation_id,
-                metadata=command.metadata,
-                at=self.clock(),
-            )
+        at = self.clock()
+        mark = Audit(
+            command=command.type.value,
+            correlation_id=command.correlation_id,
+            metadata=command.metadata,
+            at=at,
         )
         call_id = command.correlation_id
+        event = Resumed(at=at, mark=mark)
         if command.failure is not None:
-            turn.failing = command.failure
+            event = Resumed(at=at, mark=mark, failing=command.failure)
         elif suspension.is_plain_question:
-            turn.messages.append(user_input.plain_answer(command))
+            event = Resumed(at=at, mark=mark, message=user_input.plain_answer(command))
         elif command.type == SuspensionType.USER_INPUT:
             form = suspension.form
             assert form is not None
-            _set_call(turn, user_input.answered(_require_call(turn, call_id), form, command))
+            answered = user_input.answered(_require_call(turn, call_id), form, command)
+            event = Resumed(at=at, mark=mark, call=answered)
         elif command.type == SuspensionType.TOOL_APPROVAL:
-            _set_call(turn, approvals.answered(_require_call(turn, call_id), command))
+            answered = approvals.answered(_require_call(turn, call_id), command)
+            event = Resumed(at=at, mark=mark, call=answered)
         elif command.type == SuspensionType.CHILD_AGENT:
             pending = _child_call(turn, call_id)
             finished = {"status": command.child_status, "output": command.child_output}
-            _set_call(turn, pending.with_result(finished))
-        turn.unblock()
-        turn.updated_at = self.clock()
+            event = Resumed(at=at, mark=mark, call=pending.with_result(finished))
+        resumed, _ = advance(turn, event)
+        return resumed
 
     async def cancel(self, turn_id: str) -> Turn:
         """Ask to cancel: a flag no save clears. A blocked turn is ended by
@@ -481,8 +508,9 @@ class Runner:
             with contextlib.suppress(HuddleError):
                 default = self.agent_for(turn).input_expiry
                 suspension = msgspec.structs.replace(suspension, expiry=default)
-        turn.block(suspension)
-        turn.updated_at = self.clock()
+        # Not through the executing pump's effects: no lease to save under,
+        # and a question is shown at once (a RETRY is not queued here).
+        turn, _ = advance(turn, Blocked(at=self.clock(), suspension=suspension))
         saved = await self.store.save(turn)
         self._emit(EventType.TURN_SUSPENDED, saved, type=suspension.type.value)
         await self.port.input_requested(saved, suspension)
@@ -587,22 +615,21 @@ class Runner:
         taken_over = turn.status == TurnStatus.RUNNING and not running
         try:
             if turn.cancel_requested:
-                turn.start()  # a cancel needs no agent: end it before looking one up
-                await self._finish(turn, lease, Transition.CANCEL)
+                # A cancel needs no agent: end it before looking one up.
+                await self._finish(self._start(turn), lease, Transition.CANCEL)
             if turn.failing is not None:
-                turn.start()  # a wait that can never be answered: nothing runs
-                await self._finish(turn, lease, Transition.FAIL, turn.failing)
+                # A wait that can never be answered: nothing runs.
+                await self._finish(self._start(turn), lease, Transition.FAIL, turn.failing)
             agent = self.agent_for(turn)
             if taken_over:
-                await self._take_over(turn, lease)
+                turn = await self._take_over(turn, lease)
             if not running:
-                turn.start()
-                turn = await self._save(turn, lease)
+                turn = await self.store.save(self._start(turn), lease=lease)
             elif lease.until - self.clock() < self.lease_seconds * 2 / 3:
                 # Handed over started, but taken up late (this process was
                 # busy): make sure the lease is still ours before anything
                 # happens (the save is fenced).
-                turn = await self._save(turn, lease)
+                turn = await self._apply(turn, lease, Touched(at=self.clock()))
             self._emit(EventType.TURN_STARTED, turn)
             await self.port.turn_started(turn)
             if taken_over:
@@ -617,19 +644,56 @@ class Runner:
         except _Stop as stop:
             return stop.turn
 
-    async def _save(self, turn: Turn, lease: Lease) -> Turn:
-        turn.updated_at = self.clock()
-        return await self.store.save(turn, lease=lease)
+    # ─── The pump ────────────────────────────────────────────────────────
+
+    def _start(self, turn: Turn) -> Turn:
+        started, _ = advance(turn, Started(at=self.clock()))
+        return started
+
+    async def _apply(self, turn: Turn, lease: Lease, event: TurnEvent) -> Turn:
+        """Feed ``event`` to the machine and run the effects it asks for (a
+        save under ``lease`` first); returns the turn as saved, or raises
+        _Stop when it is blocked or terminal."""
+        turn, effects = advance(turn, event)
+        for effect in effects:
+            turn = await self._run_effect(turn, lease, effect)
+        if turn.is_blocked or turn.is_terminal:
+            raise _Stop(turn)
+        return turn
+
+    async def _run_effect(self, turn: Turn, lease: Lease, effect: TurnEffect) -> Turn:
+        match effect:
+            case Save():
+                return await self.store.save(turn, lease=lease)
+            case Notify(type=type_, data=data):
+                self._emit(type_, turn, **data)
+            case MakeRunnable(at=at):
+                await self.store.make_runnable(turn.id, at)
+            case ShowFinished():
+                await self.port.turn_finished(turn)
+            case CancelChildren(children=children):
+                for child_id in children:
+                    with contextlib.suppress(HuddleError):
+                        await self.cancel(child_id)
+            case WakeParent():
+                await self._wake_parent(turn)
+            case _:
+                assert_never(effect)
+        return turn
+
+    async def _stop(self, turn: Turn, lease: Lease, event: TurnEvent) -> NoReturn:
+        """:meth:`_apply` an event that blocks or ends the turn."""
+        await self._apply(turn, lease, event)
+        raise AssertionError(f"turn {turn.id}: {type(event).__name__} left it running")
 
     # ─── Failed attempts ─────────────────────────────────────────────────
 
-    async def _take_over(self, turn: Turn, lease: Lease) -> None:
+    async def _take_over(self, turn: Turn, lease: Lease) -> Turn:
         """``turn`` was RUNNING when claimed: the worker that ran it died or
         stalled. That is a failed attempt; the max_attempts-th fails the
         turn (raises _Stop), else it carries on here."""
-        turn.attempts += 1
         reason = "its worker stopped before the step was saved"
-        turn.last_error = reason
+        turn, _ = advance(turn, AttemptFailed(at=self.clock(), error=reason))
         self._emit(EventType.TURN_TAKEN_OVER, turn, attempt=turn.attempts, phase=turn.phase.value)
         if turn.attempts >= self.max_attempts:
             await self._finish(
@@ -639,6 +703,7 @@ class Runner:
                 f"gave up after {turn.attempts} attempts in a row: {reason}"
                 + (f" (in {_running_call(turn)})" if _running_call(turn) else ""),
             )
+        return turn
 
     async def _attempt_failed(self, lease: Lease, error: Exception) -> Turn:
         """Record ``error`` as a failed attempt of the leased turn: schedule
@@ -647,8 +712,8 @@ class Runner:
         turn = await self.store.load(lease.turn_id)
         if turn.is_terminal or (turn.is_blocked and turn.status != TurnStatus.RETRY_SCHEDULED):
             return turn  # it got where it was going; the error came after
-        turn.attempts += 1
-        turn.last_error = str(error) or type(error).__name__
+        failed = AttemptFailed(at=self.clock(), error=str(error) or type(error).__name__)
+        turn, _ = advance(turn, failed)
         self._emit(
             EventType.ATTEMPT_FAILED,
             turn,
@@ -657,7 +722,7 @@ class Runner:
             kind=type(error).__name__,
         )
         if turn.status != TurnStatus.RUNNING:
-            turn.start()
+            turn = self._start(turn)
         try:
             if turn.attempts >= self.max_attempts:
                 await self._finish(
@@ -674,42 +739,20 @@ class Runner:
                 due_at=self.clock() + delay,
                 metadata={"attempt": turn.attempts, "of": self.max_attempts, "delay": delay},
             )
-            await self._block(turn, lease, suspension)
+            await self._stop(turn, lease, Blocked(at=self.clock(), suspension=suspension))
         except _Stop as stop:
             return stop.turn
 
     async def _finish(
         self, turn: Turn, lease: Lease, ending: Transition, error: str | None = None
     ) -> NoReturn:
-        turn.finish(ending, error)
-        turn = await self._save(turn, lease)
-        kind = {
-            Transition.COMPLETE: EventType.TURN_COMPLETED,
-            Transition.CANCEL: EventType.TURN_CANCELLED,
-        }.get(ending, EventType.TURN_FAILED)
-        self._emit(kind, turn, status=turn.status.value, error=error)
-        await self.port.turn_finished(turn)
-        if ending == Transition.CANCEL:
-            for child_id in turn.children:
-                with contextlib.suppress(HuddleError):
-                    await self.cancel(child_id)
-        if turn.parent is not None:
-            await self._wake_parent(turn)
-        raise _Stop(turn)
+        await self._stop(turn, lease, Finished(at=self.clock(), ending=ending, error=error))
 
     async def _wake_parent(self, child: Turn) -> None:
         assert child.parent is not None
         command = ResumeCommand.child_completed(child.id, child.status.value, child.output)
         with contextlib.suppress(ResumeRejected):
             await self.submit_resume(child.parent.turn_id, command)
-
-    async def _block(self, turn: Turn, lease: Lease, suspension: Suspension) -> NoReturn:
-        turn.block(suspension)
-        turn = await self._save(turn, lease)
-        self._emit(EventType.TURN_SUSPENDED, turn, type=suspension.type.value)
-        if suspension.type == SuspensionType.RETRY and suspension.due_at is not None:
-            await self.store.make_runnable(turn.id, suspension.due_at)
-        raise _Stop(turn)
 
     async def _retry_later(
         self,
@@ -725,16 +768,9 @@ class Runner:
         if turn.retry_attempts >= agent.max_retries:
             await self._finish(turn, lease, Transition.FAIL, f"gave up: {error}")
         delay = max(agent.retry_backoff * (2**turn.retry_attempts), not_before or 0.0)
-        turn.retry_attempts += 1
         self._emit(EventType.RETRY_SCHEDULED, turn, delay=delay, error=error)
-        suspension = Suspension(
-            type=SuspensionType.RETRY,
-            message=error,
-            resume_phase=turn.phase,
-            due_at=self.clock() + delay,
-            metadata={"attempt": turn.retry_attempts},
-        )
-        await self._block(turn, lease, suspension)
+        now = self.clock()
+        await self._stop(turn, lease, RetryLater(at=now, error=error, due_at=now + delay))
 
     # ─── The model ───────────────────────────────────────────────────────
 
@@ -753,43 +789,31 @@ class Runner:
         except Exception as error:
             log.exception("model failed in turn %s", turn.id)
             await self._finish(turn, lease, Transition.FAIL, f"model failed: {error}")
-        turn.iterations += 1
-        turn.retry_attempts = turn.attempts = 0
-        turn.messages.append(
-            ModelMessage(role="assistant", content=reply.text, tool_calls=reply.tool_calls or None)
-        )
-        self._emit(EventType.MODEL_REPLIED, turn, tool_calls=len(reply.tool_calls))
-        if reply.tool_calls:
-            turn.pending = [PendingCall(call=call) for call in reply.tool_calls]
-            turn.phase = Phase.TOOLS
-            return await self._save(turn, lease)  # every call saved before any runs
-        turn.output = reply.text
-        await self._finish(turn, lease, Transition.COMPLETE)
+        # With tool calls, every call is saved before any runs; with none,
+        # the turn is complete.
+        replied = ModelReplied(at=self.clock(), text=reply.text, tool_calls=reply.tool_calls)
+        return await self._apply(turn, lease, replied)
 
     # ─── Tools ───────────────────────────────────────────────────────────
 
     async def _tools_step(
         self, agent: Agent, turn: Turn, lease: Lease, cancelled: asyncio.Event
     ) -> Turn:
-        for index, pending in enumerate(turn.pending):
+        for pending in turn.pending:
             if pending.result is not None:
                 continue
             if cancelled.is_set():
                 return turn  # the loop ends it
-            result = await self._call(agent, turn, lease, pending, cancelled)
-            turn.pending[index] = msgspec.structs.replace(turn.pending[index], result=result)
-            turn.retry_attempts = turn.attempts = 0
-            turn = await self._save(turn, lease)  # each result on its own
-        for pending in turn.pending:
-            turn.messages.append(
-                ModelMessage(role="tool", content=pending.result, tool_call_id=pending.call.id)
+            result, counted = await self._call(agent, turn, lease, pending, cancelled)
+            finished = ToolFinished(
+                at=self.clock(), call_id=pending.call.id, result=result, counted=counted
             )
-        turn.pending = []
-        turn.phase = Phase.MODEL
+            turn = await self._apply(turn, lease, finished)  # each result on its own
         # Not saved on its own: it follows from what is saved (every
         # result), and the model step's next save carries it. A crash before
         # that comes back here with every result and moves on the same way.
-        return turn
+        collected, _ = advance(turn, ToolsCollected(at=self.clock()))
+        return collected
 
     async def _call(
         self,
@@ -798,30 +822,31 @@ class Runner:
         lease: Lease,
         pending: PendingCall,
         cancelled: asyncio.Event,
-    ) -> str:
-        """Run one pending call and return its result; suspends (raises
-        _Stop) when it must wait."""
+    ) -> tuple[str, bool]:
+        """Run one pending call and return its result, and whether it ran
+        (counted against ``max_tool_calls``); suspends (raises _Stop) when
+        it must wait."""
         call = pending.call
         if call.name == REQUEST_USER_INPUT:
             asked = user_input.requested_form(agent, call)
             if isinstance(asked, str):
-                return asked  # no such form: the model reads why
-            await self._ask_for_input(turn, lease, call, asked)
+                return asked, False  # no such form: the model reads why
+            await self._ask_for_input(turn, lease, call, Blocked(at=self.clock(), suspension=asked))
         tool = agent.tool(call.name)
         if tool is None:
-            return result_text({"status": "error", "message": f"there is no tool {call.name!r}"})
+            missing = {"status": "error", "message": f"there is no tool {call.name!r}"}
+            return result_text(missing), False
         # The budget first: nobody is asked to approve a call that would not run.
         if turn.tool_calls_made >= agent.max_tool_calls:
             await self._finish(turn, lease, Transition.EXCEED_BUDGET)
         denied = await self._approve(agent, turn, lease, pending, tool)
         if denied is not None:
-            return denied
+            return denied, False
         if tool.child is not None:
-            turn.tool_calls_made += 1  # a child turn is a call, saved as it starts
-            await self._spawn_child(turn, lease, call, tool.child)
+            await self._spawn_child(turn, lease, call, tool.child)  # a call, counted as it starts
         await self.port.tool_started(turn, call, tool)
         self._emit(EventType.TOOL_STARTED, turn, call_id=call.id, tool=tool.name)
-        return await self._run_tool(agent, turn, lease, pending, tool, cancelled)
+        return await self._run_tool(agent, turn, lease, pending, tool, cancelled), True
 
     async def _run_tool(
         self,
@@ -869,9 +894,10 @@ class Runner:
             if pending.form_asked:
                 again = user_input.asked_again(tool, needed)
                 await self._finish(turn, lease, Transition.FAIL, again)
-            _set_call(turn, user_input.form_asked(pending))
             asked = user_input.required_form(agent, call, needed)
-            await self._ask_for_input(turn, lease, call, asked)
+            marked = user_input.form_asked(pending)
+            event = FormAsked(at=self.clock(), call=marked, suspension=asked)
+            await self._ask_for_input(turn, lease, call, event)
         except WaitExpired as error:
             self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=False)
             await self._finish(turn, lease, Transition.FAIL, str(error))
@@ -882,12 +908,10 @@ class Runner:
         except Exception as error:
             self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=False)
             result = result_text({"status": "error", "message": str(error)})
-            turn.tool_calls_made += 1
             await self.port.tool_finished(turn, call, result, False)
             return result
         finally:
             leave(token)
-        turn.tool_calls_made += 1
         result = result_text(value)
         self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=True)
         await self.port.tool_finished(turn, call, result, True)
@@ -906,15 +930,14 @@ class Runner:
         )
         with contextlib.suppress(HuddleError):
             await self.store.create(child_turn)
-        turn.children.append(child_id)
-        suspension = Suspension(
-            type=SuspensionType.CHILD_AGENT,
-            correlation_id=child_id,
+        started = ChildStarted(
+            at=self.clock(),
+            call_id=call.id,
+            child_id=child_id,
             message=f"waiting for {child.name}",
-            resume_phase=Phase.TOOLS,
         )
         try:
-            await self._block(turn, lease, suspension)
+            await self._stop(turn, lease, started)
         finally:
             await self.store.make_runnable(child_id, self.clock())
 
@@ -935,7 +958,8 @@ class Runner:
             async def show(saved: Turn) -> None:
                 await self.port.approval_requested(saved, call, tool, decision)
 
-            await self._block_then_show(turn, lease, suspension, show)
+            blocked = Blocked(at=self.clock(), suspension=suspension)
+            await self._block_then_show(turn, lease, blocked, show)
         if decision.outcome == Outcome.DENY:
             self._emit(EventType.TOOL_DENIED, turn, call_id=call.id, code=decision.code)
             await self.port.tool_denied(turn, call, tool, decision)
@@ -943,37 +967,39 @@ class Runner:
         return None
 
     async def _ask_for_input(
-        self, turn: Turn, lease: Lease, call: ToolCall, suspension: Suspension
+        self, turn: Turn, lease: Lease, call: ToolCall, event: Blocked | FormAsked
     ) -> NoReturn:
-        """Wait on ``suspension`` for people to fill in the form of ``call``
-        (see :mod:`server.runner.user_input`)."""
+        """Wait on ``event``'s suspension for people to fill in the form of
+        ``call`` (see :mod:`server.runner.user_input`)."""
+        suspension = event.suspension
         assert suspension.form is not None
         self._emit(EventType.TOOL_INPUT_REQUESTED, turn, call_id=call.id, form=suspension.form.key)
 
         async def show(saved: Turn) -> None:
             await self.port.input_requested(saved, suspension)
 
-        await self._block_then_show(turn, lease, suspension, show)
+        await self._block_then_show(turn, lease, event, show)
 
     async def _block_then_show(
         self,
         turn: Turn,
         lease: Lease,
-        suspension: Suspension,
+        event: Blocked | FormAsked,
         show: Callable[[Turn], Awaitable[None]],
     ) -> NoReturn:
-        """Block on ``suspension``, then show it to people: saved as waiting
-        before people see the question, so that an answer that comes at once
-        finds the turn waiting for it. When the save failed it is shown
-        anyway if it was made (a timeout can hide a save that happened)."""
+        """Block on ``event``'s suspension, then show it to people: saved as
+        waiting before people see the question, so that an answer that comes
+        at once finds the turn waiting for it. When the save failed it is
+        shown anyway if it was made (a timeout can hide a save that
+        happened)."""
         try:
-            await self._block(turn, lease, suspension)
+            await self._stop(turn, lease, event)
         except _Stop as stop:
             await show(stop.turn)
             raise
         except BaseException:
             saved = await self.store.load(turn.id)
-            if saved.suspension == suspension:
+            if saved.suspension == event.suspension:
                 await show(saved)
             raise
 
@@ -1021,12 +1047,10 @@ def retry_after_seconds(error: Exception, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
-def _started(turn: Turn) -> Turn:
+def _started(turn: Turn, at: float) -> Turn:
     """A runnable ``turn`` as the worker it is handed to starts it (its RUN
-    here, on a shallow copy: start() only sets fields); that worker saves
-    no start of its own."""
-    started = msgspec.structs.replace(turn)
-    started.start()
+    here); that worker saves no start of its own."""
+    started, _ = advance(turn, Started(at=at))
     return started
 
 
@@ -1052,7 +1076,3 @@ def _child_call(turn: Turn, child_id: str | None) -> PendingCall:
         if pending.result is None and child_turn_id(turn.id, pending.call.id) == child_id:
             return pending
     raise ResumeRejected(turn.id, f"no call of the turn waits for child turn {child_id!r}")
-
-
-def _set_call(turn: Turn, updated: PendingCall) -> None:
-    turn.pending = [updated if p.call.id == updated.call.id else p for p in turn.pending]

@@ -1,18 +1,11 @@
 """The durable runner: turns that wait for people and resume anywhere.
 
-A turn advances in steps, and every step that matters is saved before the
-next begins (compare-and-set on the turn's version; fenced by the lease of
-whoever executes it):
-
-- MODEL: the model is asked; its reply is saved with every tool call it
-  makes as pending, before any of them runs;
-- TOOLS: each pending call runs in order and its result is saved on its own,
-  so a crash never runs a finished tool again. ``request_user_input`` is a
-  control tool: it suspends the turn for a form (USER_INPUT) instead of
-  running. The approval policy may suspend a call (TOOL_APPROVAL) or deny
-  it. A tool may raise FormRequired (USER_INPUT, then it runs again from the
-  start with the data) or TransientError (RETRY, with backoff). A tool with
-  a child agent starts a child turn and the parent waits (CHILD_AGENT).
+A turn advances in steps, MODEL and TOOLS, each that matters saved before
+the next begins (compare-and-set on the turn's version; fenced by the lease
+of whoever executes it): :mod:`server.runner.execution` runs them. Every
+change of a turn's fields is an event of :mod:`server.runner.machine`, the
+only writer of a turn; the runner and its execution feed it events, save
+what it returns and run its effects.
 
 What a wait for people is, what an answer must fit and what it does are
 the rules of :mod:`server.runner.approvals` and :mod:`server.runner.user_input`
@@ -44,61 +37,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
-import inspect
-import json
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NoReturn, assert_never
+from typing import Any
 
 import msgspec
 
 from server.errors import HuddleError, StoreError, StoreUnavailable
 from server.runner import approvals, user_input
-from server.runner.agent import Agent, Outcome, Tool
-from server.runner.context import ToolContext, enter, leave, lender
+from server.runner.agent import Agent, Tool
 from server.runner.errors import (
     AgentVersionGone,
-    Fenced,
-    FormRequired,
-    ModelUnavailable,
-    TransientError,
     UnknownAgent,
     VersionConflict,
-    WaitExpired,
 )
 from server.runner.errors import ResumeRejected as ResumeRejected
 from server.runner.errors import TurnBusy as TurnBusy
 from server.runner.events import EventType, Listener, RunnerEvent, notify
+from server.runner.execution import Execution
+from server.runner.execution import retry_after_seconds as retry_after_seconds
 from server.runner.ids import child_turn_id
 from server.runner.loader import AgentCatalog, AgentLoader, load_for_turn
 from server.runner.machine import (
-    AttemptFailed,
     Blocked,
-    CancelChildren,
-    ChildStarted,
-    Finished,
-    FormAsked,
-    MakeRunnable,
-    ModelReplied,
-    Notify,
     Resumed,
-    RetryLater,
-    Save,
-    ShowFinished,
     Started,
-    ToolFinished,
-    ToolsCollected,
-    Touched,
-    TurnEffect,
-    TurnEvent,
-    WakeParent,
     advance,
 )
-from server.runner.model import ToolSpec
 from server.runner.port import ChatPort, NullPort
 from server.runner.store import Lease, TurnStore
 from server.runner.turn import (
@@ -106,15 +74,11 @@ from server.runner.turn import (
     ModelMessage,
     ParentLink,
     PendingCall,
-    Phase,
     ResumeCommand,
     Suspension,
     SuspensionType,
-    ToolCall,
-    Transition,
     Turn,
     TurnStatus,
-    result_text,
 )
 from server.runner.user_input import REQUEST_USER_INPUT as REQUEST_USER_INPUT
 
@@ -135,15 +99,6 @@ class PreparedResume:
     started: Turn
     mark: Audit
     command: ResumeCommand
-
-
-class _Stop(Exception):
-    """Internal: the turn is blocked or terminal (``turn``, as saved); stop
-    advancing."""
-
-    def __init__(self, turn: Turn) -> None:
-        super().__init__(turn.id)
-        self.turn = turn
 
 
 class Runner:
@@ -185,6 +140,7 @@ class Runner:
         self._background: set[asyncio.Task[None]] = set()
         self._cancelled: dict[str, asyncio.Event] = {}
         """The cancel signal of each turn this runner executes now."""
+        self.execution = Execution(self)
 
     def agent(self, name: str) -> Agent:
         """The active version of agent ``name`` (what new turns get)."""
@@ -198,7 +154,7 @@ class Runner:
         UnknownAgent or AgentVersionGone."""
         return load_for_turn(self.loader, turn.agent, turn.agent_version)
 
-    def _emit(self, type_: EventType, turn: Turn, **data: Any) -> None:
+    def emit(self, type_: EventType, turn: Turn, **data: Any) -> None:
         notify(self.listeners, RunnerEvent(type_, turn.id, data))
 
     # ─── Starting ────────────────────────────────────────────────────────
@@ -321,7 +277,7 @@ class Runner:
             except StoreUnavailable:
                 # The save may have landed all the same (its answer lost):
                 # the turn then resumes, and its listeners must hear of it.
-                self._in_background(self._read_back(turn_id, turn.audit[-1], command))
+                self.in_background(self._read_back(turn_id, turn.audit[-1], command))
                 raise
             self._resumed(saved, turn.audit[-1], command)
             return saved
@@ -344,10 +300,10 @@ class Runner:
     def read_back(self, turn_id: str, prepared: PreparedResume) -> None:
         """Whether ``prepared`` was saved is unknown (the answer lost): its
         listeners hear of it if the turn shows it saved."""
-        self._in_background(self._read_back(turn_id, prepared.mark, prepared.command))
+        self.in_background(self._read_back(turn_id, prepared.mark, prepared.command))
 
     def _resumed(self, saved: Turn, mark: Audit, command: ResumeCommand) -> None:
-        self._emit(
+        self.emit(
             EventType.TURN_RESUMED, saved, command=command.type.value, chat=saved.chat, resume=mark
         )
 
@@ -373,7 +329,7 @@ class Runner:
         if mark in turn.audit:
             self._resumed(turn, mark, command)
 
-    def _in_background(self, work: Awaitable[None]) -> None:
+    def in_background(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background_done)
@@ -512,7 +468,7 @@ class Runner:
         # and a question is shown at once (a RETRY is not queued here).
         turn, _ = advance(turn, Blocked(at=self.clock(), suspension=suspension))
         saved = await self.store.save(turn)
-        self._emit(EventType.TURN_SUSPENDED, saved, type=suspension.type.value)
+        self.emit(EventType.TURN_SUSPENDED, saved, type=suspension.type.value)
         await self.port.input_requested(saved, suspension)
         return saved
 
@@ -571,11 +527,11 @@ class Runner:
             if turn.cancel_requested:
                 cancelled.set()
             try:
-                advanced = await self._advance(turn, lease, cancelled, running)
+                advanced = await self.execution.run_leased(turn, lease, cancelled, running)
             except (StoreError, asyncio.CancelledError):
                 raise
             except Exception as error:
-                advanced = await self._attempt_failed(lease, error)
+                advanced = await self.execution.attempt_failed(lease, error)
         finally:
             if self._cancelled.get(lease.turn_id) is cancelled:
                 del self._cancelled[lease.turn_id]
@@ -598,410 +554,12 @@ class Runner:
             if await self.store.cancel_requested(lease.turn_id):
                 cancelled.set()
 
-    async def _advance(
-        self, turn: Turn, lease: Lease, cancelled: asyncio.Event, running: bool = False
-    ) -> Turn:
-        if turn.is_terminal:
-            return turn
-        if turn.status == TurnStatus.RETRY_SCHEDULED:
-            due = turn.suspension.due_at if turn.suspension else None
-            if due is not None and due > self.clock() and not turn.cancel_requested:
-                # Claimed early (by id, or as an expired lease), which took it
-                # off the queue: put it back for its time and keep the backoff.
-                await self.store.make_runnable(turn.id, due)
-                return turn
-        elif turn.is_blocked and not turn.cancel_requested:
-            return turn
-        taken_over = turn.status == TurnStatus.RUNNING and not running
-        try:
-            if turn.cancel_requested:
-                # A cancel needs no agent: end it before looking one up.
-                await self._finish(self._start(turn), lease, Transition.CANCEL)
-            if turn.failing is not None:
-                # A wait that can never be answered: nothing runs.
-                await self._finish(self._start(turn), lease, Transition.FAIL, turn.failing)
-            agent = self.agent_for(turn)
-            if taken_over:
-                turn = await self._take_over(turn, lease)
-            if not running:
-                turn = await self.store.save(self._start(turn), lease=lease)
-            elif lease.until - self.clock() < self.lease_seconds * 2 / 3:
-                # Handed over started, but taken up late (this process was
-                # busy): make sure the lease is still ours before anything
-                # happens (the save is fenced).
-                turn = await self._apply(turn, lease, Touched(at=self.clock()))
-            self._emit(EventType.TURN_STARTED, turn)
-            await self.port.turn_started(turn)
-            if taken_over:
-                await self.port.turn_taken_over(turn)
-            while True:
-                if cancelled.is_set() or turn.cancel_requested:
-                    await self._finish(turn, lease, Transition.CANCEL)
-                if turn.phase == Phase.MODEL:
-                    turn = await self._model_step(agent, turn, lease)
-                else:
-                    turn = await self._tools_step(agent, turn, lease, cancelled)
-        except _Stop as stop:
-            return stop.turn
-
-    # ─── The pump ────────────────────────────────────────────────────────
-
-    def _start(self, turn: Turn) -> Turn:
-        started, _ = advance(turn, Started(at=self.clock()))
-        return started
-
-    async def _apply(self, turn: Turn, lease: Lease, event: TurnEvent) -> Turn:
-        """Feed ``event`` to the machine and run the effects it asks for (a
-        save under ``lease`` first); returns the turn as saved, or raises
-        _Stop when it is blocked or terminal."""
-        turn, effects = advance(turn, event)
-        for effect in effects:
-            turn = await self._run_effect(turn, lease, effect)
-        if turn.is_blocked or turn.is_terminal:
-            raise _Stop(turn)
-        return turn
-
-    async def _run_effect(self, turn: Turn, lease: Lease, effect: TurnEffect) -> Turn:
-        match effect:
-            case Save():
-                return await self.store.save(turn, lease=lease)
-            case Notify(type=type_, data=data):
-                self._emit(type_, turn, **data)
-            case MakeRunnable(at=at):
-                await self.store.make_runnable(turn.id, at)
-            case ShowFinished():
-                await self.port.turn_finished(turn)
-            case CancelChildren(children=children):
-                for child_id in children:
-                    with contextlib.suppress(HuddleError):
-                        await self.cancel(child_id)
-            case WakeParent():
-                await self._wake_parent(turn)
-            case _:
-                assert_never(effect)
-        return turn
-
-    async def _stop(self, turn: Turn, lease: Lease, event: TurnEvent) -> NoReturn:
-        """:meth:`_apply` an event that blocks or ends the turn."""
-        await self._apply(turn, lease, event)
-        raise AssertionError(f"turn {turn.id}: {type(event).__name__} left it running")
-
-    # ─── Failed attempts ─────────────────────────────────────────────────
-
-    async def _take_over(self, turn: Turn, lease: Lease) -> Turn:
-        """``turn`` was RUNNING when claimed: the worker that ran it died or
-        stalled. That is a failed attempt; the max_attempts-th fails the
-        turn (raises _Stop), else it carries on here."""
-        reason = "its worker stopped before the step was saved"
-        turn, _ = advance(turn, AttemptFailed(at=self.clock(), error=reason))
-        self._emit(EventType.TURN_TAKEN_OVER, turn, attempt=turn.attempts, phase=turn.phase.value)
-        if turn.attempts >= self.max_attempts:
-            await self._finish(
-                turn,
-                lease,
-                Transition.FAIL,
-                f"gave up after {turn.attempts} attempts in a row: {reason}"
-                + (f" (in {_running_call(turn)})" if _running_call(turn) else ""),
-            )
-        return turn
-
-    async def _attempt_failed(self, lease: Lease, error: Exception) -> Turn:
-        """Record ``error`` as a failed attempt of the leased turn: schedule
-        it again with backoff, or fail it at ``max_attempts``."""
-        log.warning("turn %s: attempt failed: %s", lease.turn_id, error, exc_info=error)
-        turn = await self.store.load(lease.turn_id)
-        if turn.is_terminal or (turn.is_blocked and turn.status != TurnStatus.RETRY_SCHEDULED):
-            return turn  # it got where it was going; the error came after
-        failed = AttemptFailed(at=self.clock(), error=str(error) or type(error).__name__)
-        turn, _ = advance(turn, failed)
-        self._emit(
-            EventType.ATTEMPT_FAILED,
-            turn,
-            attempt=turn.attempts,
-            error=turn.last_error,
-            kind=type(error).__name__,
-        )
-        if turn.status != TurnStatus.RUNNING:
-            turn = self._start(turn)
-        try:
-            if turn.attempts >= self.max_attempts:
-                await self._finish(
-                    turn,
-                    lease,
-                    Transition.FAIL,
-                    f"gave up after {turn.attempts} attempts in a row: {turn.last_error}",
-                )
-            delay = self.attempt_backoff * 2 ** (turn.attempts - 1)
-            suspension = Suspension(
-                type=SuspensionType.RETRY,
-                message=f"attempt {turn.attempts} failed: {turn.last_error}",
-                resume_phase=turn.phase,
-                due_at=self.clock() + delay,
-                metadata={"attempt": turn.attempts, "of": self.max_attempts, "delay": delay},
-            )
-            await self._stop(turn, lease, Blocked(at=self.clock(), suspension=suspension))
-        except _Stop as stop:
-            return stop.turn
-
-    async def _finish(
-        self, turn: Turn, lease: Lease, ending: Transition, error: str | None = None
-    ) -> NoReturn:
-        await self._stop(turn, lease, Finished(at=self.clock(), ending=ending, error=error))
-
-    async def _wake_parent(self, child: Turn) -> None:
+    async def wake_parent(self, child: Turn) -> None:
+        """Resume the parent of ``child`` (ended) with its outcome."""
         assert child.parent is not None
         command = ResumeCommand.child_completed(child.id, child.status.value, child.output)
         with contextlib.suppress(ResumeRejected):
             await self.submit_resume(child.parent.turn_id, command)
-
-    async def _retry_later(
-        self,
-        agent: Agent,
-        turn: Turn,
-        lease: Lease,
-        error: str,
-        not_before: float | None = None,
-    ) -> NoReturn:
-        """Schedule a transient failure's retry with backoff, or, out of
-        retries, fail the turn. ``not_before`` is a wait the failure asked
-        for (a model API's ``Retry-After``): the backoff is never shorter."""
-        if turn.retry_attempts >= agent.max_retries:
-            await self._finish(turn, lease, Transition.FAIL, f"gave up: {error}")
-        delay = max(agent.retry_backoff * (2**turn.retry_attempts), not_before or 0.0)
-        self._emit(EventType.RETRY_SCHEDULED, turn, delay=delay, error=error)
-        now = self.clock()
-        await self._stop(turn, lease, RetryLater(at=now, error=error, due_at=now + delay))
-
-    # ─── The model ───────────────────────────────────────────────────────
-
-    async def _model_step(self, agent: Agent, turn: Turn, lease: Lease) -> Turn:
-        if turn.iterations >= agent.max_iterations:
-            await self._finish(turn, lease, Transition.REACH_MAX_ITERATIONS)
-
-        async def on_text(delta: str) -> None:
-            await self.port.text(turn, delta)
-
-        try:
-            reply = await agent.model.complete(turn.messages, _tool_specs(agent), on_text)
-        except TransientError as error:
-            wait = retry_after_seconds(error, self.clock())
-            await self._retry_later(agent, turn, lease, f"model: {error}", wait)
-        except Exception as error:
-            log.exception("model failed in turn %s", turn.id)
-            await self._finish(turn, lease, Transition.FAIL, f"model failed: {error}")
-        # With tool calls, every call is saved before any runs; with none,
-        # the turn is complete.
-        replied = ModelReplied(at=self.clock(), text=reply.text, tool_calls=reply.tool_calls)
-        return await self._apply(turn, lease, replied)
-
-    # ─── Tools ───────────────────────────────────────────────────────────
-
-    async def _tools_step(
-        self, agent: Agent, turn: Turn, lease: Lease, cancelled: asyncio.Event
-    ) -> Turn:
-        for pending in turn.pending:
-            if pending.result is not None:
-                continue
-            if cancelled.is_set():
-                return turn  # the loop ends it
-            result, counted = await self._call(agent, turn, lease, pending, cancelled)
-            finished = ToolFinished(
-                at=self.clock(), call_id=pending.call.id, result=result, counted=counted
-            )
-            turn = await self._apply(turn, lease, finished)  # each result on its own
-        # Not saved on its own: it follows from what is saved (every
-        # result), and the model step's next save carries it. A crash before
-        # that comes back here with every result and moves on the same way.
-        collected, _ = advance(turn, ToolsCollected(at=self.clock()))
-        return collected
-
-    async def _call(
-        self,
-        agent: Agent,
-        turn: Turn,
-        lease: Lease,
-        pending: PendingCall,
-        cancelled: asyncio.Event,
-    ) -> tuple[str, bool]:
-        """Run one pending call and return its result, and whether it ran
-        (counted against ``max_tool_calls``); suspends (raises _Stop) when
-        it must wait."""
-        call = pending.call
-        if call.name == REQUEST_USER_INPUT:
-            asked = user_input.requested_form(agent, call)
-            if isinstance(asked, str):
-                return asked, False  # no such form: the model reads why
-            await self._ask_for_input(turn, lease, call, Blocked(at=self.clock(), suspension=asked))
-        tool = agent.tool(call.name)
-        if tool is None:
-            missing = {"status": "error", "message": f"there is no tool {call.name!r}"}
-            return result_text(missing), False
-        # The budget first: nobody is asked to approve a call that would not run.
-        if turn.tool_calls_made >= agent.max_tool_calls:
-            await self._finish(turn, lease, Transition.EXCEED_BUDGET)
-        denied = await self._approve(agent, turn, lease, pending, tool)
-        if denied is not None:
-            return denied, False
-        if tool.child is not None:
-            await self._spawn_child(turn, lease, call, tool.child)  # a call, counted as it starts
-        await self.port.tool_started(turn, call, tool)
-        self._emit(EventType.TOOL_STARTED, turn, call_id=call.id, tool=tool.name)
-        return await self._run_tool(agent, turn, lease, pending, tool, cancelled), True
-
-    async def _run_tool(
-        self,
-        agent: Agent,
-        turn: Turn,
-        lease: Lease,
-        pending: PendingCall,
-        tool: Tool,
-        cancelled: asyncio.Event,
-    ) -> str:
-        call = pending.call
-        port = self.port
-
-        def progress(message: str, data: dict[str, Any]) -> None:
-            self._emit(EventType.TOOL_PROGRESS, turn, call_id=call.id, message=message)
-            self._in_background(port.tool_progress(turn, call, message, data))
-
-        context = ToolContext(
-            turn_id=turn.id,
-            root_turn_id=turn.root_turn_id,
-            parent_turn_id=turn.parent.turn_id if turn.parent else None,
-            agent_id=agent.name,
-            agent_version=turn.agent_version,
-            tool=tool,
-            tool_call=call,
-            submitted_form_data=dict(pending.form_data or {}),
-            form_submitted=pending.form_data is not None,
-            chat=turn.chat,
-            chat_turn=turn.chat_turn,
-            chat_turn_stamp=turn.chat_turn_stamp,
-            port=self.port,
-            model=agent.model,
-            input_expiry=agent.input_expiry,
-            _progress=progress,
-            _cancelled=cancelled.is_set,
-            _lend=lender(),
-        )
-        token = enter(context)
-        try:
-            assert tool.function is not None, f"tool {tool.name} has no function"
-            value = tool.function(dict(call.arguments))
-            if inspect.isawaitable(value):
-                value = await value
-        except FormRequired as needed:
-            if pending.form_asked:
-                again = user_input.asked_again(tool, needed)
-                await self._finish(turn, lease, Transition.FAIL, again)
-            asked = user_input.required_form(agent, call, needed)
-            marked = user_input.form_asked(pending)
-            event = FormAsked(at=self.clock(), call=marked, suspension=asked)
-            await self._ask_for_input(turn, lease, call, event)
-        except WaitExpired as error:
-            self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=False)
-            await self._finish(turn, lease, Transition.FAIL, str(error))
-        except TransientError as error:
-            await self._retry_later(agent, turn, lease, f"tool {tool.name}: {error}")
-        except (_Stop, Fenced, VersionConflict):
-            raise
-        except Exception as error:
-            self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=False)
-            result = result_text({"status": "error", "message": str(error)})
-            await self.port.tool_finished(turn, call, result, False)
-            return result
-        finally:
-            leave(token)
-        result = result_text(value)
-        self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=True)
-        await self.port.tool_finished(turn, call, result, True)
-        return result
-
-    async def _spawn_child(
-        self, turn: Turn, lease: Lease, call: ToolCall, child: Agent
-    ) -> NoReturn:
-        child_id = child_turn_id(turn.id, call.id)
-        task = call.arguments.get("task")
-        message = task if isinstance(task, str) else json.dumps(call.arguments)
-        chat = await self.port.child_chat(turn, call, child_id)
-        link = ParentLink(turn_id=turn.id, call_id=call.id, root_turn_id=turn.root_turn_id)
-        child_turn = self.new_turn(
-            child, message, turn_id=child_id, chat=chat, chat_turn=child_id, parent=link
-        )
-        with contextlib.suppress(HuddleError):
-            await self.store.create(child_turn)
-        started = ChildStarted(
-            at=self.clock(),
-            call_id=call.id,
-            child_id=child_id,
-            message=f"waiting for {child.name}",
-        )
-        try:
-            await self._stop(turn, lease, started)
-        finally:
-            await self.store.make_runnable(child_id, self.clock())
-
-    # ─── Waiting for people ──────────────────────────────────────────────
-
-    async def _approve(
-        self, agent: Agent, turn: Turn, lease: Lease, pending: PendingCall, tool: Tool
-    ) -> str | None:
-        """What the approval policy says of ``pending`` (see
-        :mod:`server.runner.approvals`): None when it may run, the tool
-        message when it is denied; suspends (raises _Stop) to ask a person."""
-        call = pending.call
-        decision = approvals.decide(agent, turn, pending, tool)
-        if decision.outcome == Outcome.REQUIRE_APPROVAL:
-            suspension = approvals.approval_suspension(call, tool, decision)
-            self._emit(EventType.TOOL_APPROVAL_REQUESTED, turn, call_id=call.id, code=decision.code)
-
-            async def show(saved: Turn) -> None:
-                await self.port.approval_requested(saved, call, tool, decision)
-
-            blocked = Blocked(at=self.clock(), suspension=suspension)
-            await self._block_then_show(turn, lease, blocked, show)
-        if decision.outcome == Outcome.DENY:
-            self._emit(EventType.TOOL_DENIED, turn, call_id=call.id, code=decision.code)
-            await self.port.tool_denied(turn, call, tool, decision)
-            return approvals.denied_result(decision)
-        return None
-
-    async def _ask_for_input(
-        self, turn: Turn, lease: Lease, call: ToolCall, event: Blocked | FormAsked
-    ) -> NoReturn:
-        """Wait on ``event``'s suspension for people to fill in the form of
-        ``call`` (see :mod:`server.runner.user_input`)."""
-        suspension = event.suspension
-        assert suspension.form is not None
-        self._emit(EventType.TOOL_INPUT_REQUESTED, turn, call_id=call.id, form=suspension.form.key)
-
-        async def show(saved: Turn) -> None:
-            await self.port.input_requested(saved, suspension)
-
-        await self._block_then_show(turn, lease, event, show)
-
-    async def _block_then_show(
-        self,
-        turn: Turn,
-        lease: Lease,
-        event: Blocked | FormAsked,
-        show: Callable[[Turn], Awaitable[None]],
-    ) -> NoReturn:
-        """Block on ``event``'s suspension, then show it to people: saved as
-        waiting before people see the question, so that an answer that comes
-        at once finds the turn waiting for it. When the save failed it is
-        shown anyway if it was made (a timeout can hide a save that
-        happened)."""
-        try:
-            await self._stop(turn, lease, event)
-        except _Stop as stop:
-            await show(stop.turn)
-            raise
-        except BaseException:
-            saved = await self.store.load(turn.id)
-            if saved.suspension == event.suspension:
-                await show(saved)
-            raise
 
     # ─── Recovery ────────────────────────────────────────────────────────
 
@@ -1017,7 +575,7 @@ class Runner:
             child = await self.store.load(suspension.correlation_id)
             if child.is_terminal:
                 with contextlib.suppress(ResumeRejected):
-                    await self._wake_parent(child)
+                    await self.wake_parent(child)
                     woken += 1
         for turn_id in await self.store.by_status(TurnStatus.READY):
             await self.store.make_runnable(turn_id, self.clock())
@@ -1025,40 +583,11 @@ class Runner:
         return woken
 
 
-def _tool_specs(agent: Agent) -> list[ToolSpec]:
-    specs = [ToolSpec(t.name, t.description, t.input_schema) for t in agent.tools]
-    control = user_input.request_user_input_spec(agent.forms)
-    return specs if control is None else [*specs, control]
-
-
-def retry_after_seconds(error: Exception, now: float) -> float | None:
-    """The seconds a model's ``Retry-After`` asks to wait (delta-seconds or
-    an HTTP date, RFC 9110), or None when it sent none or one that does not
-    parse."""
-    if not isinstance(error, ModelUnavailable) or error.retry_after is None:
-        return None
-    text = error.retry_after.strip()
-    if text.isdecimal():
-        return float(text)
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - now)
-
-
 def _started(turn: Turn, at: float) -> Turn:
     """A runnable ``turn`` as the worker it is handed to starts it (its RUN
     here); that worker saves no start of its own."""
     started, _ = advance(turn, Started(at=at))
     return started
-
-
-def _running_call(turn: Turn) -> str | None:
-    """The tool the turn was running when it stopped (its first pending call
-    without a result), if any."""
-    running = next((p for p in turn.pending if p.result is None), None)
-    return None if running is None else f"tool {running.call.name}"
 
 
 def _require_call(turn: Turn, call_id: str | None) -> PendingCall:

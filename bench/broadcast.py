@@ -118,11 +118,11 @@ def _install_profiler(path: str) -> None:
 async def serve_huddle(portfile: str, profile: str | None) -> None:
     """Run Huddle on a loopback port with one chat whose active turn holds
     an open input request; write port, chat and the agent token."""
-    from server.app import Server, create_app
     from server.auth import TokenAuthority
     from server.build import build
     from server.config import Limits, Settings
-    from server.serve import UvicornServer, uvicorn_config
+    from server.edge.app import Server, create_app
+    from server.edge.serve import UvicornServer, uvicorn_config
     from server.store.memory import MemoryStore
 
     # One dispatcher sends --rate actions a second; lift the per-connection

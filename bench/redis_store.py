@@ -11,7 +11,7 @@ and never flushed: every key the run writes has a name of its own, (a)
 deletes its sessions and keys at the end, and what stays behind is the root
 channel, the client records and the fan-out's ``ahp-session:/bench-<hex>``.
 
-(a) Throughput. One :class:`server.host.Host` in this process on a
+(a) Throughput. One :class:`server.core.host.Host` in this process on a
     :class:`RedisStore`: ``--chats`` chats, each with an open input request,
     one dispatcher task per chat sending ``--actions``
     ``chat/inputAnswerChanged`` one after another through ``Host.dispatch``
@@ -88,12 +88,12 @@ from protocol.chat import (
 )
 from protocol.codec import encode
 from protocol.messages import ActionEnvelope
-from server.app import Server, create_app
 from server.auth import TokenAuthority
 from server.build import build, default_agents
 from server.config import Limits, Settings
-from server.host import Host
-from server.serve import UvicornServer, uvicorn_config
+from server.core.host import Host
+from server.edge.app import Server, create_app
+from server.edge.serve import UvicornServer, uvicorn_config
 from server.store.base import encode_entry
 from server.store.redis import APPEND, RedisStore
 from tests.redis_server import RedisServer

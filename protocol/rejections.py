@@ -48,7 +48,7 @@ class RejectionCode(StrEnum):
     CLIENT_SEQ_REUSED = "client-seq-reused"
     EXPIRED = "expired"
     INVALID_ACTION = "invalid-action"
-    # The authorisation policy (server.policy).
+    # The authorisation policy (server.core.policy).
     FORBIDDEN = "forbidden"
     WRONG_CHANNEL = "wrong-channel"
     # The host and the network edge.

@@ -41,7 +41,7 @@ the action::
       or pending message (once it holds
       this much, the rest still goes on)
     a session's notes (written by the      notes               (the oldest
-      server alone: server.notes)                                are dropped)
+      server alone: server.core.session_notes)                                are dropped)
 
 Ids are found by name, at any depth of the action's Structs, so that a new
 field is covered the day it is added: a field named ``id`` or ``<x>Id``

@@ -104,7 +104,7 @@ class Grant:
     shared: bool = False
     """A link's token several people may share: each names themselves."""
     link: str | None = None
-    """For a token a shared link's browser got (server.app.index): the
+    """For a token a shared link's browser got (server.edge.app.index): the
     link's token id. Its rate budget is the link's, shared with every other
     browser of the link, so that opening the link again buys no more."""
 

@@ -1,6 +1,6 @@
 """One place that builds a server's parts from its settings.
 
-``huddle serve`` (through :func:`server.app.create_app`) and ``huddle
+``huddle serve`` (through :func:`server.edge.app.create_app`) and ``huddle
 worker`` both call :func:`build`: the channel store ``--store`` names, the
 host over it, and, with an agent, the turn store beside it and the service
 that runs the agent's turns. Tests pass stores of their own.
@@ -14,17 +14,17 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from protocol.session import AgentInfo
-from server.audit import AuditTrail
 from server.config import Settings
-from server.host import STOP_PATIENCE, Host
-from server.retention import Retention
+from server.core.audit import AuditTrail
+from server.core.host import STOP_PATIENCE, Host
+from server.core.retention import Retention
+from server.core.sessions import CAPABILITIES
 from server.runner.agent import Agent
 from server.runner.events import EventType, RunnerEvent
+from server.runner.redis_turn_store import RedisTurnStore
 from server.runner.service import AgentService, agent_info
-from server.runner.store import TurnStore
-from server.runner.store import open_turn_store as open_turn_store_at
-from server.sessions import CAPABILITIES
-from server.store import open_channel_store
+from server.runner.turn_store import MemoryTurnStore, TurnStore
+from server.store import REDIS_SCHEMES, open_channel_store
 from server.store.base import ChannelStore
 
 
@@ -97,7 +97,17 @@ def open_store(settings: Settings) -> ChannelStore:
 
 def open_turn_store(settings: Settings) -> TurnStore:
     """The turn store that goes with ``--store``."""
-    return open_turn_store_at(settings.store)
+    return turn_store_at(settings.store)
+
+
+def turn_store_at(url: str) -> TurnStore:
+    """The turn store that goes with the channel store of ``url``
+    (:func:`server.store.open_channel_store`); ValueError for anything else."""
+    if url == "memory":
+        return MemoryTurnStore()
+    if url.startswith(REDIS_SCHEMES):
+        return RedisTurnStore(url)
+    raise ValueError(f"unknown store {url!r} (use memory, redis://... or redis+cluster://...)")
 
 
 def build(

@@ -25,15 +25,15 @@ from importlib.metadata import version
 from typing import Any
 
 from protocol.uris import SESSION_SCHEME, session_uri
-from server.app import create_app
-from server.audit import AuditBroken, verify
-from server.audit import export as audit_export
 from server.auth import TokenAuthority
 from server.build import build, open_store
 from server.config import Settings, settings_from
+from server.core.audit import AuditBroken, verify
+from server.core.audit import export as audit_export
+from server.edge.app import create_app
+from server.edge.serve import UvicornServer, uvicorn_config
 from server.errors import StoreError
 from server.runner.service import load_agent
-from server.serve import UvicornServer, uvicorn_config
 
 SPARE_WORKERS = (
     "workers more, at most, while tools wait for people (8): an MCP server's question "

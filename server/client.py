@@ -62,7 +62,7 @@ EXTENSIONS = (
     "huddle.expiry",
     "huddle.resend",
 )
-"""The Huddle extensions this client asks for (see server.rpc.EXTENSIONS):
+"""The Huddle extensions this client asks for (see server.edge.rpc.EXTENSIONS):
 per-channel seqs and cursors, tail windows, titles, identity, expiries, and
 re-sending what a drop left unconfirmed under its first clientSeq."""
 

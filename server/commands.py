@@ -1,8 +1,8 @@
 """The commands of the server, one layer for every edge.
 
-JSON-RPC over the WebSocket (:mod:`server.rpc`) and the HTTP API
-(:mod:`server.app`) both call these, with the caller's grant: each command
-asks the policy (:mod:`server.policy`), then the host. A command raises
+JSON-RPC over the WebSocket (:mod:`server.edge.rpc`) and the HTTP API
+(:mod:`server.edge.app`) both call these, with the caller's grant: each command
+asks the policy (:mod:`server.core.policy`), then the host. A command raises
 
 - :class:`~protocol.codec.MalformedFrame` for a bad argument (a channel URI
   that does not parse, a cursor that names nothing), its path relative to
@@ -58,12 +58,11 @@ from reducers.limits import json_bytes
 from reducers.notes import HUDDLE
 from reducers.validation import working_directories_problem
 from server.auth import ROLES, Grant, Identity, Role, TokenAuthority
-from server.channels import ChannelView
-from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
-from server.expiry import Expiry, Family
-from server.host import Host
-from server.metrics import Metrics
-from server.policy import (
+from server.core.channels import ChannelView
+from server.core.expiry import Expiry, Family
+from server.core.host import Host
+from server.core.metrics import Metrics
+from server.core.policy import (
     Command,
     admission_refusal,
     cap_refusal,
@@ -73,9 +72,10 @@ from server.policy import (
     reaches,
     stamped,
 )
+from server.core.sessions import new_chat, new_session
+from server.core.waiters import InputOutcome
+from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
 from server.ratelimit import Budgets, NewClientIds
-from server.sessions import new_chat, new_session
-from server.waiters import InputOutcome
 
 PAGE_SIZE = 100
 """Sessions in a page of ``listSessions`` that does not ask for a size."""
@@ -236,7 +236,7 @@ class Commands:
         default chat. Spends one action of the token's budget (:meth:`admit`
         first, unless the caller did); CommandError (-32011) when the server
         holds as many sessions as this token may create
-        (server.policy.cap_refusal). The directories and the entry
+        (server.core.policy.cap_refusal). The directories and the entry
         are checked by the policy and the rules as those actions are, before
         anything is created (MalformedFrame naming the field)."""
         self.allow(grant, Command.CREATE_SESSION)
@@ -332,7 +332,7 @@ class Commands:
         dispatches it from ``client_id``. Spends one action of the token's
         budget. Raises CommandError or MalformedFrame (:func:`refused`) for
         a budget spent, a session full of chats (its last tenth is the
-        agent's: server.policy.cap_refusal), a chat URI that is taken
+        agent's: server.core.policy.cap_refusal), a chat URI that is taken
         (AlreadyExists: the same answer whichever session holds it, seen by
         this token or not), a working directory the session does not have
         (AHP: MUST reject), an initial message the policy or the rules
@@ -452,7 +452,7 @@ class Commands:
             raise refused(rejected, "$") from None
 
     async def expire(self, grant: Grant, params: ExpireParams) -> int:
-        """Give an open wait an expiry (server.expiry); when it expires (ms).
+        """Give an open wait an expiry (server.core.expiry); when it expires (ms).
         Agent tokens only. CommandError (conflict) when the wait is not open."""
         self.allow(grant, Command.SET_EXPIRY)
         expect_kind(params.channel, "chat")
@@ -491,7 +491,7 @@ class Commands:
         """Dispatch ``action`` for ``grant`` (:meth:`admit` first, unless the
         caller did); returns the accepted envelope. ``seq_scope``: what
         ``origin``'s clientSeq is numbered within beyond its clientId (a
-        plain AHP connection's id; see server.channels.origin_key). Raises ActionRejected
+        plain AHP connection's id; see server.core.channels.origin_key). Raises ActionRejected
         (not admitted, refused by the policy or the rules), ChannelGone (also
         for a channel the token does not reach), StoreUnavailable,
         MalformedFrame for a bad URI."""
@@ -518,7 +518,7 @@ class Commands:
         client id is a connection's label, and two tokens never share one.
         Raises MalformedFrame for an id over the id limit (it is kept nowhere,
         and would ride in every envelope's ``origin``) or one with a control
-        character (server.channels.origin_key separates with one), CommandError when
+        character (server.core.channels.origin_key separates with one), CommandError when
         another token holds it, or when a person's token started too many
         lately (server.ratelimit.NewClientIds: each is kept for the
         token's lifetime)."""
@@ -628,7 +628,7 @@ def _as_sent_by(grant: Grant, who: Identity, action: StateAction) -> StateAction
     the session's active clients carries the name the server knows them by,
     never one they chose; a person's message says which token sent it, and
     a turn's (the agent's too) which of the turns its id ever named it is
-    (server.policy.stamped)."""
+    (server.core.policy.stamped)."""
     if grant.role == "agent":
         if isinstance(action, ChatTurnStarted):
             return replace(action, message=stamped(action.message, None, turn=new_turn_stamp()))
@@ -653,7 +653,7 @@ def _without_huddle_meta(value: _Struct) -> _Struct:
     """``value`` (a person's action, or a message in one) without
     ``_meta.huddle``: what is there is the server's word (who sent it, an
     expiry that made it), which a person's client may not say. The messages
-    of turns and pending messages are then stamped (server.policy.stamped),
+    of turns and pending messages are then stamped (server.core.policy.stamped),
     with the server's keys only."""
     meta = getattr(value, "meta", None)
     if not meta or HUDDLE not in meta:

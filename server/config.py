@@ -30,7 +30,7 @@ class Limits:
     flood_close_after: int = 1000
     """Consecutive rate-limited actions after which the client is closed."""
     max_sessions: int = 10_000
-    """Sessions the server holds at most (server.policy.cap_refusal:
+    """Sessions the server holds at most (server.core.policy.cap_refusal:
     a participant token creates them only below nine tenths of it)."""
 
     @property
@@ -105,7 +105,7 @@ class Settings:
     """Seconds between two sweeps for waits whose expiry passed."""
     retention: float | None = None
     """Seconds a finished session (and a disposed one's audit) is kept;
-    None: for ever (server.retention)."""
+    None: for ever (server.core.retention)."""
     audit_dir: str | None = None
     """Where a session's audit is exported before retention removes it."""
     open_browser: bool = False

@@ -55,9 +55,9 @@ down: this module imports nothing from ``server.runner`` or ``server.mcp``::
     │   │                           version a turn started with: the turn is
     │   │                           not run with other code (bounded attempts,
     │   │                           then it fails with this message)
-    │   ├── ResumeRejected          a late, duplicate or mismatched resume,
-    │   │                           or data that fails the frozen form;
-    │   │                           nothing changed
+    │   ├── ResumeRejected          a late, duplicate or mismatched resume
+    │   │                           (its kind or correlation id); nothing
+    │   │                           changed
     │   ├── TurnBusy                another worker holds the turn's lease
     │   ├── FormRequired            raised by a tool before any side effect:
     │   │                           the turn waits for a form, then the tool
@@ -105,7 +105,7 @@ their own::
                                     JSON-RPC error (HTTP 400)
     ValueError
     ├── BadChannelUri               protocol.uris: not a channel URI
-    ├── AuditBroken                 server.audit: an audit's hash chain is
+    ├── AuditBroken                 server.core.audit: an audit's hash chain is
     │                               broken (a record removed, altered or
     │                               out of place): ``huddle audit verify``
     │                               exits 1 naming the line

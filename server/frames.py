@@ -10,7 +10,7 @@ from protocol.codec import encode
 from protocol.messages import Snapshot
 
 WRITE_EXTENSION = "huddle.write"
-"""The ASGI scope extension of Huddle's WebSocket protocol (server.serve)."""
+"""The ASGI scope extension of Huddle's WebSocket protocol (server.edge.serve)."""
 WRITTEN, CLOSED, OVERLOADED = 1, 0, -1
 """What a direct write did: written, dropped (closing), or refused (the
 peer has too much unread)."""
@@ -65,7 +65,7 @@ _SEQ_KEY = b'"serverSeq":'
 class ActionFrame(OutFrame):
     """An ``action`` notification: its envelope's ``channel`` and per-channel
     ``seq``, and whether it is a rejection (which uses no seq). A plain AHP
-    connection numbers what it receives itself (:mod:`server.numbering`):
+    connection numbers what it receives itself (:mod:`server.edge.numbering`):
     :meth:`numbered` is the same frame with another ``serverSeq``."""
 
     __slots__ = ("channel", "rejected", "seq")

@@ -1,5 +1,5 @@
 """A sweep that runs every so often in the background, for as long as its
-owner runs: expiries (server.expiry) and retention (server.retention).
+owner runs: expiries (server.core.expiry) and retention (server.core.retention).
 
 A sweep that fails with one of the expected errors (the store away, a disk
 full) is logged and the next one runs on time; any other error is a bug

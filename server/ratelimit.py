@@ -5,7 +5,7 @@ polls and sockets a token may hold at once.
 One budget per token, shared by every connection and the HTTP API (a
 participant opening ten sockets does not get ten times the budget; a shared
 link's browsers spend the link's). Its unit is one action: an HTTP request
-costs what its route says (:mod:`server.app`). Agent tokens have a budget of
+costs what its route says (:mod:`server.edge.app`). Agent tokens have a budget of
 their own, larger by default: an agent streaming ``chat/delta`` into twenty
 chats over one socket is normal. A cost is paid up front, or, for what is
 known only once done (the size of an answer), charged afterwards as a debt
@@ -14,7 +14,7 @@ everything fits a full budget.
 
 Failed authentications are counted per client address
 (:class:`FailedAuthentications`; which failures count, the edge decides:
-guesses, :func:`server.app.verify_token`): an address that spent its
+guesses, :func:`server.edge.app.verify_token`): an address that spent its
 allowance is refused before its token is looked at, until it has room
 again; other addresses are untouched.
 

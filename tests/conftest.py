@@ -19,14 +19,14 @@ import pytest
 from protocol.actions import ChatTurnStarted
 from protocol.chat import Message, MessageOrigin
 from protocol.session import SessionState
-from server.app import Server, create_app
 from server.auth import Role, TokenAuthority
 from server.build import build
 from server.client import HuddleClient, Mirror
 from server.config import Limits, Settings
+from server.edge.app import Server, create_app
+from server.edge.serve import UvicornServer, uvicorn_config
 from server.runner.agent import Agent
-from server.runner.store import TurnStore
-from server.serve import UvicornServer, uvicorn_config
+from server.runner.turn_store import TurnStore
 from server.store.base import ChannelStore
 from server.store.memory import MemoryStore
 from tests.redis_server import RedisServer, running_redis

@@ -18,8 +18,8 @@ from server.runner.agent import Agent, FormDefinition, Tool
 from server.runner.context import ToolContext
 from server.runner.machine import Started, advance
 from server.runner.model import ModelReply, ScriptedModel, TextSink, ToolSpec
-from server.runner.store import Lease, MemoryTurnStore
 from server.runner.turn import ModelMessage, ToolCall, Turn
+from server.runner.turn_store import Lease, MemoryTurnStore
 from tests.conftest import UNIT
 
 WITHIN = 10 * UNIT

@@ -33,7 +33,12 @@ from protocol.chat import (
     TextQuestion,
     TextValue,
 )
-from server.audit import (
+from server.auth import TokenAuthority
+from server.build import default_agents
+from server.cli import main
+from server.client import HuddleClient
+from server.config import Limits, Settings
+from server.core.audit import (
     FIELD_BYTES,
     GENESIS,
     REDACTED,
@@ -42,13 +47,8 @@ from server.audit import (
     seal,
     verify,
 )
-from server.auth import TokenAuthority
-from server.build import default_agents
-from server.cli import main
-from server.client import HuddleClient
-from server.config import Limits, Settings
+from server.core.host import Host
 from server.errors import StoreUnavailable
-from server.host import Host
 from server.runner.demo import agent as demo
 from server.store.memory import MemoryStore
 from tests.conftest import (

@@ -17,8 +17,8 @@ from protocol.session import SessionState
 from protocol.uris import ROOT_URI
 from reducers.limits import SizeLimits
 from server.config import Limits, Settings
+from server.core.sessions import windowed
 from server.errors import ActionRejected
-from server.sessions import windowed
 from server.store.memory import KEPT_BYTES, MemoryStore
 from tests.conftest import AGENT_TOKEN, UNIT, RecordReads, RunningServer, start_server
 from tests.edge import HttpReply, Peer, http, initialize_params, plain_reconnect

@@ -24,7 +24,7 @@ from server.build import open_store, open_turn_store
 from server.client import HuddleClient
 from server.config import Settings
 from server.errors import ActionRejected
-from server.runner.redis_store import RedisTurnStore
+from server.runner.redis_turn_store import RedisTurnStore
 from server.store.memory import MemoryStore
 from server.store.redis import RedisStore
 from tests.conftest import UNIT

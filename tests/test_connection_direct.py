@@ -10,7 +10,7 @@ import pytest
 from websockets.frames import Frame, Opcode
 
 from protocol.codec import encode
-from server.connection import CLOSE_NORMAL, CLOSE_TRY_AGAIN, Connection
+from server.edge.connection import CLOSE_NORMAL, CLOSE_TRY_AGAIN, Connection
 from server.frames import ACTION_FRAME_HEAD, OVERLOADED, WRITTEN, OutFrame, action_frame
 from tests.conftest import UNIT
 

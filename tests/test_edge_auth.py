@@ -38,12 +38,12 @@ from protocol.chat import (
 )
 from protocol.session import SessionState
 from protocol.uris import ROOT_URI
-from server.app import check_origin
 from server.auth import Grant, TokenAuthority
 from server.client import HuddleClient
 from server.config import Settings
+from server.edge.app import check_origin
+from server.edge.headers import LOOPBACK_NAMES
 from server.errors import ActionRejected, AuthError
-from server.headers import LOOPBACK_NAMES
 from tests.conftest import AGENT_TOKEN, RunningServer, start_server, user_message
 from tests.edge import Frame, Peer, http, initialize_params
 

@@ -23,8 +23,8 @@ from protocol.uris import ROOT_URI
 from reducers.limits import SizeLimits
 from server.auth import Role
 from server.config import Limits, Settings
+from server.edge.rpc import Rpc
 from server.ratelimit import SOCKETS
-from server.rpc import Rpc
 from tests.conftest import UNIT, RecordReads, RunningServer, start_server, user_message
 from tests.edge import (
     Frame,
@@ -343,7 +343,7 @@ async def test_a_client_id_with_a_control_character_is_refused_and_kept_nowhere(
     huddle: RunningServer, method: str
 ) -> None:
     # The store sets a plain connection's scope off its clientId with one
-    # (server.channels.origin_key): a clientId holding it could name its
+    # (server.core.channels.origin_key): a clientId holding it could name its
     # actions as another connection's.
     forged = "alice\x1f0123456789ab"
     peer = await Peer.open(huddle.ws, huddle.token(name="mallory"))

@@ -742,7 +742,7 @@ async def test_an_action_that_keeps_the_rule_is_accepted_and_broadcast(
 
 def unstamped(action: Any) -> Any:
     """``action`` without what the server stamps a person's message with
-    (server.policy.stamped: the token, and a turn's stamp), as its sender
+    (server.core.policy.stamped: the token, and a turn's stamp), as its sender
     sent it."""
     message = getattr(action, "message", None)
     if message is None or not message.meta:

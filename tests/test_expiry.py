@@ -37,10 +37,10 @@ from reducers.chat import select_input_settlement, select_tool_call
 from server.auth import Identity
 from server.build import default_agents
 from server.config import Settings
+from server.core.expiry import EXPIRY_RECORDS, Expiry
+from server.core.host import Host
+from server.core.policy import stamped
 from server.errors import ActionRejected, InputAbandoned
-from server.expiry import EXPIRY_RECORDS, Expiry
-from server.host import Host
-from server.policy import stamped
 from server.store.memory import MemoryStore
 from server.store.redis import RedisStore
 from tests.conftest import (

@@ -43,10 +43,10 @@ from protocol.status import ACTIVITY_MASK, SessionStatus
 from protocol.uris import ROOT_URI
 from server.auth import Identity
 from server.build import default_agents
-from server.channels import Applied
+from server.core.channels import Applied
+from server.core.host import Host
 from server.errors import ActionRejected, CommandError, InputAbandoned
 from server.frames import OutFrame
-from server.host import Host
 from server.store.base import Listener
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, RecordReads, user_message
@@ -534,7 +534,7 @@ async def test_an_answer_is_unlisted_though_the_asker_moved_on_before_it_was_tol
                 return the_asker_moves_on()
             return None
 
-        answerer.core.hooks.insert(0, before_the_aggregate)
+        answerer.core.hooks.bookkeeping.insert(0, before_the_aggregate)
         async with asyncio.timeout(2 * UNIT):
             await answerer.dispatch(chat, ChatInputCompleted(request_id="q", response="cancel"))
             await asking
@@ -566,7 +566,7 @@ async def test_a_request_answered_before_its_asker_listed_it_is_not_listed() -> 
                 return answered_at_once()
             return None
 
-        asker.core.hooks.insert(0, before_the_aggregate)
+        asker.core.hooks.bookkeeping.insert(0, before_the_aggregate)
         async with asyncio.timeout(2 * UNIT):
             await asker.request_input(chat, NOTE)
         sessions = [(await host.view(SESSION)).state for host in (asker, answerer)]
@@ -636,7 +636,7 @@ async def test_a_request_the_asker_listed_after_it_was_answered_and_unlisted_is_
                 return answered_first()
             return None
 
-        asker.core.hooks.insert(0, before_the_aggregate)
+        asker.core.hooks.bookkeeping.insert(0, before_the_aggregate)
         asking = asyncio.create_task(asker.request_input(chat, NOTE))
         await wait_until(asker, SESSION, lambda state: not unlisted(state))  # listed late
         store.release()
@@ -669,7 +669,7 @@ async def test_a_chat_status_told_late_by_one_process_is_set_right_when_it_hears
                 return ended_first()
             return None
 
-        starter.core.hooks.insert(0, before_the_aggregate)
+        starter.core.hooks.bookkeeping.insert(0, before_the_aggregate)
         await start_turn(starter, chat)
 
         def idle(state: Any) -> bool:

@@ -11,8 +11,8 @@ from protocol.session import SessionState
 from reducers import notes
 from reducers.chat import select_input_settlement
 from server.build import default_agents
-from server.expiry import EXPIRY_RECORDS, Expiry
-from server.host import Host
+from server.core.expiry import EXPIRY_RECORDS, Expiry
+from server.core.host import Host
 from tests.conftest import UNIT, WallClock
 from tests.test_expiry import (
     AGENT,

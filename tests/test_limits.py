@@ -569,7 +569,7 @@ def test_what_is_under_way_in_a_full_chat_still_goes_on() -> None:
 
 def test_only_a_chat_is_ever_full() -> None:
     # A chat action sent to a session is refused as such elsewhere
-    # (server.policy); the fullness rule is the chat's alone.
+    # (server.core.policy); the fullness rule is the chat's alone.
     started = NEW_CONTENT[0]
     assert limit_problem(SESSION, started, FULL, state_bytes=10**9) is None
 

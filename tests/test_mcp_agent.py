@@ -26,14 +26,14 @@ from protocol.chat import (
     ToolCallPendingConfirmation,
 )
 from server.config import Settings, settings_from
+from server.edge.serve import UvicornServer
 from server.mcp import McpServerConfig, McpToolFailed, McpToolSource
 from server.runner.agent import Agent, Tool, require_approval_for
 from server.runner.context import ToolContext
 from server.runner.model import ModelReply, ScriptedModel, last_tool_result
-from server.runner.redis_store import RedisTurnStore
+from server.runner.redis_turn_store import RedisTurnStore
 from server.runner.turn import ModelMessage, ToolCall
 from server.runner.worker import Crew
-from server.serve import UvicornServer
 from server.store.redis import RedisStore
 from tests.conftest import RunningServer, start_server, user_message
 from tests.edge import eventually, http

@@ -32,8 +32,8 @@ from protocol.chat import (
     TextValue,
 )
 from server.config import Settings
+from server.core.expiry import Expiry
 from server.errors import ActionRejected
-from server.expiry import Expiry
 from server.mcp import (
     ChatElicitation,
     HostChat,
@@ -264,7 +264,7 @@ async def test_an_accept_the_schema_refuses_is_asked_again_when_the_host_cannot_
         wrong = EVERYTHING_ANSWERS | submitted(code=TextValue(value="abc"))
         await reply(room, first.request.id, "accept", wrong)
         second = await next_request(room.mirror, seen=1)
-        assert "code fails `pattern`" in (second.request.message or "")
+        assert "code fails the schema's `pattern` rule" in (second.request.message or "")
         assert second.request.answers == wrong
         await reply(room, second.request.id, "accept", submitted(code=TextValue(value="ABC")))
         result = await within(call)

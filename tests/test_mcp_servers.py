@@ -30,6 +30,7 @@ from protocol.chat import (
     TextQuestion,
     TextValue,
 )
+from server.edge.serve import UvicornServer
 from server.errors import ActionRejected
 from server.mcp import (
     ChatElicitation,
@@ -45,7 +46,6 @@ from server.mcp.sampling import MESSAGE
 from server.runner.agent import Agent
 from server.runner.model import ModelReply, last_tool_result
 from server.runner.turn import ModelMessage, ToolCall
-from server.serve import UvicornServer
 from tests.conftest import RunningServer, start_server
 from tests.fastmcp_kit import build as build_fastmcp
 from tests.mcp_kit import (

@@ -25,7 +25,7 @@ from protocol.codec import encode
 from reducers.chat import select_input_settlement
 from server.auth import Grant
 from server.client import HuddleClient
-from server.idempotency import Idempotency
+from server.edge.idempotency import Idempotency
 from server.store.base import ChannelStore
 from server.store.memory import MemoryStore
 from server.store.redis import RedisStore

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from server.config import Settings
+from server.edge.serve import UvicornServer, uvicorn_config
 from server.runner.agent import TransientError
 from server.runner.model import ToolSpec
 from server.runner.openai import (
@@ -27,7 +28,6 @@ from server.runner.openai import (
     OpenAIChatModel,
 )
 from server.runner.turn import ModelMessage, ToolCall
-from server.serve import UvicornServer, uvicorn_config
 from tests.conftest import UNIT
 
 KEY = "sk-test-0123456789abcdef"

@@ -18,9 +18,9 @@ from protocol.actions import (
 from protocol.chat import InputAnswer, InputRequest, TextQuestion, TextValue
 from protocol.session import ActiveClient, SessionState
 from reducers import notes
-from server import presence
 from server.auth import TokenAuthority
 from server.cli import main
+from server.core import presence
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, session_chat_with_turn
 from tests.edge import Peer, eventually, http, initialize_params
 from tests.test_trust import TURN

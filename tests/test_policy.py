@@ -38,7 +38,7 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.session import ActiveClient, RootState, SessionState
 from protocol.status import SessionStatus
 from server.auth import Grant, Role
-from server.policy import (
+from server.core.policy import (
     Command,
     cap_refusal,
     command_refusal,

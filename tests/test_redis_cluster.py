@@ -20,10 +20,11 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
+from server.build import turn_store_at
 from server.errors import StoreUnavailable
-from server.runner.redis_store import RedisTurnStore
-from server.runner.store import TurnStore, open_turn_store
+from server.runner.redis_turn_store import RedisTurnStore
 from server.runner.turn import Turn
+from server.runner.turn_store import TurnStore
 from server.store import ChannelStore, open_channel_store
 from server.store.memory import MemoryStore
 from server.store.redis import APPEND, RedisStore, topic_of
@@ -404,7 +405,7 @@ async def test_a_store_url_picks_memory_redis_or_cluster(redis_server: RedisServ
     cluster = shared_cluster(10 * UNIT)
     assert isinstance(open_channel_store("memory", retention=5), MemoryStore)
     for url in (redis_server.url, cluster.url(), cluster.url(replicas=0)):
-        channels, turns = open_channel_store(url, retention=5), open_turn_store(url)
+        channels, turns = open_channel_store(url, retention=5), turn_store_at(url)
         async with opened(channels, turns):
             assert isinstance(channels, RedisStore)
             assert channels.retention == 5

@@ -25,6 +25,7 @@ from protocol.chat import (
     ToolCallState,
     ToolCallStreaming,
 )
+from protocol.wire import Markdown
 from server.runner.resume import EXPIRED_APPROVAL, resume_for
 from server.runner.turn import ResumeCommand, Suspension, SuspensionType, Turn, TurnStatus
 from tests.conftest import user_message
@@ -115,11 +116,21 @@ def test_a_confirmed_call_approves_with_its_input(kind: str, confirmed: str) -> 
 def test_a_cancelled_call_denies(reason: Any) -> None:
     cancelled = ToolCallCancelled(**COMMON, **DONE, reason=reason)
     assert resume_for(waiting_turn(), chat_with(cancelled)) == ResumeCommand.reject_tool(
-        CALL, "denied"
+        CALL, reason
     )
     expired = resume_for(waiting_turn(), chat_with(cancelled), expired=True)
     skipped = reason == "skipped"
     assert expired == ResumeCommand.reject_tool(CALL, EXPIRED_APPROVAL, skipped=skipped)
+
+
+@pytest.mark.parametrize(
+    "message", ["Not in prod on a Friday", Markdown(markdown="Not in **prod**")]
+)
+def test_a_denial_gives_the_persons_reason(message: Any) -> None:
+    cancelled = ToolCallCancelled(**COMMON, **DONE, reason="denied", reason_message=message)
+    text = message.markdown if isinstance(message, Markdown) else message
+    command = resume_for(waiting_turn(), chat_with(cancelled))
+    assert command == ResumeCommand.reject_tool(CALL, text)
 
 
 def test_another_calls_decision_resumes_nothing() -> None:

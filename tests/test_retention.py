@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from protocol.actions import ChatTurnComplete
-from server.audit import GONE_RECORDS, verify
 from server.config import Settings, parse_duration, settings_from
+from server.core.audit import GONE_RECORDS, verify
+from server.core.retention import Retention
 from server.errors import ChannelGone, CommandError
-from server.retention import Retention
 from tests.conftest import RunningServer, WallClock, session_chat_with_turn, start_server
 from tests.test_trust import TURN
 

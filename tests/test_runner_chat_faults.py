@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
+import pytest
 
 from protocol.actions import (
     ChatInputCompleted,
@@ -32,13 +33,14 @@ from protocol.chat import (
 from protocol.session import SessionState
 from protocol.wire import ErrorInfo
 from server.client import HuddleClient, Mirror
+from server.errors import ActionRejected
 from server.runner.agent import Agent, Tool, TransientError, require_approval_for
-from server.runner.bridge import INTERRUPTED
 from server.runner.model import ModelReply, ScriptedModel, TextSink, ToolSpec
 from server.runner.runner import Runner
 from server.runner.service import AgentService
-from server.runner.store import MemoryTurnStore
+from server.runner.showing import INTERRUPTED
 from server.runner.turn import ModelMessage, Suspension, TurnStatus
+from server.runner.turn_store import MemoryTurnStore
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, RunningServer, start_server, user_message, watched_chat
 from tests.edge import http
@@ -251,7 +253,7 @@ async def saved_not_shown(
     service = huddle.server.parts.service
     assert service is not None
     alice, chat, mirror = await open_chat(huddle, "Deploy it")
-    turn_id = await service.bridge.turn_of(chat, "t1")
+    turn_id = await service.bridge.resuming.turn_of(chat, "t1")
     assert turn_id is not None
     waiting = await Runner(service.runner.store, [agent]).execute(turn_id)
     assert waiting.status == TurnStatus.WAITING_FOR_APPROVAL
@@ -267,7 +269,7 @@ async def test_an_approval_the_chat_never_showed_is_shown_by_the_next_sweep() ->
         assert pending((await huddle.server.host.view(chat)).state) is None  # type: ignore[arg-type]
         await service.bridge.reconcile()
         assert pending((await huddle.server.host.view(chat)).state) is None  # type: ignore[arg-type]
-        service.bridge.ask_again_after = 0.0  # as if it had gone unseen for long
+        service.bridge.sweep.ask_again_after = 0.0  # as if it had gone unseen for long
         await service.bridge.reconcile()
         shown = await until(mirror, lambda s: pending(s) is not None)
         call_ = pending(shown)
@@ -290,7 +292,7 @@ async def test_a_plain_text_question_is_asked_and_answered_under_its_own_id() ->
         service = huddle.server.parts.service
         assert service is not None
         alice, chat, mirror = await open_chat(huddle, "Where is my order?")
-        turn_id = await service.bridge.turn_of(chat, "t1")
+        turn_id = await service.bridge.resuming.turn_of(chat, "t1")
         assert turn_id is not None
         turn = await service.runner.store.load(turn_id)
         question = Suspension.user_input("Which order number?", question_id="text:0000beef")
@@ -348,7 +350,7 @@ async def test_an_approval_whose_resume_was_lost_is_resumed_by_the_sweep() -> No
         assert service is not None
         alice, chat, mirror = await open_chat(huddle, "Deploy it")
         await until(mirror, lambda s: pending(s) is not None)
-        turn_id = await service.bridge.turn_of(chat, "t1")
+        turn_id = await service.bridge.resuming.turn_of(chat, "t1")
         assert turn_id is not None
         lost: list[str] = []
 
@@ -362,6 +364,30 @@ async def test_an_approval_whose_resume_was_lost_is_resumed_by_the_sweep() -> No
         assert lost == [turn_id]
 
         assert await service.bridge.reconcile() == 1
+        done = await until(mirror, ended)
+    finally:
+        await huddle.stop()
+    assert done.turns[-1].state == "complete"
+    assert [run.tool for run in runs.runs] == ["deploy"]
+
+
+async def test_a_persons_approval_claiming_none_was_needed_is_refused() -> None:
+    # Every path resumes from the chat's state, where "not-needed" is
+    # nobody's approval: a person's approval saying so would show the call
+    # running while its turn waited for good. The host refuses it instead.
+    runs = Runs()
+    huddle = await start_server(agent=deploying(runs))
+    try:
+        alice, chat, mirror = await open_chat(huddle, "Deploy it")
+        await until(mirror, lambda s: pending(s) is not None)
+        claim = ChatToolCallConfirmed(
+            turn_id="t1", tool_call_id="c1", approved=True, confirmed="not-needed"
+        )
+        with pytest.raises(ActionRejected, match="'not-needed' says nobody had to"):
+            await alice.dispatch_and_wait(chat, claim)
+        assert isinstance(mirror.state, ChatState)
+        assert pending(mirror.state) is not None  # still waiting
+        await approve(alice, chat, "t1", "c1")
         done = await until(mirror, ended)
     finally:
         await huddle.stop()

@@ -24,8 +24,8 @@ from server.runner.agent import Agent, FormDefinition, Tool, require_approval_fo
 from server.runner.ids import runner_turn_id
 from server.runner.runner import REQUEST_USER_INPUT
 from server.runner.service import AgentService
-from server.runner.store import MemoryTurnStore
 from server.runner.turn import Turn
+from server.runner.turn_store import MemoryTurnStore
 from server.runner.worker import Worker
 from tests.conftest import UNIT, RunningServer, start_server
 from tests.mcp_kit import submitted
@@ -74,7 +74,7 @@ async def served(helper: Agent, store: Counted) -> tuple[RunningServer, AgentSer
 async def read_ahead(service: AgentService, turn_id: str) -> None:
     """Wait until the bridge has read ``turn_id`` ahead (its reads run in
     the background once the question shows)."""
-    bridge = service.bridge
+    bridge = service.bridge.resuming
     async with asyncio.timeout(WITHIN):
         while bridge._tasks:
             await asyncio.wait(set(bridge._tasks))

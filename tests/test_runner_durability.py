@@ -15,8 +15,8 @@ from server.runner.context import ToolContext
 from server.runner.errors import TurnNotFound
 from server.runner.events import EventType, RunnerEvent
 from server.runner.runner import ResumeRejected, Runner, TurnBusy
-from server.runner.store import Fenced, MemoryTurnStore
 from server.runner.turn import ParentLink, ResumeCommand, SuspensionType, Turn, TurnStatus
+from server.runner.turn_store import Fenced, MemoryTurnStore
 from server.runner.worker import Worker
 from tests.runner_kit import (
     WITHIN,

@@ -37,17 +37,17 @@ from reducers import notes
 from reducers.chat import select_latest_tool_call
 from server.client import HuddleClient
 from server.config import Settings
+from server.core.expiry import Expiry
 from server.errors import ActionRejected
-from server.expiry import Expiry
 from server.mcp import McpServerConfig, McpToolSource
 from server.runner.agent import Agent, ApprovalDecision, FormDefinition, Tool
 from server.runner.context import ToolContext
 from server.runner.events import EventType, RunnerEvent
 from server.runner.ids import runner_turn_id
-from server.runner.redis_store import RedisTurnStore
+from server.runner.redis_turn_store import RedisTurnStore
 from server.runner.runner import REQUEST_USER_INPUT, ResumeRejected, Runner
-from server.runner.store import MemoryTurnStore, TurnStore
 from server.runner.turn import ResumeCommand, Suspension, SuspensionType, Turn, TurnStatus
+from server.runner.turn_store import MemoryTurnStore, TurnStore
 from server.store.base import ChannelStore
 from server.store.redis import RedisStore
 from tests.conftest import UNIT, RunningServer, WallClock, start_server, user_message

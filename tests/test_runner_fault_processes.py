@@ -33,8 +33,8 @@ from protocol.chat import (
 from protocol.messages import ActionEnvelope
 from protocol.uris import channel_id
 from server.client import HuddleClient, Mirror
-from server.runner.bridge import INTERRUPTED
 from server.runner.ids import parse_mcp_request_id
+from server.runner.showing import INTERRUPTED
 from tests.conftest import UNIT, user_message, watched_chat
 from tests.fault_agents import runs
 from tests.mcp_kit import input_parts, submitted

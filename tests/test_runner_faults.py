@@ -14,8 +14,8 @@ from server.runner.events import EventType, RunnerEvent
 from server.runner.metrics import RunnerMetrics
 from server.runner.model import ModelReply
 from server.runner.runner import ResumeRejected, Runner, retry_after_seconds
-from server.runner.store import MemoryTurnStore
 from server.runner.turn import ResumeCommand, Turn, TurnStatus
+from server.runner.turn_store import MemoryTurnStore
 from server.runner.worker import Worker
 from tests.runner_kit import (
     Clock,

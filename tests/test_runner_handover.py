@@ -22,9 +22,10 @@ import pytest
 
 from server.runner.agent import Agent, Tool, require_approval_for
 from server.runner.events import EventType, RunnerEvent
-from server.runner.redis_store import RedisTurnStore
+from server.runner.redis_turn_store import RedisTurnStore
 from server.runner.runner import ResumeRejected, Runner
-from server.runner.store import (
+from server.runner.turn import ResumeCommand, Turn, TurnStatus
+from server.runner.turn_store import (
     Claim,
     Fenced,
     Lease,
@@ -32,7 +33,6 @@ from server.runner.store import (
     TurnStore,
     Waiter,
 )
-from server.runner.turn import ResumeCommand, Turn, TurnStatus
 from server.runner.worker import Worker
 from tests.conftest import UNIT
 from tests.redis_server import running_redis

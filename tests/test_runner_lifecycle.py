@@ -14,8 +14,8 @@ from server.runner.context import ToolContext
 from server.runner.events import EventType, RunnerEvent
 from server.runner.model import ModelReply
 from server.runner.runner import REQUEST_USER_INPUT, ResumeRejected, Runner
-from server.runner.store import MemoryTurnStore
 from server.runner.turn import ModelMessage, Phase, ResumeCommand, TurnStatus
+from server.runner.turn_store import MemoryTurnStore
 from server.runner.worker import Worker
 from tests.runner_kit import (
     DETAILS,

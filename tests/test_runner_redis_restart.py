@@ -26,7 +26,7 @@ from server.config import Settings
 from server.errors import ActionRejected
 from server.runner.agent import Agent, Tool, require_approval_for
 from server.runner.context import ToolContext
-from server.runner.redis_store import RedisTurnStore
+from server.runner.redis_turn_store import RedisTurnStore
 from server.store.redis import RedisStore
 from tests.conftest import UNIT, RunningServer, start_server, user_message, watched_chat
 from tests.redis_server import RedisServer

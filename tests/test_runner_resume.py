@@ -12,7 +12,6 @@ from server.errors import StoreUnavailable
 from server.runner.agent import require_approval_for
 from server.runner.events import EventType, RunnerEvent
 from server.runner.runner import ResumeRejected, Runner
-from server.runner.store import MemoryTurnStore
 from server.runner.turn import (
     Audit,
     ModelMessage,
@@ -22,6 +21,7 @@ from server.runner.turn import (
     Turn,
     TurnStatus,
 )
+from server.runner.turn_store import MemoryTurnStore
 from server.runner.worker import Worker
 from tests.runner_kit import (
     GOOD_DETAILS,

@@ -26,7 +26,7 @@ from server.errors import AlreadyApplied, SeqConflict, StoreUnavailable
 from server.runner.agent import Agent
 from server.runner.events import EventType, RunnerEvent
 from server.runner.ids import runner_turn_id
-from server.runner.redis_store import RedisTurnStore
+from server.runner.redis_turn_store import RedisTurnStore
 from server.runner.service import AgentService
 from server.runner.turn import Turn, TurnStatus
 from server.runner.worker import Worker

@@ -21,9 +21,9 @@ from protocol.actions import ChatInputCompleted, ChatTruncated, ChatTurnCancelle
 from protocol.chat import ChatState, InputRequest, InputRequestPart, MarkdownPart, TextValue
 from server.auth import Role
 from server.client import HuddleClient, Mirror
+from server.core.policy import turn_stamp
 from server.errors import InputAbandoned
 from server.mcp.tools import people_of_current_call
-from server.policy import turn_stamp
 from server.runner.agent import Agent, Tool
 from server.runner.ids import runner_turn_id
 from server.runner.model import ModelReply
@@ -162,7 +162,7 @@ async def test_a_turn_started_twice_under_its_stamp_starts_one_agent_turn() -> N
             turn_id="t1", started_at=state.active_turn.started_at, message=state.active_turn.message
         )
         # The bridge hears the same start again (as after a crash and a replay).
-        await service.bridge.accepted(chat, action, {}, state)
+        await service.bridge.resuming.accepted(chat, action, {}, state)
 
         assert await Worker(service.runner).step()
         assert not await Worker(service.runner).step()  # nothing else to run

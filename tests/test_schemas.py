@@ -1,4 +1,4 @@
-"""server.schemas: the fast accept of flat forms says yes exactly where
+"""server.core.schemas: the fast accept of flat forms says yes exactly where
 jsonschema does, and never decides a no."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from server.schemas import SchemaCheck
+from server.core.schemas import SchemaCheck
 
 FLAT: dict[str, Any] = {
     "type": "object",

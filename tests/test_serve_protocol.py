@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from server.serve import Gate, Inbox
+from server.edge.serve import Gate, Inbox
 from tests.conftest import UNIT
 
 

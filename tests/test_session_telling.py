@@ -1,4 +1,4 @@
-"""What a session is yet to hear of a chat (server.aggregate) survives a
+"""What a session is yet to hear of a chat (server.core.rollup) survives a
 follow-up that is cancelled (or fails) while it sends, and a request
 answered while its asker lists it is not listed."""
 
@@ -27,12 +27,12 @@ from protocol.session import SessionState
 from protocol.status import ACTIVITY_MASK, SessionStatus
 from protocol.uris import ROOT_URI
 from reducers.aggregate import select_input_needed
-from server.aggregate import SESSION_RECORDS
 from server.build import default_agents
-from server.channels import Applied
 from server.client import HuddleClient
+from server.core.channels import Applied
+from server.core.host import Host
+from server.core.rollup import SESSION_RECORDS
 from server.errors import StoreUnavailable
-from server.host import Host
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, RunningServer, user_message
 from tests.edge import http
@@ -164,7 +164,7 @@ async def test_a_change_told_after_the_check_that_followed_it_is_checked_again()
             if not event.local and type(event.action) in heard:
                 heard[type(event.action)].set()
 
-        asker.core.hooks.insert(0, hearing)
+        asker.core.hooks.bookkeeping.insert(0, hearing)
         asking = asyncio.create_task(asker.request_input(chat, NOTE))
         async with asyncio.timeout(2 * UNIT):
             await store.reached.wait()  # the asker's sender is held

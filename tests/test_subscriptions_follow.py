@@ -31,8 +31,8 @@ from protocol.actions import ChatDraftChanged
 from protocol.chat import ChatState
 from protocol.messages import ReplayResume
 from protocol.session import SessionState
-from server.channels import Applied, ChannelCore, Step, step
 from server.config import Settings
+from server.core.channels import Applied, ChannelCore, Step, step
 from server.frames import ActionFrame, OutFrame
 from server.store.base import encode_entry
 from server.store.memory import MemoryStore
@@ -154,7 +154,7 @@ async def test_a_channel_nobody_here_watches_applies_what_it_heard_before_a_read
         if len(heard) == 7:
             all_heard.set()
 
-    second.hooks.append(hear)
+    second.hooks.reactions.append(hear)
     await first.start()
     await second.start()
     uri = "ahp-chat:/c"
@@ -197,7 +197,7 @@ async def test_a_channel_caught_up_later_still_counts_among_the_idle_ones() -> N
     for uri in uris:
         await first.create(uri, empty_chat(uri))
     applied = asyncio.Event()
-    second.hooks.append(lambda event: applied.set() if event.uri == uris[0] else None)
+    second.hooks.reactions.append(lambda event: applied.set() if event.uri == uris[0] else None)
     await second.view(uris[0])
     await second.view(uris[1])
     await first.write(uris[0], draft("heard, applied later"))

@@ -45,7 +45,7 @@ from protocol.session import ActiveClient, SessionState
 from protocol.uris import ROOT_URI
 from reducers.chat import select_tool_call
 from server.auth import token_id
-from server.rpc import PRESENT_PER_TOKEN
+from server.edge.rpc import PRESENT_PER_TOKEN
 from tests.conftest import UNIT, RunningServer, user_message
 from tests.edge import Frame, Peer, eventually, http, initialize_params
 

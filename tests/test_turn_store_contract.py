@@ -18,9 +18,10 @@ import redis.asyncio as aioredis
 
 from server.errors import StoreError, StoreUnavailable
 from server.runner.events import EventType
-from server.runner.redis_store import RedisTurnStore
+from server.runner.redis_turn_store import RedisTurnStore
 from server.runner.runner import Runner
-from server.runner.store import (
+from server.runner.turn import ModelMessage, Turn, TurnStatus
+from server.runner.turn_store import (
     Claim,
     Fenced,
     MemoryTurnStore,
@@ -29,7 +30,6 @@ from server.runner.store import (
     VersionConflict,
     Waiter,
 )
-from server.runner.turn import ModelMessage, Turn, TurnStatus
 from server.runner.worker import Worker
 from tests.conftest import UNIT
 from tests.redis_server import RedisServer, running_redis, shared_cluster

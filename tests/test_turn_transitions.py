@@ -11,7 +11,6 @@ from server.errors import HuddleError, InternalError
 from server.runner.errors import IllegalTransition
 from server.runner.machine import Blocked, Finished, Resumed, Started, advance
 from server.runner.runner import Runner
-from server.runner.store import MemoryTurnStore
 from server.runner.turn import (
     TRANSITIONS,
     Audit,
@@ -24,6 +23,7 @@ from server.runner.turn import (
     copy_turn,
     next_status,
 )
+from server.runner.turn_store import MemoryTurnStore
 from tests.runner_kit import Clock, agent, say, scripted
 
 S, T = TurnStatus, Transition

@@ -51,15 +51,15 @@ from protocol.chat import (
 from protocol.session import SessionState
 from protocol.status import SessionStatus
 from reducers.clock import iso_time
-from server.app import create_app
 from server.auth import TokenAuthority
 from server.build import build
 from server.client import HuddleClient
 from server.config import Settings
-from server.connection import CLOSE_GOING_AWAY
+from server.edge.app import create_app
+from server.edge.connection import CLOSE_GOING_AWAY
+from server.edge.serve import UvicornServer, uvicorn_config
 from server.runner import demo
-from server.runner.store import MemoryTurnStore
-from server.serve import UvicornServer, uvicorn_config
+from server.runner.turn_store import MemoryTurnStore
 from server.store.memory import MemoryStore
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, WallClock, start_server
 from tests.edge import CuttingProxy

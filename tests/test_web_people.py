@@ -42,9 +42,9 @@ from protocol.chat import (
 )
 from protocol.session import SessionState
 from reducers import notes
-from server.audit import verify
 from server.client import HuddleClient
 from server.config import Settings
+from server.core.audit import verify
 from tests import test_web_client as web
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
 from tests.edge import CuttingProxy

@@ -18,10 +18,10 @@ from server.build import build
 from server.config import Settings
 from server.runner.agent import Agent, Tool, require_approval_for
 from server.runner.context import ToolContext
-from server.runner.redis_store import RedisTurnStore
+from server.runner.redis_turn_store import RedisTurnStore
 from server.runner.runner import Runner
-from server.runner.store import MemoryTurnStore, TurnStore
 from server.runner.turn import ResumeCommand, TurnStatus
+from server.runner.turn_store import MemoryTurnStore, TurnStore
 from server.runner.worker import Crew
 from tests.conftest import UNIT
 from tests.redis_server import running_redis

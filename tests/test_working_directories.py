@@ -38,8 +38,8 @@ from reducers.aggregate import chat_summary, derive_session_actions
 from reducers.limits import SizeLimits, json_bytes
 from reducers.validation import working_directories_problem
 from server.config import Limits, Settings
+from server.core.sessions import new_chat
 from server.errors import ActionRejected, ChannelGone
-from server.sessions import new_chat
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
 from tests.edge import Frame, Peer
 

@@ -21,7 +21,7 @@ and the people's resolution becomes the ``ElicitResult`` the spec wants::
     cancel          no content: dismissed, the turn ended, the chat was
                     truncated, or the request was withdrawn
 
-An elicitation may be given an expiry (:class:`~server.expiry.Expiry`: the
+An elicitation may be given an expiry (:class:`~server.core.expiry.Expiry`: the
 callback's ``expiry``, set per bridge or per call): when nobody answers in
 time the server gets ``cancel`` or ``decline`` as the policy says, and with
 ``fail`` the chat's turn fails and the server gets error -32001 (request
@@ -69,12 +69,12 @@ from protocol.forms import (
     form_data_from_answers,
     parse_form,
 )
+from server.core.expiry import Expiry
+from server.core.schemas import SchemaCheck
 from server.errors import HuddleError, InputAbandoned
-from server.expiry import Expiry
 from server.mcp.errors import ElicitationExpired, Unaskable
 from server.mcp.people import People, Reply
 from server.runner.ids import mcp_request_id
-from server.schemas import SchemaCheck
 
 log = logging.getLogger("huddle.mcp")
 
@@ -189,20 +189,8 @@ def form_content(question: Question, answers: dict[str, InputAnswer]) -> dict[st
         data = form_data_from_answers(question.form, answers)
     except FormDataError as error:
         return [str(error)]
-    problems = schema_problems(question.schema, data)
+    problems = SchemaCheck.of(question.schema).failure_texts(data)
     return problems or data
-
-
-def schema_problems(schema: Mapping[str, Any], data: Any) -> list[str]:
-    """What in ``data`` fails ``schema``: field and rule, never the value."""
-    problems: list[str] = []
-    for path, rule in SchemaCheck.of(schema).failures(data):
-        where = "/".join(path)
-        if rule == "required":
-            problems.append(f"{where} is required")
-        else:
-            problems.append(f"{where or 'the form'} fails `{rule}`")
-    return problems
 
 
 # ─── The callback ────────────────────────────────────────────────────────────

@@ -1,6 +1,6 @@
 """Where an MCP server's questions go: the people of one chat.
 
-:class:`HostChat` asks through the server's own :class:`~server.host.Host`
+:class:`HostChat` asks through the server's own :class:`~server.core.host.Host`
 (in process: the schema is frozen with the request, so the host refuses an
 accept whose data fails it). :class:`RemoteChat` asks through a
 :class:`~server.client.HuddleClient` with an agent token (a bridge living
@@ -33,9 +33,9 @@ from protocol.chat import (
 )
 from protocol.rejections import RejectionCode
 from server.client import HuddleClient, ProtocolError
+from server.core.expiry import Expiry
+from server.core.host import Host
 from server.errors import ActionRejected, ChannelGone, HuddleError, InputAbandoned
-from server.expiry import Expiry
-from server.host import Host
 from server.mcp.errors import ElicitationExpired, Unaskable
 from server.runner.context import Lend
 
@@ -188,7 +188,7 @@ def _not_asked(rejected: ActionRejected) -> Unaskable | InputAbandoned:
 
 def _raise_if_expired(chat: str, state: object, request_id: str) -> None:
     """Raise ElicitationExpired if the turn that asked ``request_id`` ended
-    because a wait expired with ``fail`` (server.expiry's ``chat/error``)."""
+    because a wait expired with ``fail`` (server.core.expiry's ``chat/error``)."""
     if not isinstance(state, ChatState):
         return
     for turn in reversed(state.turns):

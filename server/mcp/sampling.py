@@ -36,8 +36,8 @@ from mcp.client import ClientRequestContext
 
 from protocol.chat import InputRequest
 from protocol.forms import answers_from_form_data, parse_form
+from server.core.expiry import Expiry
 from server.errors import HuddleError, InputAbandoned
-from server.expiry import Expiry
 from server.mcp.elicitation import Question, expired_error, form_content, server_label
 from server.mcp.errors import ElicitationExpired, Unaskable
 from server.mcp.people import People

@@ -61,17 +61,17 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from server.expiry import Expiry
+from server.core.expiry import Expiry
+from server.core.policy import same_turn
 from server.mcp.calls import call_tool
 from server.mcp.elicitation import ChatElicitation, UrlCompletions
 from server.mcp.errors import McpBridgeError, McpToolFailed
 from server.mcp.people import HostChat, People
 from server.mcp.sampling import ChatSampling, Roots
-from server.policy import same_turn
 from server.runner.agent import Tool
-from server.runner.bridge import ChatBridge
 from server.runner.context import ToolContext
 from server.runner.model import ChatModel
+from server.runner.showing import ChatShowing
 
 log = logging.getLogger("huddle.mcp")
 
@@ -505,7 +505,7 @@ def people_of_current_call() -> People | None:
     except LookupError:
         return None
     port = context.port
-    if context.chat is None or not isinstance(port, ChatBridge):
+    if context.chat is None or not isinstance(port, ChatShowing):
         return None
     chat_turn, stamp = context.chat_turn, context.chat_turn_stamp
     if chat_turn is None:

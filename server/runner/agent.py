@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from server.expiry import Expiry
+from server.core.expiry import Expiry
 from server.runner.errors import FormRequired as FormRequired
 from server.runner.errors import TransientError as TransientError
 from server.runner.forms import FormDefinition as FormDefinition

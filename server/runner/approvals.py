@@ -11,9 +11,12 @@ that needs a person waits for one, and what their answer does to it.
   ``pending-confirmation`` with approve and deny options. A decision with no
   expiry of its own gets the agent's ``approval_expiry``.
 - The answer (:func:`answered`): approved, the call runs, with the arguments
-  as the approver may have edited them; denied, or skipped (its approval
-  expired with ``cancel``; with ``decline`` it is denied), its body never
-  runs and the model gets a structured rejection. An approval that expires
+  as the approver may have edited them (whether edited input fits the
+  tool's input schema is the host's word on ``editedToolInput``, given
+  before the answer reached the turn; a resume made in code is trusted
+  code); denied, or skipped (its approval expired with ``cancel``; with
+  ``decline`` it is denied), its body never runs and the model gets a
+  structured rejection. An approval that expires
   with ``fail`` fails the turn, as any wait's failure does (the runner
   applies ``ResumeCommand.fail``).
 
@@ -28,8 +31,6 @@ import dataclasses
 import msgspec
 
 from server.runner.agent import ALLOW, Agent, ApprovalDecision, Outcome, Tool
-from server.runner.errors import ResumeRejected
-from server.runner.forms import schema_errors
 from server.runner.turn import (
     PendingCall,
     Phase,
@@ -83,16 +84,3 @@ def answered(pending: PendingCall, command: ResumeCommand) -> PendingCall:
         return msgspec.structs.replace(pending, call=call, approved=True)
     status = "skipped" if command.skipped else "rejected"
     return pending.with_result({"status": status, "reason": command.reason or "denied by a person"})
-
-
-def check_edit(turn: Turn, tool: Tool | None, command: ResumeCommand) -> None:
-    """Raise ResumeRejected unless the arguments ``command`` approves the
-    call with, when edited, fit the tool's input schema (the chat's path
-    checks ``editedToolInput`` so; a resume made in code is held to the
-    same)."""
-    edited = command.edited_arguments
-    if not command.approved or edited is None or tool is None:
-        return
-    errors = schema_errors(tool.input_schema, edited)
-    if errors:
-        raise ResumeRejected(turn.id, "the edited arguments do not fit the tool's input", errors)

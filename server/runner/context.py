@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.expiry import Expiry
+from server.core.expiry import Expiry
 from server.runner.agent import Tool
 from server.runner.ids import idempotency_key
 from server.runner.model import ChatModel
@@ -50,7 +50,7 @@ class ToolContext:
     chat_turn: str | None = None
     """The AHP turn of ``chat`` the turn shows."""
     chat_turn_stamp: str | None = None
-    """That AHP turn's stamp (server.policy.turn_stamp), if it has one."""
+    """That AHP turn's stamp (server.core.policy.turn_stamp), if it has one."""
     port: ChatPort | None = None
     """Where the turn shows itself (in a server: its chat bridge, whose host
     lets a tool ask the chat's people, as MCP tools do for elicitations)."""

@@ -3,15 +3,15 @@
 They are branches of the one tree that :mod:`server.errors` draws whole;
 each is also importable where the runner's users meet it
 (``server.runner.agent``, ``server.runner.openai``, ``server.runner.runner``,
-``server.runner.store``).
+``server.runner.turn_store``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from server.core.expiry import Expiry
 from server.errors import HuddleError, InternalError, StoreError
-from server.expiry import Expiry
 from server.runner.forms import FormDefinition
 
 
@@ -48,8 +48,9 @@ class AgentVersionGone(RunnerError):
 
 
 class ResumeRejected(RunnerError):
-    """A resume that does not fit the turn: late, duplicate, mismatched, not
-    due yet, or with data that fails the frozen form. Nothing changed."""
+    """A resume that does not fit the turn: late, duplicate, mismatched (not
+    the kind its wait expects, another correlation id) or not due yet.
+    Nothing changed."""
 
     def __init__(self, turn_id: str, reason: str, errors: list[str] | None = None) -> None:
         super().__init__(turn_id, reason)

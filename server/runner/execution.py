@@ -69,7 +69,6 @@ from server.runner.machine import (
     advance,
 )
 from server.runner.model import ToolSpec
-from server.runner.store import Lease
 from server.runner.turn import (
     ParentLink,
     PendingCall,
@@ -82,6 +81,7 @@ from server.runner.turn import (
     TurnStatus,
     result_text,
 )
+from server.runner.turn_store import Lease
 from server.runner.user_input import REQUEST_USER_INPUT
 
 if TYPE_CHECKING:

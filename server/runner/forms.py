@@ -3,7 +3,8 @@
 A turn never holds a definition: when it asks, the form is frozen into its
 suspension (:class:`server.runner.turn.FrozenForm`), so later changes to the
 definition affect only new turns. How a turn asks, and what people's answer
-must fit and does, is :mod:`server.runner.user_input`.
+must be and does, is :mod:`server.runner.user_input`; what it must fit is
+the host's word (:mod:`server.core.forms`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.expiry import Expiry
-from server.schemas import SchemaCheck
+from server.core.expiry import Expiry
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,3 @@ class FormDefinition:
     description: str
     schema: dict[str, Any]
     expiry: Expiry | None = None
-
-
-def schema_errors(schema: dict[str, Any], data: dict[str, Any]) -> list[str]:
-    """Field errors of ``data`` against ``schema`` (a frozen form, a tool's
-    input schema), no values quoted."""
-    return [
-        f"{'/'.join(path) or '(form)'}: fails `{rule}`"
-        for path, rule in SchemaCheck.of(schema).failures(data)
-    ]

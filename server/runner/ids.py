@@ -110,7 +110,7 @@ def parse_plain_question_id(correlation_id: str) -> str | None:
 def runner_turn_id(chat: str, chat_turn: str, stamp: str | None = None) -> str:
     """The runner's turn id for the AHP turn ``chat_turn`` of the chat whose
     URI is ``chat``: the first turn of that id, or (with its ``stamp``, see
-    server.policy.turn_stamp) a later one, after a truncation took the
+    server.core.policy.turn_stamp) a later one, after a truncation took the
     first away. Raises BadChannelUri for a URI that names no chat."""
     if channel_kind(chat) != "chat":
         raise BadChannelUri(chat)

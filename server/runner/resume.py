@@ -1,8 +1,10 @@
 """What a chat's state says resumes a runner's turn: pure, no I/O.
 
-The sweep (``ChatBridge.reconcile``) reads a waiting turn's chat and asks
-:func:`resume_for`; the hook and the append's rider build the same commands
-from the action people sent (:func:`decision_of`, :func:`input_command`).
+Every path that resumes a waiting turn from a chat asks :func:`resume_for`
+of the chat's state: the hook on a person's answer, the rider on that
+answer's append, the periodic sweep (server.runner.resuming,
+server.runner.sweep). The action itself decides nothing: it only says which
+turn to ask about (:func:`awaits` names the question a turn waits on).
 
 The rule for approvals, which the sweep once got wrong (a call still being
 shown, ``streaming``, passed for an approved one, so a tool ran with nobody
@@ -16,8 +18,9 @@ approving it):
     setting ("user-action", "setting")
     the same, confirmed "not-needed"          none: the confirmation was
                                               skipped, nobody approved it
-    cancelled                                 deny (the expiry's wording when
-                                              the wait expired)
+    cancelled                                 deny, with the person's reason
+                                              (the expiry's wording when the
+                                              wait expired)
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from protocol.actions import ChatToolCallConfirmed
 from protocol.chat import (
     ActiveTurn,
     ChatState,
@@ -40,7 +42,7 @@ from protocol.chat import (
 from protocol.chat import Turn as ChatTurn
 from protocol.wire import Markdown
 from reducers.chat import select_input_settlement, select_latest_tool_call
-from server.policy import same_turn
+from server.core.policy import same_turn
 from server.runner.ids import InputRequestRef, input_request_id, parse_input_request_id
 from server.runner.turn import ResumeCommand, SuspensionType, Turn
 
@@ -77,7 +79,9 @@ def resume_for(
         if expired:
             skipped = call.reason == "skipped"
             return ResumeCommand.reject_tool(call.tool_call_id, EXPIRED_APPROVAL, skipped=skipped)
-        return ResumeCommand.reject_tool(call.tool_call_id, "denied")
+        reason = call.reason_message
+        text = reason.markdown if isinstance(reason, Markdown) else reason
+        return ResumeCommand.reject_tool(call.tool_call_id, text or call.reason)
     decided = (
         ToolCallRunning
         | ToolCallAuthRequired
@@ -88,6 +92,20 @@ def resume_for(
         return ResumeCommand.approve_tool(
             call.tool_call_id, edited_arguments=_object(call.tool_input)
         )
+    return None
+
+
+def awaits(turn: Turn) -> str | None:
+    """The id of the question ``turn`` waits on in its chat: the input
+    request it opened, or the tool call waiting for confirmation; None when
+    it waits on neither."""
+    suspension = turn.suspension
+    if suspension is None or turn.chat_turn is None:
+        return None
+    if suspension.type == SuspensionType.USER_INPUT:
+        return input_request_id(turn.chat_turn, suspension.correlation_id)
+    if suspension.type == SuspensionType.TOOL_APPROVAL:
+        return suspension.correlation_id
     return None
 
 
@@ -120,20 +138,6 @@ def input_command(
     if part.response == "accept":
         return ResumeCommand.user_input(call, data or {})
     return ResumeCommand.user_input(call, None, response=part.response)
-
-
-def decision_of(action: ChatToolCallConfirmed, *, expired: bool = False) -> ResumeCommand:
-    """The resume a tool call's confirmation makes; ``expired``: it is the
-    expiry's (skipped or denied because nobody decided in time)."""
-    if expired:
-        skipped = action.reason == "skipped"
-        return ResumeCommand.reject_tool(action.tool_call_id, EXPIRED_APPROVAL, skipped=skipped)
-    if action.approved:
-        edited = None if action.edited_tool_input is None else _object(action.edited_tool_input)
-        return ResumeCommand.approve_tool(action.tool_call_id, edited_arguments=edited)
-    reason = action.reason_message
-    text = reason.markdown if isinstance(reason, Markdown) else reason
-    return ResumeCommand.reject_tool(action.tool_call_id, text or action.reason)
 
 
 def shows(turn: Turn, chat_turn: ChatTurn | ActiveTurn) -> bool:

@@ -48,14 +48,13 @@ import msgspec
 
 from server.errors import HuddleError, StoreError, StoreUnavailable
 from server.runner import approvals, user_input
-from server.runner.agent import Agent, Tool
+from server.runner.agent import Agent
+from server.runner.errors import ResumeRejected as ResumeRejected
+from server.runner.errors import TurnBusy as TurnBusy
 from server.runner.errors import (
-    AgentVersionGone,
     UnknownAgent,
     VersionConflict,
 )
-from server.runner.errors import ResumeRejected as ResumeRejected
-from server.runner.errors import TurnBusy as TurnBusy
 from server.runner.events import EventType, Listener, RunnerEvent, notify
 from server.runner.execution import Execution
 from server.runner.execution import retry_after_seconds as retry_after_seconds
@@ -68,7 +67,6 @@ from server.runner.machine import (
     advance,
 )
 from server.runner.port import ChatPort, NullPort
-from server.runner.store import Lease, TurnStore
 from server.runner.turn import (
     Audit,
     ModelMessage,
@@ -80,6 +78,7 @@ from server.runner.turn import (
     Turn,
     TurnStatus,
 )
+from server.runner.turn_store import Lease, TurnStore
 from server.runner.user_input import REQUEST_USER_INPUT as REQUEST_USER_INPUT
 
 log = logging.getLogger("huddle.runner")
@@ -241,6 +240,13 @@ class Runner:
         to a waiting worker, or queued) and return; a worker continues it.
         Raises ResumeRejected.
 
+        Validating checks that ``command`` is the kind the turn's wait
+        expects (plain text, form data, an approval...) and carries its
+        correlation id, never its data against a form or a tool's input
+        schema: people's answers reach it only as the host accepted them
+        (:mod:`server.core.forms`), and a resume made here in code, by the
+        agent's own process, is trusted code, like calling the tool itself.
+
         ``loaded`` is the turn as the caller last read it (it may be
         stale): it spares a load when it is still current;
         a save of a stale one fails and the resume is decided again on the
@@ -377,23 +383,14 @@ class Runner:
             due = suspension.due_at or 0.0
             if due > self.clock():
                 refuse(f"the retry is not due for {due - self.clock():.1f} s")
+        # The kind and the correlation id only: whether data fits a form or
+        # a tool's input schema is the host's word (server.core.forms), given
+        # before people's answers reach a turn; a resume made in code is
+        # trusted code (see submit_resume).
         if command.type == SuspensionType.USER_INPUT:
             user_input.check_answer(turn, suspension, command)
-        if command.type == SuspensionType.TOOL_APPROVAL:
-            approvals.check_edit(turn, self._tool_of(turn, command.correlation_id), command)
         if command.type == SuspensionType.CHILD_AGENT:
             _child_call(turn, command.correlation_id)
-
-    def _tool_of(self, turn: Turn, call_id: str | None) -> Tool | None:
-        """The tool of ``turn``'s pending call ``call_id`` (None: no such
-        call, or its agent is gone: the resume fails on that later)."""
-        pending = next((p for p in turn.pending if p.call.id == call_id), None)
-        if pending is None:
-            return None
-        try:
-            return self.agent_for(turn).tool(pending.call.name)
-        except (UnknownAgent, AgentVersionGone):
-            return None
 
     def _resume_changes(self, turn: Turn, command: ResumeCommand) -> Turn:
         """``turn`` as ``command`` (checked) resumes it: READY again."""

@@ -9,14 +9,14 @@ import time
 from collections.abc import Callable
 
 from protocol.session import AgentInfo
-from server.host import Host
+from server.core.host import Host
+from server.core.sessions import CAPABILITIES
 from server.runner.agent import Agent
 from server.runner.bridge import ChatBridge
 from server.runner.metrics import RunnerMetrics
 from server.runner.runner import Runner
-from server.runner.store import TurnStore
+from server.runner.turn_store import TurnStore
 from server.runner.worker import Crew
-from server.sessions import CAPABILITIES
 
 
 def load_agent(spec: str) -> Agent | None:
@@ -69,8 +69,7 @@ class AgentService:
         self.drain_seconds = drain_seconds
         """At :meth:`stop`, how long running turns may go on (Crew.stop)."""
         self.runner = Runner(store, [agent], clock=clock, lease_seconds=lease_seconds)
-        self.bridge = ChatBridge(host, agent)
-        self.bridge.attach(self.runner)
+        self.bridge = ChatBridge(host, agent, self.runner)
         self.crew = Crew(
             self.runner,
             workers,

@@ -12,7 +12,7 @@ and recovers it:
 * a turn whose chat already answered it (a crash lost the resume) is
   resumed from that answer (:func:`~server.runner.resume.resume_for`
   decides; an approval the expiry cancelled resumes as expired, going by
-  the session's notes, server.expiry);
+  the session's notes, server.core.expiry);
 * a turn whose chat turn is over (an agent ended it, or a truncation took
   it away, and the reaction to that was lost) ends: failed with the chat's
   error when it has one, else cancelled;
@@ -21,44 +21,50 @@ and recovers it:
   for the bridge's ``ask_again_after`` seconds (its worker may be asking
   right now).
 
-The sweep acts through the :class:`~server.runner.bridge.ChatBridge` it is
-built with: its host, its runner, and what it shows and ends in chats.
+The sweep acts through the bridge's other two jobs: what it shows is shown
+as :class:`~server.runner.showing.ChatShowing` shows it, and what it resumes
+or ends is resumed or ended as :class:`~server.runner.resuming.ChatResuming`
+does for an action people sent (one rule: ``resume_for``).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol.chat import ChatState, ToolCallCancelled
 from reducers import notes
 from reducers.chat import select_input_settlement, select_latest_tool_call, select_tool_call
 from server.errors import ChannelGone, StoreError
 from server.runner.agent import ApprovalDecision
-from server.runner.ids import input_request_id, parse_input_request_id
-from server.runner.resume import answered_input, ended_turn, resume_for, shows
-from server.runner.runner import ResumeRejected
+from server.runner.ids import input_request_id
+from server.runner.resume import ended_turn, shows
+from server.runner.resuming import ChatResuming
+from server.runner.showing import ChatShowing
 from server.runner.turn import SuspensionType, Turn, TurnStatus
-
-if TYPE_CHECKING:
-    from server.runner.bridge import ChatBridge
 
 log = logging.getLogger("huddle.runner.bridge")
 """The bridge's logger, as before the sweep had a module of its own."""
 
 
 class Sweep:
-    """Recovers waiting turns from their chats, for a :class:`ChatBridge`."""
+    """Recovers waiting turns from their chats."""
 
-    def __init__(self, bridge: ChatBridge) -> None:
-        self.bridge = bridge
+    def __init__(
+        self, showing: ChatShowing, resuming: ChatResuming, *, ask_again_after: float = 10.0
+    ) -> None:
+        self.showing = showing
+        self.resuming = resuming
+        self.host = resuming.host
+        self.runner = resuming.runner
+        self.ask_again_after = ask_again_after
+        """Seconds a suspension may go unseen in its chat before a sweep
+        asks again (its worker may be showing it right now)."""
 
     async def reconcile(self) -> int:
         """Resume turns whose chat already answered them (a crash lost the
         resume); returns how many."""
-        if self.bridge.runner is None:
-            return 0
-        store, resumed = self.bridge.runner.store, 0
+        store, resumed = self.runner.store, 0
         audit = {"by": None, "role": None, "clientId": None, "via": "reconcile"}
         for status in (TurnStatus.WAITING_FOR_USER, TurnStatus.WAITING_FOR_APPROVAL):
             for turn_id in await store.by_status(status):
@@ -74,12 +80,11 @@ class Sweep:
         """Resume or end waiting turn ``turn_id`` if its chat says so, else
         show its suspension again if the chat never showed it; True if it
         was resumed or ended."""
-        assert self.bridge.runner is not None
-        turn = await self.bridge.runner.store.load(turn_id)
+        turn = await self.runner.store.load(turn_id)
         if turn.chat is None or turn.suspension is None:
             return False
         try:
-            state = (await self.bridge.host.view(turn.chat)).state
+            state = (await self.host.view(turn.chat)).state
         except ChannelGone:
             return False
         assert isinstance(state, ChatState)
@@ -94,7 +99,6 @@ class Sweep:
         """End ``turn`` if the chat turn it waits in is over (a crash lost
         the reaction to its end): failed with the chat's error, else
         cancelled. False while the chat turn is active."""
-        assert self.bridge.runner is not None
         active = state.active_turn
         if turn.chat_turn is None or (active is not None and shows(turn, active)):
             return False
@@ -102,7 +106,7 @@ class Sweep:
         # one of its id that is not its own).
         ended = ended_turn(state, turn)
         error = ended.error.message if ended is not None and ended.error is not None else None
-        await self.bridge.chat_turn_ended(turn, error, audit)
+        await self.resuming.chat_turn_ended(turn, error, audit)
         return True
 
     async def _ask_again_if_unseen(self, turn: Turn, state: ChatState) -> None:
@@ -112,20 +116,18 @@ class Sweep:
         active = state.active_turn
         if suspension is None or active is None or not shows(turn, active):
             return
-        assert self.bridge.runner is not None
-        if self.bridge.runner.clock() - turn.updated_at < self.bridge.ask_again_after:
+        if self.runner.clock() - turn.updated_at < self.ask_again_after:
             return  # just suspended: its worker is likely showing it now
         if suspension.type == SuspensionType.USER_INPUT:
             rid = input_request_id(active.id, suspension.correlation_id)
             if select_input_settlement(state, rid).part is None:
                 log.info("turn %s: its chat never showed %s; asking again", turn.id, rid)
-                await self.bridge.input_requested(turn, suspension)
+                await self.showing.input_requested(turn, suspension)
             return
         pending = turn.call(suspension.correlation_id or "")
         if pending is None or select_tool_call(state, pending.call.id) is not None:
             return
-        assert self.bridge.runner is not None
-        tool = self.bridge.tool(turn, pending.call.name)
+        tool = self.showing.tool(turn, pending.call.name)
         if tool is None:
             return
         log.info("turn %s: its chat never showed the approval; asking again", turn.id)
@@ -136,15 +138,15 @@ class Sweep:
             reason=meta.get("reason"),
             expiry=suspension.expiry,
         )
-        await self.bridge.approval_requested(turn, pending.call, tool, decision)
+        await self.showing.approval_requested(turn, pending.call, tool, decision)
 
     async def _approval_expired(self, chat: str, call_id: str, turn: str | None) -> bool:
         """Whether the session's notes say the approval of ``call_id`` in
-        ``chat`` (in the chat turn stamped ``turn``) expired (server.expiry)."""
-        session = await self.bridge.host.session_of(chat)
+        ``chat`` (in the chat turn stamped ``turn``) expired (server.core.expiry)."""
+        session = await self.host.session_of(chat)
         if session is None:
             return False
-        state = (await self.bridge.host.view(session)).state
+        state = (await self.host.view(session)).state
         note = notes.note_for(getattr(state, "meta", None), "toolCalls", chat, call_id, turn)
         return bool(note and note.get("expired"))
 
@@ -152,30 +154,13 @@ class Sweep:
         """Resume ``turn`` from the chat's answer to its suspension
         (:func:`~server.runner.resume.resume_for` decides); False while it is
         unanswered."""
-        assert turn.suspension is not None
-        assert turn.chat is not None
-        assert self.bridge.runner is not None
         suspension = turn.suspension
-        data: dict[str, Any] | None = None
+        assert suspension is not None
+        assert turn.chat is not None
         expired = False
-        part = answered_input(turn, state)
-        if part is not None and part.response == "accept":
-            opened = parse_input_request_id(part.request.id)
-            if opened is not None and opened.call_id is not None:
-                answers = dict(part.request.answers or {})
-                data = await self.bridge.host.form_data(turn.chat, part.request.id, answers)
         if suspension.type == SuspensionType.TOOL_APPROVAL:
             call_id = suspension.correlation_id or ""
             call = select_latest_tool_call(state, turn.chat_turn or "", call_id)
             if isinstance(call, ToolCallCancelled):
                 expired = await self._approval_expired(turn.chat, call_id, turn.chat_turn_stamp)
-        command = resume_for(turn, state, data=data, expired=expired)
-        if command is None:
-            return False
-        try:
-            await self.bridge.runner.submit_resume(
-                turn.id, command.with_metadata(**audit), loaded=turn
-            )
-        except ResumeRejected as error:
-            log.info("%s", error)
-        return True
+        return await self.resuming.resume_from(turn, state, audit, expired=expired)

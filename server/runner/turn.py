@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from server.expiry import Expiry
+from server.core.expiry import Expiry
 from server.runner.errors import IllegalTransition
 from server.runner.ids import plain_question_id
 
@@ -400,7 +400,7 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The AHP turn id in ``chat`` this turn answers (unique per chat only)."""
     chat_turn_stamp: str | None = None
     """The server's stamp on that AHP turn (``_meta.huddle.turn``: see
-    server.policy.turn_stamp), when it has one: a chat truncated back may
+    server.core.policy.turn_stamp), when it has one: a chat truncated back may
     see its turn id again, and this turn shows only the chat turn stamped so."""
     status: TurnStatus = TurnStatus.READY
     phase: Phase = Phase.MODEL

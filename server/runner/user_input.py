@@ -1,5 +1,5 @@
 """People's input to a turn: forms and plain-text questions. What a turn
-waits on while people answer, what an answer must fit, and what it does.
+waits on while people answer, what an answer must be, and what it does.
 
 - ``request_user_input`` is a control tool: the model picks one of the
   agent's forms by key (an enum; it is told keys and descriptions, never a
@@ -13,9 +13,10 @@ waits on while people answer, what an answer must fit, and what it does.
   form's JSON Schema frozen into the suspension: later changes to the form
   (:mod:`server.runner.forms`) affect only new turns. Its expiry is the
   request's own, else the form's, else the agent's ``input_expiry``.
-- An answer must fit the wait (:func:`check_answer`): form data for a form,
-  text for a plain question; accepted data must fit the frozen schema
-  (the errors name fields, never values).
+- An answer must be the kind the wait expects (:func:`check_answer`): form
+  data for a form, text for a plain question. Whether accepted data fits
+  the frozen schema is the host's word, given before the answer reached the
+  turn (:mod:`server.core.forms`); a resume made in code is trusted code.
 - What it does (:func:`answered`): accepted data is the tool message
   ``{status: "submitted", formKey, data}`` of a ``request_user_input``
   call, or the data its tool runs again with; a declined or dismissed form
@@ -35,10 +36,10 @@ from collections.abc import Sequence
 
 import msgspec
 
-from server.expiry import Expiry
+from server.core.expiry import Expiry
 from server.runner.agent import Agent, Tool
 from server.runner.errors import FormRequired, ResumeRejected
-from server.runner.forms import FormDefinition, schema_errors
+from server.runner.forms import FormDefinition
 from server.runner.model import ToolSpec
 from server.runner.turn import (
     FrozenForm,
@@ -132,8 +133,10 @@ def _form_suspension(
 
 def check_answer(turn: Turn, suspension: Suspension, command: ResumeCommand) -> None:
     """Raise ResumeRejected unless ``command`` (a USER_INPUT resume that
-    fails nothing) is the kind of answer ``suspension`` waits for, and its
-    accepted data fits the frozen form."""
+    fails nothing) is the kind of answer ``suspension`` waits for: form data
+    for a form, text for a plain question. Its data is not checked against
+    the frozen schema: people's answers reach a turn only as the host
+    accepted them, and a resume made in code is trusted code."""
     form = suspension.form
     if form is None:
         if command.data is not None:
@@ -143,10 +146,6 @@ def check_answer(turn: Turn, suspension: Suspension, command: ResumeCommand) -> 
         raise ResumeRejected(
             turn.id, f"the turn waits for form {form.key!r}, not a plain-text answer"
         )
-    if command.response == "accept":
-        errors = schema_errors(form.schema, command.data or {})
-        if errors:
-            raise ResumeRejected(turn.id, "the submitted data does not fit the form", errors)
 
 
 def answered(pending: PendingCall, form: FrozenForm, command: ResumeCommand) -> PendingCall:

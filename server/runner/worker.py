@@ -9,7 +9,7 @@ a failed attempt (bounded: see :mod:`server.runner.runner`). Now and then a work
 also wakes what a crash may have left asleep (Runner.recover, and the chat
 bridge's reconcile).
 
-A worker with nothing to do waits as a :class:`~server.runner.store.Waiter`
+A worker with nothing to do waits as a :class:`~server.runner.turn_store.Waiter`
 of its own: a resume saved meanwhile (``Runner.submit_resume``) is handed
 to it directly, leased and loaded, and it runs the turn without claiming
 it. It stops waiting when it stops (what it was handed goes back).
@@ -50,7 +50,7 @@ from typing import Any
 from server.errors import StoreError
 from server.runner.context import lend_with
 from server.runner.runner import Runner
-from server.runner.store import Claim, Fenced, VersionConflict, Waiter
+from server.runner.turn_store import Claim, Fenced, VersionConflict, Waiter
 
 log = logging.getLogger("huddle.runner.worker")
 

@@ -4,7 +4,7 @@
 default and the Redis store (``server.store.redis``) implements the same
 contract for durable, multi-process deployments, on one Redis or a Redis
 Cluster. :func:`open_channel_store` opens the store a ``--store`` value
-names (``server.runner.store.open_turn_store`` the runner's beside it).
+names (``server.build.turn_store_at`` the runner's beside it).
 """
 
 from __future__ import annotations

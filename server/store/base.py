@@ -155,8 +155,9 @@ class ChannelStore(ABC):
         self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
     ) -> None:
         """Append ``envelope`` as seq ``expected_seq + 1``. ``origin`` names a
-        client's action (``<clientId> <clientSeq>``, the clientId scoped to its
-        connection for a plain AHP client: server.channels.origin_key): when the channel took one
+        client's action (``<clientId> <clientSeq>``, the clientId scoped to
+        its connection for a plain AHP client:
+        server.core.channels.origin_key): when the channel took one
         of that name within its replay window, raises AlreadyApplied (before
         anything else is compared). Raises SeqConflict when the channel is
         elsewhere, ChannelGone, or StoreUnavailable."""

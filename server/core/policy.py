@@ -190,6 +190,14 @@ def dispatch_refusal(
                 f"a {grant.role} token's message comes from the user: origin "
                 f"'{message.origin.kind}' is only the agent's to send",
             )
+    if isinstance(action, ChatToolCallConfirmed) and action.confirmed == "not-needed":
+        # "not-needed" says nobody had to approve: the host's word (a call
+        # that ran without a confirmation), never a person's approval.
+        return _refusal(
+            RejectionCode.FORBIDDEN,
+            f"a {grant.role} token approves a call as 'user-action' or 'setting': "
+            "'not-needed' says nobody had to",
+        )
     if isinstance(action, ChatTruncated) and isinstance(state, ChatState):
         return _truncation_refusal(state, action, grant)
     return _speaks_for_another(state, action, client_id)

@@ -47,12 +47,12 @@ from protocol.wire import ErrorInfo, quoted
 from reducers import notes
 from reducers.chat import select_open_input_part, select_tool_call, select_truncated, select_waits
 from reducers.clock import iso_ms
-from server.channels import Applied, ChannelCore
+from server.core.channels import Applied, ChannelCore
+from server.core.forms import chat_session
+from server.core.policy import active_turn_stamp, turn_stamp
+from server.core.session_notes import SessionNotes
 from server.errors import ActionRejected, ChannelGone, StoreError
-from server.forms import chat_session
-from server.notes import SessionNotes
 from server.periodic import Periodic
-from server.policy import active_turn_stamp, turn_stamp
 from server.store.base import ChannelStore
 
 log = logging.getLogger("huddle.expiry")
@@ -124,7 +124,7 @@ class Due(msgspec.Struct, frozen=True):
     at: int
     policy: Policy
     turn: str | None = None
-    """The stamp of the wait's turn (server.policy.turn_stamp): a turn that
+    """The stamp of the wait's turn (server.core.policy.turn_stamp): a turn that
     uses the wait's id again after a truncation is not the wait's."""
 
 

@@ -36,7 +36,7 @@ oldest answers kept will have made room.
 
 The WebSocket's counterpart is the store's ``(clientId, clientSeq)`` check
 on every append (per connection for a plain AHP client; see
-server.channels.origin_key).
+server.core.channels.origin_key).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from starlette.responses import Response
 
 from server.auth import Grant
 from server.cache import Lru
-from server.headers import retry_after
+from server.edge.headers import retry_after
 from server.store.base import ChannelStore
 
 MAX_KEY: Final = 200

@@ -23,9 +23,9 @@ from typing import Final
 from protocol.status import SessionStatus
 from protocol.uris import channel_id
 from reducers.clock import iso_ms
-from server.audit import GONE_RECORDS, export
+from server.core.audit import GONE_RECORDS, export
+from server.core.host import Host
 from server.errors import ChannelGone, StoreError
-from server.host import Host
 from server.periodic import Periodic
 
 log = logging.getLogger("huddle.retention")

@@ -1,12 +1,18 @@
 """The form registry: the JSON Schemas frozen with input requests, and the
 schema checks the validation rules call.
 
+The host is the one authority for people's answers and edited tool input:
+what it accepts here reaches a waiting turn, and the runner checks only that
+a resume is the kind its wait expects (:mod:`server.runner.user_input`).
+Failures are worded by :meth:`server.core.schemas.SchemaCheck.failure_texts`.
+
 An input request made from a JSON Schema form keeps that schema for good (a
 store record, so every process checks an accept against the same one): an
 accept must fit it, and the accepted answers become data with the schema's
 types. A tool call's edited input must fit the input schema of the tool of
-that name among the session's tools. jsonschema lives here, not in the pure
-rules: :mod:`reducers.validation` receives these checks as functions.
+that name among the session's tools. jsonschema lives in the shell, not in
+the pure rules: :mod:`reducers.validation` receives these checks as
+functions.
 """
 
 from __future__ import annotations
@@ -15,8 +21,6 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import jsonschema
 
 from protocol.actions import ChatToolCallConfirmed, ChatWorkingDirectorySet, StateAction
 from protocol.chat import ChatState, InputAnswer, InputRequest, ToolCallPendingConfirmation
@@ -27,7 +31,7 @@ from protocol.session import SessionState
 from reducers import notes
 from reducers.validation import FormCheck, ToolInputCheck
 from server.cache import Lru
-from server.schemas import SchemaCheck
+from server.core.schemas import SchemaCheck
 from server.store.base import ChannelStore
 
 FORM_RECORDS = "form"
@@ -115,15 +119,10 @@ class FormRegistry:
             if form is None:
                 return None
             try:
-                error = form.check.first_error(form.data(answers))
+                failures = form.check.failure_texts(form.data(answers))
             except FormError as unfit:
-                return f"{unfit.property or 'the form'}: {unfit.reason}"
-            if error is None:
-                return None
-            # Name the field and the rule, never the value (form data can be
-            # sensitive; jsonschema's messages quote it).
-            where = "/".join(str(p) for p in error.absolute_path) or "the form"
-            return f"{where} fails the schema's `{error.validator}` rule"
+                return str(unfit)  # worded as MCP elicitation words it
+            return "; ".join(failures) or None
 
         return check
 
@@ -144,14 +143,10 @@ class FormRegistry:
             tool = next((t for t in tools if t.name == call.tool_name), None)
             if tool is None or tool.input_schema is None:
                 return None
-            try:
-                jsonschema.validate(edited, tool.input_schema)
-            except jsonschema.ValidationError as error:
-                where = "/".join(str(p) for p in error.absolute_path) or "the input"
-                return f"{where} fails the schema's `{error.validator}` rule"
-            except jsonschema.SchemaError:
-                return None
-            return None
+            schema = SchemaCheck.of(tool.input_schema)
+            if not schema.schema_is_valid:
+                return None  # a tool's broken schema says nothing of its input
+            return "; ".join(schema.failure_texts(edited)) or None
 
         return check
 

@@ -43,10 +43,10 @@ from reducers.chat import select_open_input_part, select_truncated, select_waits
 from reducers.limits import SizeLimits, limit_problem
 from server.auth import Identity
 from server.cache import Lru
-from server.channels import Applied, ChannelCore, ChannelView
+from server.core.channels import Applied, ChannelCore, ChannelView
+from server.core.forms import chat_session
+from server.core.policy import active_turn_stamp, turn_stamp
 from server.errors import ActionRejected, ChannelGone
-from server.forms import chat_session
-from server.policy import active_turn_stamp, turn_stamp
 
 log = logging.getLogger("huddle.notes")
 

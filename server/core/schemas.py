@@ -1,23 +1,30 @@
 """JSON Schema checks built once per schema, with a fast accept for MCP's
-flat forms.
+flat forms, and the one wording of a schema failure.
 
-A form answer is checked on its way to a waiting turn twice (the host's rule
-before the answer is accepted, the runner's before the turn resumes), and
-each check through jsonschema walks a dozen of its functions: after a
-person's pause, with the caches cold, that is a tenth of a millisecond on
-the resume's path. Most forms are MCP elicitation's flat subset (an object
-of strings, numbers, integers, booleans and string enums, with lengths and
-bounds), whose rules take a few lines to check. :class:`SchemaCheck`
-answers "valid" from those lines when the schema is entirely made of
-keywords they know and the data passes every one; anything else (a keyword
-they do not know, any failure) goes to jsonschema, which alone gives
-errors. The fast path never rejects, so it cannot say no where jsonschema
-says yes; it says yes only where jsonschema does (its types are exact: a
-``bool`` is no integer, ``1.0`` goes to jsonschema).
+Every place that tells someone their data fails a schema (the host's check
+of an accept against its frozen form and of edited tool input against the
+tool's input schema, MCP elicitation asking again) words it with
+:meth:`SchemaCheck.failure_texts`: ``<field path> fails the schema's
+`<rule>` rule``, the field and the rule, never the value.
+
+A form answer is checked on its way to a waiting turn once, by the host's
+rule before the answer is accepted, and each check through jsonschema walks
+a dozen of its functions: after a person's pause, with the caches cold,
+that is a tenth of a millisecond on the resume's path. Most forms are MCP
+elicitation's flat subset (an object of strings, numbers, integers,
+booleans and string enums, with lengths and bounds), whose rules take a few
+lines to check. :class:`SchemaCheck` answers "valid" from those lines when
+the schema is entirely made of keywords they know and the data passes every
+one; anything else (a keyword they do not know, any failure) goes to
+jsonschema, which alone gives errors. The fast path never rejects, so it
+cannot say no where jsonschema says yes; it says yes only where jsonschema
+does (its types are exact: a ``bool`` is no integer, ``1.0`` goes to
+jsonschema).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -30,6 +37,9 @@ CACHED_CHECKS = 256
 """Checks kept, by schema content: building a validator costs more than
 checking data with it, and a process sees the few schemas of its forms and
 tools again and again."""
+
+WHOLE = "the data"
+"""Where a failure of the data as a whole is, in a failure's text."""
 
 _checks: Lru[bytes, SchemaCheck] = Lru(CACHED_CHECKS)
 
@@ -55,6 +65,7 @@ class SchemaCheck:
     accept, when the schema is flat enough to have one."""
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
+        self.schema = schema
         self.validator: jsonschema.protocols.Validator = jsonschema.validators.validator_for(
             schema
         )(schema)
@@ -102,6 +113,25 @@ class SchemaCheck:
                 if (tuple(where), rule) not in seen:
                     seen.add((tuple(where), rule))
                     yield where, rule
+
+    def failure_texts(self, data: Any) -> list[str]:
+        """Each failure of ``data`` (:meth:`failures`) as people read it,
+        ``<field path> fails the schema's `<rule>` rule`` (``the data`` for
+        the whole): the one wording of a schema failure. Empty when it fits."""
+        return [
+            f"{'/'.join(path) or WHOLE} fails the schema's `{rule}` rule"
+            for path, rule in self.failures(data)
+        ]
+
+    @functools.cached_property
+    def schema_is_valid(self) -> bool:
+        """Whether the schema itself is valid JSON Schema for its draft (a
+        check of data against an invalid one says nothing)."""
+        try:
+            type(self.validator).check_schema(dict(self.schema))
+        except jsonschema.SchemaError:
+            return False
+        return True
 
 
 def _flat_object(schema: Mapping[str, Any]) -> _Rule | None:

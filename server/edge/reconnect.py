@@ -3,7 +3,7 @@
 **AHP's way** (plain clients): ``{clientId, lastSeenServerSeq,
 subscriptions}``, as the first request on a new socket (no ``initialize``)
 or after one. The client's ``lastSeenServerSeq`` is a number of its last
-connection's own sequence (:mod:`server.numbering`); when this process
+connection's own sequence (:mod:`server.edge.numbering`); when this process
 still holds that numbering, it says exactly which seq the client had reached
 on each channel, and the answer is a ``replay`` of every envelope missed,
 renumbered on from ``lastSeenServerSeq``, with the subscriptions that are
@@ -55,12 +55,12 @@ from protocol.messages import (
     Snapshot,
     SnapshotResume,
 )
+from server.edge.numbering import Numbering
 from server.errors import ChannelGone, CommandError
 from server.frames import Room
-from server.numbering import Numbering
 
 if TYPE_CHECKING:
-    from server.rpc import Rpc
+    from server.edge.rpc import Rpc
 
 NOT_THERE = (ErrorCode.SESSION_NOT_FOUND, ErrorCode.NOT_FOUND)
 

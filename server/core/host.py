@@ -3,14 +3,14 @@
 :class:`Host` puts the parts together and is the in-process API for agents
 (the runner's bridge, the MCP bridge, the network edge's commands):
 
-- :class:`~server.channels.ChannelCore`: channels, the write path,
+- :class:`~server.core.channels.ChannelCore`: channels, the write path,
   subscribers, other processes;
-- :class:`~server.forms.FormRegistry`: the frozen JSON Schemas and the
+- :class:`~server.core.forms.FormRegistry`: the frozen JSON Schemas and the
   schema checks of the validation rules;
-- :class:`~server.waiters.Waiters`: callers waiting for people;
-- :class:`~server.aggregate.SessionAggregate`: a chat reflected on its
+- :class:`~server.core.waiters.Waiters`: callers waiting for people;
+- :class:`~server.core.rollup.SessionAggregate`: a chat reflected on its
   session, a session on the sessions list;
-- :class:`~server.sessions.Sessions`: session and chat lifecycle.
+- :class:`~server.core.sessions.Sessions`: session and chat lifecycle.
 
 Hooks run in the order they were added, before the session aggregate: side
 effects that people wait for (a turn resuming) come first. The host's own
@@ -47,18 +47,18 @@ from reducers import notes, reduce
 from reducers.chat import select_input_settlement
 from reducers.limits import SizeLimits, limit_problem
 from reducers.validation import reject_reason, working_directories_problem
-from server.aggregate import SessionAggregate
-from server.audit import GONE_RECORDS, AuditTrail, AuditValues
 from server.auth import Identity
-from server.channels import Applied, ChannelCore, ChannelView, Hook, Validator
+from server.core.audit import GONE_RECORDS, AuditTrail, AuditValues
+from server.core.channels import Applied, ChannelCore, ChannelView, Hook, Hooks, Riding, Validator
+from server.core.expiry import Expiries, Expiry, Family, expiry_problem
+from server.core.forms import Form, FormRegistry, chat_session, needs_session
+from server.core.policy import active_turn_stamp
+from server.core.rollup import SessionAggregate
+from server.core.session_notes import SessionNotes
+from server.core.sessions import Sessions
+from server.core.waiters import InputOutcome, ToolDecision, Waiters
 from server.errors import ActionRejected, CommandError, StoreError
-from server.expiry import Expiries, Expiry, Family, expiry_problem
-from server.forms import Form, FormRegistry, chat_session, needs_session
-from server.notes import SessionNotes
-from server.policy import active_turn_stamp
-from server.sessions import Sessions
 from server.store.base import ChannelStore
-from server.waiters import InputOutcome, ToolDecision, Waiters
 
 __all__ = ["Host", "InputOutcome", "ToolDecision"]
 
@@ -98,8 +98,10 @@ class Host:
         self.agents = agents
         self.clock = clock
         self.sizes = sizes or SizeLimits()
+        self.hooks = Hooks()
         self.core = ChannelCore(
             store,
+            hooks=self.hooks,
             clock=clock,
             snapshot_every=snapshot_every,
             idle_check_interval=idle_check_interval,
@@ -126,19 +128,19 @@ class Host:
             max_bytes=audit_max_bytes,
         )
         self.expiries = Expiries(self.core, store, self.notes, check_interval=expiry_check_interval)
-        self.core.hooks = [
-            self.waiters.hook,
-            self._read_form_ahead,
-            self.expiries.hook,
-            self.notes.hook,
-            self.audit.hook,
-            self.aggregate.hook,
-        ]
+        self.hooks.bookkeeping += [self.waiters.hook, self._read_form_ahead, self.expiries.hook]
+        self.hooks.records += [self.notes.hook, self.audit.hook, self.aggregate.hook]
 
     def add_hook(self, hook: Hook) -> None:
-        """Run ``hook`` on every applied envelope, before the session's
-        notes, audit and aggregate (the side effects people wait for first)."""
-        self.core.hooks.insert(len(self.core.hooks) - 3, hook)
+        """Run ``hook`` on every applied envelope, a reaction: after the
+        host's bookkeeping, before the session's notes, audit and aggregate
+        (the side effects people wait for first: server.core.channels.Hooks)."""
+        self.hooks.reactions.append(hook)
+
+    def add_rider(self, riding: Riding) -> None:
+        """Ask ``riding`` for a write to ride on each append this process
+        makes of an action it accepted (server.core.channels.Riding)."""
+        self.core.riding.append(riding)
 
     def now_ms(self) -> int:
         return self.core.now_ms()
@@ -233,7 +235,7 @@ class Host:
         """Validate, reduce, append and broadcast ``action`` on ``uri``, then
         run its side effects. ``sender`` is who sent it (None: the server);
         ``seq_scope``, what ``origin``'s clientSeq is numbered within beyond
-        its clientId (server.channels.origin_key);
+        its clientId (server.core.channels.origin_key);
         ``provided``, a condition on the channel's state checked with the
         rules, under its lock.
 
@@ -329,7 +331,7 @@ class Host:
         return state if isinstance(state, SessionState) else None
 
     def _too_late(self, uri: str, state: Any, action: StateAction) -> Rejection | None:
-        """An answer to a wait whose expiry passed (server.expiry)."""
+        """An answer to a wait whose expiry passed (server.core.expiry)."""
         session = chat_session(state) if isinstance(state, ChatState) else None
         meta = getattr(self._session_state(session), "meta", None) if session else None
         turn = active_turn_stamp(state)
@@ -348,7 +350,7 @@ class Host:
         """Create session ``uri`` with its default chat; returns the chat URI.
 
         The id of a disposed session stays taken while its audit is kept
-        (until server.retention removes it): a new session of that id would
+        (until server.core.retention removes it): a new session of that id would
         show its readers the old one's records, and its own would be
         removed with them."""
         if await self.store.last_audit(uri) is not None:
@@ -383,7 +385,7 @@ class Host:
 
     async def dispose_session(self, session: str) -> None:
         """Remove the session and its chats; its audit stays (until
-        server.retention removes it)."""
+        server.core.retention removes it)."""
         await self.sessions.dispose_session(session)
         await self.store.put_record(GONE_RECORDS, session, str(self.now_ms()).encode())
 
@@ -448,7 +450,7 @@ class Host:
     async def expire(self, chat: str, family: Family, key: str, expiry: Expiry) -> int:
         """Give an open wait of ``chat`` (an input request, ``"requests"``,
         or a tool call waiting for approval, ``"toolCalls"``) an expiry;
-        returns when it expires (ms). See server.expiry."""
+        returns when it expires (ms). See server.core.expiry."""
         return await self.expiries.expire(chat, family, key, expiry)
 
     async def wait_input(self, chat: str, request_id: str) -> InputOutcome:

@@ -73,9 +73,9 @@ from reducers.aggregate import (
 )
 from reducers.limits import json_bytes
 from server.cache import KeyedLocks, Lru
-from server.channels import Applied, ChannelCore
+from server.core.channels import Applied, ChannelCore
+from server.core.forms import chat_session
 from server.errors import ChannelGone, StoreError
-from server.forms import chat_session
 
 log = logging.getLogger("huddle.aggregate")
 

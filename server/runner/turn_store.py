@@ -45,7 +45,7 @@ is never returned by ``claim_turn`` or ``wait_for_work``, nor claimed again
 each lease period: the store parks it (out of the queue, the leases and
 the recovery sweeps, its data kept for an operator), logs it once at error
 level, and claims the next turn. The Redis store does (see
-:mod:`server.runner.redis_store`); the memory store holds only snapshots it
+:mod:`server.runner.redis_turn_store`); the memory store holds only snapshots it
 encoded itself, in this process, so it never holds such a record.
 """
 
@@ -65,7 +65,6 @@ from server.runner.errors import TurnNotFound as TurnNotFound
 from server.runner.errors import VersionConflict as VersionConflict
 from server.runner.machine import as_stored
 from server.runner.turn import Turn, TurnStatus, copy_turn
-from server.store import REDIS_SCHEMES
 from server.store.base import Rider
 
 
@@ -431,15 +430,3 @@ class MemoryTurnStore(TurnStore):
 
     async def by_status(self, status: TurnStatus) -> list[str]:
         return [tid for tid, h in self._turns.items() if h.status == status]
-
-
-def open_turn_store(url: str) -> TurnStore:
-    """The turn store that goes with the channel store of ``url``
-    (``server.store.open_channel_store``); ValueError for anything else."""
-    if url == "memory":
-        return MemoryTurnStore()
-    if url.startswith(REDIS_SCHEMES):
-        from server.runner.redis_store import RedisTurnStore
-
-        return RedisTurnStore(url)
-    raise ValueError(f"unknown store {url!r} (use memory, redis://... or redis+cluster://...)")

@@ -41,11 +41,11 @@ from protocol.wire import JsonObject
 from reducers.aggregate import chat_summary, session_summary
 from reducers.clock import iso_time
 from reducers.limits import SizeLimits, limit_problem
-from server.aggregate import SessionAggregate
-from server.channels import ChannelCore, ChannelView
+from server.core.channels import ChannelCore, ChannelView
+from server.core.forms import HUDDLE_META
+from server.core.rollup import SessionAggregate
+from server.core.waiters import Waiters
 from server.errors import ActionRejected, ChannelGone, CommandError
-from server.forms import HUDDLE_META
-from server.waiters import Waiters
 
 Dispatch = Callable[[str, StateAction], Awaitable[object]]
 

@@ -7,7 +7,7 @@ subprotocol ``huddle.token.<token>`` (browsers cannot set headers; offer
 ``ahp`` too and the server selects it), or from the ``huddle_token`` cookie
 that ``GET /?token=...`` sets. A request that carries an ``Origin`` header
 must come from the server's own origin (its ``Host``, and a name on the
-host allow-list when there is one: :func:`server.headers.is_own_origin`) or
+host allow-list when there is one: :func:`server.edge.headers.is_own_origin`) or
 one on the origin allow-list.
 
 Budgets (:mod:`server.ratelimit`): every authenticated HTTP request spends
@@ -53,12 +53,19 @@ from protocol.codec import MalformedFrame, convert, decode_json, encode
 from protocol.messages import ErrorCode, ExpireParams, ExpireResult, Implementation
 from protocol.rejections import RejectionCode
 from protocol.uris import SESSION_SCHEME, channel_id, session_uri
-from server.audit import export as audit_export
 from server.auth import Grant, TokenAuthority
 from server.build import Parts
 from server.commands import ACTION_COST, BYTES_PER_COST, READ_COST, Commands
 from server.config import Settings
-from server.connection import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_UNSUPPORTED, Connection
+from server.core.audit import export as audit_export
+from server.core.host import Host
+from server.core.metrics import ServerMetrics
+from server.core.policy import Command
+from server.core.sessions import windowed
+from server.edge.connection import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_UNSUPPORTED, Connection
+from server.edge.headers import Guard, allowed_hosts, is_own_origin, rebinding_warning, retry_after
+from server.edge.idempotency import Idempotency
+from server.edge.rpc import LiveClients, Rpc
 from server.errors import (
     ActionRejected,
     AuthError,
@@ -70,11 +77,6 @@ from server.errors import (
     StoreUnavailable,
 )
 from server.frames import WRITE_EXTENSION
-from server.headers import Guard, allowed_hosts, is_own_origin, rebinding_warning, retry_after
-from server.host import Host
-from server.idempotency import Idempotency
-from server.metrics import ServerMetrics
-from server.policy import Command
 from server.ratelimit import (
     AGENT_SOCKETS,
     LINK_SOCKETS,
@@ -86,12 +88,10 @@ from server.ratelimit import (
     RateLimited,
     Slots,
 )
-from server.rpc import LiveClients, Rpc
-from server.sessions import windowed
 
 log = logging.getLogger("huddle.app")
 
-WEB_ROOT = Path(__file__).resolve().parent.parent / "web"
+WEB_ROOT = Path(__file__).resolve().parents[2] / "web"
 TOKEN_COOKIE = "huddle_token"
 TOKEN_SUBPROTOCOL = "huddle.token."
 AHP_SUBPROTOCOL = "ahp"
@@ -108,7 +108,7 @@ class Server:
     commands: Commands
     idempotency: Idempotency
     hosts: tuple[str, ...] | None
-    """The ``Host`` names answered (None: any; server.headers)."""
+    """The ``Host`` names answered (None: any; server.edge.headers)."""
     failures: FailedAuthentications = field(default_factory=FailedAuthentications)
     """Failed authentications per client address."""
     polls: Slots = field(default_factory=Slots)
@@ -495,13 +495,13 @@ def _positive(value: str | None, path: str) -> int | None:
 
 
 async def read_audit(request: Request, server: Server, grant: Grant) -> Response:
-    """The session's audit as JSON Lines (server.audit), streamed; its
+    """The session's audit as JSON Lines (server.core.audit), streamed; its
     records and bytes are charged to the token (a debt) before the first is
     read. Unlike any other answer its cost is not capped at the burst: an
     export's bytes are whatever the session holds (up to
     ``--audit-max-bytes``), so a token that exports a large audit waits its
     size out before its next request (the last record says the audit's
-    bytes before it: server.audit)."""
+    bytes before it: server.core.audit)."""
     server.commands.allow(grant, Command.READ_AUDIT)
     uri = request.query_params.get("session", "")
     if not uri.startswith(SESSION_SCHEME):
@@ -535,7 +535,7 @@ async def read_audit(request: Request, server: Server, grant: Grant) -> Response
 
 
 async def set_expiry(request: Request, server: Server, grant: Grant) -> Response:
-    """``POST /api/expiry``: an open wait's expiry (server.expiry), as the
+    """``POST /api/expiry``: an open wait's expiry (server.core.expiry), as the
     socket's ``huddle/expire``."""
     params = convert(await _body(request, server), ExpireParams, "$")
     return _json(ExpireResult(expires_at=await server.commands.expire(grant, params)))
@@ -543,7 +543,7 @@ async def set_expiry(request: Request, server: Server, grant: Grant) -> Response
 
 async def dispatch_action(request: Request, server: Server, grant: Grant) -> Response:
     """Dispatch; with an ``Idempotency-Key``, a retry gets the first
-    answer (server.idempotency) and nothing is applied twice. Admitted as
+    answer (server.edge.idempotency) and nothing is applied twice. Admitted as
     the socket's actions are (observers 403, the token's budget 429),
     before the body is read."""
     try:

@@ -134,8 +134,8 @@ import msgspec
 from server.errors import StoreUnavailable
 from server.runner.errors import Fenced, TurnExists, TurnNotFound, VersionConflict
 from server.runner.machine import as_stored
-from server.runner.store import Claim, Lease, TurnStore, Waiter
 from server.runner.turn import Turn, TurnStatus
+from server.runner.turn_store import Claim, Lease, TurnStore, Waiter
 from server.store.base import Rider
 from server.store.redis_link import RedisLink, Script
 

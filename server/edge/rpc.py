@@ -1,11 +1,11 @@
 """The JSON-RPC methods one AHP connection serves.
 
-:class:`Rpc` handles each frame its :class:`~server.connection.Connection`
+:class:`Rpc` handles each frame its :class:`~server.edge.connection.Connection`
 hands it: it decodes the request, runs the method through the command layer
 (:mod:`server.commands`) with the connection's grant, and answers. It holds
 what AHP makes per-connection state: the client id, the extensions the
 client asked for, the channels subscribed and, for a plain AHP client, the
-connection's own ``serverSeq`` numbering (:mod:`server.numbering`).
+connection's own ``serverSeq`` numbering (:mod:`server.edge.numbering`).
 
 Plain AHP by default: a client that asks for nothing gets exactly AHP 0.7.
 Huddle's extensions are asked for as ``initialize`` capabilities and
@@ -68,11 +68,15 @@ from protocol.messages import (
 from protocol.rejections import Rejection, RejectionCode
 from protocol.session import SessionState
 from protocol.uris import ROOT_URI
-from server import presence
 from server.auth import Grant
 from server.commands import PAGE_MARGIN, Commands, not_found, refused
 from server.config import Limits
-from server.connection import CLOSE_NORMAL, Connection
+from server.core import presence
+from server.core.policy import reaches
+from server.core.sessions import windowed
+from server.edge.connection import CLOSE_NORMAL, Connection
+from server.edge.numbering import Numbering, Retired
+from server.edge.reconnect import reconnect
 from server.errors import (
     ActionRejected,
     AlreadyApplied,
@@ -81,10 +85,6 @@ from server.errors import (
     StoreUnavailable,
 )
 from server.frames import Room, action_frame
-from server.numbering import Numbering, Retired
-from server.policy import reaches
-from server.reconnect import reconnect
-from server.sessions import windowed
 
 CHANNEL_SEQS: Final = "huddle.channelSeqs"
 TURN_WINDOWS: Final = "huddle.turnWindows"
@@ -202,7 +202,7 @@ class Rpc:
         self.subscriptions: set[str] = set()
         self.present: set[str] = set()
         """The sessions where this connection put itself in the active
-        clients (taken out again when it goes: server.presence)."""
+        clients (taken out again when it goes: server.core.presence)."""
         connection.handler = self.receive_frame
         connection.may_see = functools.partial(reaches, grant)
 

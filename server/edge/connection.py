@@ -1,7 +1,7 @@
 """One WebSocket connection's transport: framing, buffering, flood closing.
 
 Incoming text frames are handed, one at a time and in the order they
-arrive, to the connection's handler (:class:`server.rpc.Rpc`, which knows
+arrive, to the connection's handler (:class:`server.edge.rpc.Rpc`, which knows
 the JSON-RPC methods), so a client's ``dispatchAction`` notifications are
 applied in its ``clientSeq`` order. Outgoing frames are written without
 blocking: straight into the socket's buffer with the server's direct
@@ -22,9 +22,9 @@ from typing import Any, Final, Protocol
 from protocol.codec import encode
 from protocol.messages import ErrorResponse, RequestId, Response, RpcError
 from server.config import Limits
+from server.core.metrics import Metrics
+from server.edge.numbering import Numbering
 from server.frames import OVERLOADED, ActionFrame, OutFrame
-from server.metrics import Metrics
-from server.numbering import Numbering
 
 log = logging.getLogger("huddle.connection")
 
@@ -49,7 +49,7 @@ Close = Callable[[int, str], Awaitable[None]]
 
 
 class DirectWrite(Protocol):
-    """The server's non-blocking frame writer (see server.serve)."""
+    """The server's non-blocking frame writer (see server.edge.serve)."""
 
     def write(self, frame: bytes, limit: int) -> int: ...
 

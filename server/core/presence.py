@@ -18,8 +18,8 @@ from collections.abc import Callable
 from protocol.actions import SessionActiveClientRemoved, StateAction
 from protocol.messages import ChannelState
 from protocol.session import SessionState
+from server.core.host import Host
 from server.errors import ChannelGone, StoreError
-from server.host import Host
 
 
 async def leave(

@@ -38,9 +38,9 @@ from protocol.chat import (
 from protocol.messages import ActionOrigin
 from reducers.chat import select_input_settlement, select_tool_call
 from server.auth import Identity
-from server.channels import Applied, ChannelCore
+from server.core.channels import Applied, ChannelCore
+from server.core.forms import FormRegistry
 from server.errors import InputAbandoned
-from server.forms import FormRegistry
 
 
 @dataclass(frozen=True)

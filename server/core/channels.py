@@ -40,7 +40,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -63,6 +63,7 @@ from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import ROOT_URI, channel_kind
 from reducers import reduce
 from server.auth import Identity
+from server.core.policy import stamped, turn_stamp
 from server.errors import (
     ActionRejected,
     AlreadyApplied,
@@ -73,7 +74,6 @@ from server.errors import (
 )
 from server.frames import OutFrame, action_frame
 from server.periodic import Periodic
-from server.policy import stamped, turn_stamp
 from server.store.base import ChannelStore, Listener, Rider, decode_entry, encode_entry
 
 log = logging.getLogger("huddle.channels")
@@ -172,6 +172,30 @@ class Step:
     envelope: ActionEnvelope
     data: bytes
     after: ChannelState
+
+
+@dataclass(slots=True)
+class Hooks:
+    """The core's hooks, in three named phases run in this order on every
+    applied envelope (each phase's hooks in their list's order, as are
+    their follow-ups):
+
+    * ``bookkeeping``: what the envelope settles of the host's own
+      records (waiters woken, a form read ahead, an expiry armed or
+      disarmed);
+    * ``reactions``: who acts on it (the runner's bridge, the metrics);
+    * ``records``: the session's view of it, which people wait for last
+      (notes, audit, the session's aggregate).
+    """
+
+    bookkeeping: list[Hook] = field(default_factory=list)
+    reactions: list[Hook] = field(default_factory=list)
+    records: list[Hook] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Hook]:
+        yield from self.bookkeeping
+        yield from self.reactions
+        yield from self.records
 
 
 Riding = Callable[[str, Step, Identity | None], Rider | None]
@@ -279,6 +303,7 @@ class ChannelCore(Listener):
         clock: Callable[[], float] = time.time,
         snapshot_every: int = 100,
         idle_check_interval: float = 2.0,
+        hooks: Hooks | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -293,7 +318,7 @@ class ChannelCore(Listener):
         )
         """Now and then, compare every watched channel with the store's head:
         an append whose hint was lost is applied within one interval."""
-        self.hooks: list[Hook] = []
+        self.hooks = hooks if hooks is not None else Hooks()
         self.riding: list[Riding] = []
         self.idle_channels = IDLE_CHANNELS
         self._channels: dict[str, _Channel] = {}
@@ -944,7 +969,7 @@ class ChannelCore(Listener):
 
 def _restamped(action: StateAction, first: StateAction) -> StateAction:
     """``action`` with the turn stamp ``first`` was given: a person's turn
-    start is stamped anew each time it is sent (server.policy.stamped), so
+    start is stamped anew each time it is sent (server.core.policy.stamped), so
     the copy re-sent after a drop is the first one but for its stamp."""
     if isinstance(action, ChatTurnStarted) and isinstance(first, ChatTurnStarted):
         stamp = turn_stamp(first.message)

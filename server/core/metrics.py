@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from protocol.actions import action_type
-from server.channels import Applied
+from server.core.channels import Applied
 
 
 class Metrics:

@@ -96,9 +96,9 @@ from reducers.chat import select_open_input_part, select_tool_call, select_trunc
 from reducers.clock import iso_time
 from server.auth import Identity
 from server.cache import Lru
-from server.channels import Applied
+from server.core.channels import Applied
+from server.core.forms import FormRegistry, chat_session
 from server.errors import SeqConflict, StoreError, StoreUnavailable
-from server.forms import FormRegistry, chat_session
 from server.store.base import ChannelStore
 
 log = logging.getLogger("huddle.audit")

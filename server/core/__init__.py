@@ -1,0 +1,1 @@
+"""The host: channels, sessions, their rules and records, over the store."""

@@ -1,0 +1,1 @@
+"""The edge: HTTP and WebSocket, translating to the command layer (server.commands)."""

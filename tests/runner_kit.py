@@ -16,6 +16,7 @@ from typing import Any
 
 from server.runner.agent import Agent, FormDefinition, Tool
 from server.runner.context import ToolContext
+from server.runner.machine import Started, advance
 from server.runner.model import ModelReply, ScriptedModel, TextSink, ToolSpec
 from server.runner.turn import ModelMessage, ToolCall, Turn
 from server.runner.turn_store import Lease, MemoryTurnStore
@@ -231,3 +232,10 @@ class RenewalCountingStore(MemoryTurnStore):
             while self.renewals < target:
                 self._renewed.clear()
                 await self._renewed.wait()
+
+
+def started(turn: Turn) -> Turn:
+    """``turn`` as a runner takes it up (RUNNING), at the time it was last
+    updated (so that nothing but the start changes)."""
+    running, _ = advance(turn, Started(at=turn.updated_at))
+    return running

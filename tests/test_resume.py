@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -138,8 +139,7 @@ def test_another_calls_decision_resumes_nothing() -> None:
 
 
 def test_a_turn_not_waiting_for_people_resumes_from_nothing() -> None:
-    turn = waiting_turn()
-    turn.suspension, turn.status = None, TurnStatus.RUNNING
+    turn = msgspec.structs.replace(waiting_turn(), suspension=None, status=TurnStatus.RUNNING)
     approved = decided("running", "user-action")
     assert resume_for(turn, chat_with(approved)) is None
 

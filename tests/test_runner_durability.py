@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import pytest
 
 from server.runner.agent import Agent, Tool
@@ -197,7 +198,9 @@ async def test_a_childs_completion_resumes_only_the_call_that_started_it() -> No
     parent, _ = family()
     runner = Runner(MemoryTurnStore(), [parent], clock=Clock())
     waiting = await runner.run(parent, "Find papers", turn_id="p")
-    waiting.pending = [p.with_result("done") for p in waiting.pending]
+    waiting = msgspec.structs.replace(
+        waiting, pending=[p.with_result("done") for p in waiting.pending]
+    )
     await runner.store.save(waiting)
     with pytest.raises(ResumeRejected, match=r"no call of the turn waits for child turn 'p\.c1'"):
         await runner.submit_resume("p", ResumeCommand.child_completed("p.c1", "COMPLETED", "x"))

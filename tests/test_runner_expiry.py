@@ -63,7 +63,7 @@ from tests.mcp_kit import (
     submitted,
 )
 from tests.redis_server import RedisServer
-from tests.runner_kit import Model, Runs, call, say, scripted, use
+from tests.runner_kit import Model, Runs, call, say, scripted, started, use
 from tests.test_runner_chat_faults import ended, open_chat, pending, until
 
 WITHIN = 10 * UNIT
@@ -564,8 +564,7 @@ async def test_an_mcp_elicitation_that_expires_with_fail_fails_the_call_and_the_
 async def test_a_plain_question_gets_the_agents_default_and_a_fail_resume_ends_the_turn() -> None:
     helper, model = asking(input_expiry=Expiry(45, "decline"))
     runner = Runner(MemoryTurnStore(), [helper])
-    turn = await runner.store.create(runner.new_turn(helper, "Fix it"))
-    turn.start()
+    turn = started(await runner.store.create(runner.new_turn(helper, "Fix it")))
     asked = await runner.suspend(turn, Suspension.user_input("Which one?"))
     own = await runner.suspend(
         await runner.store.create(runner.new_turn(helper, "Again", turn_id="t2")),

@@ -13,7 +13,6 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import msgspec
 import pytest
 import redis.asyncio as aioredis
 
@@ -35,6 +34,7 @@ from server.runner.worker import Worker
 from tests.conftest import UNIT
 from tests.redis_server import RedisServer, running_redis, shared_cluster
 from tests.runner_kit import Clock, agent, say, scripted
+from tests.runner_kit import started as start
 
 LEASE = 10.0
 
@@ -161,8 +161,7 @@ async def test_by_status_follows_saves(store: TurnStore) -> None:
     await create(store, "a")
     await create(store, "b")
     assert sorted(await store.by_status(TurnStatus.READY)) == ["a", "b"]
-    turn = await store.load("a")
-    turn.start()
+    turn = start(await store.load("a"))
     await store.save(turn)
     assert await store.by_status(TurnStatus.READY) == ["b"]
     assert await store.by_status(TurnStatus.RUNNING) == ["a"]
@@ -386,9 +385,7 @@ async def waiting(store: TurnStore, name: str = "w1", until: float = 100.0) -> W
 
 
 def started(turn: Turn) -> Turn:
-    copy = msgspec.structs.replace(turn)
-    copy.start()
-    return copy
+    return start(turn)
 
 
 async def handed_to(store: TurnStore, registered: Waiter) -> Claim:

@@ -1,5 +1,5 @@
 """The turn's status table: every allowed transition, every refused one, and
-the transition methods that are the only writers of a turn's status."""
+the machine's events that take them."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 
 from server.errors import HuddleError, InternalError
 from server.runner.errors import IllegalTransition
+from server.runner.machine import Blocked, Finished, Resumed, Started, advance
 from server.runner.runner import Runner
 from server.runner.turn import (
     TRANSITIONS,
+    Audit,
     Phase,
     Suspension,
     SuspensionType,
@@ -139,13 +141,31 @@ def test_a_turn_is_terminal_exactly_when_its_status_has_no_way_out(status: TurnS
         assert not turn.is_blocked
 
 
-# ─── The transition methods ──────────────────────────────────────────────────
+# ─── The transitions through the machine ─────────────────────────────────────
+
+
+def start(turn: Turn) -> Turn:
+    return advance(turn, Started(at=1.0))[0]
+
+
+def block(turn: Turn, suspension: Suspension) -> Turn:
+    return advance(turn, Blocked(at=1.0, suspension=suspension))[0]
+
+
+def unblock(turn: Turn) -> Turn:
+    return advance(turn, Resumed(at=1.0, mark=MARK))[0]
+
+
+def finish(turn: Turn, ending: Transition, error: str | None = None) -> Turn:
+    return advance(turn, Finished(at=1.0, ending=ending, error=error))[0]
+
+
+MARK = Audit(command="RETRY", correlation_id=None, metadata={}, at=1.0)
 
 
 @pytest.mark.parametrize("status", [S.READY, S.RUNNING, S.RETRY_SCHEDULED], ids=str)
 def test_start_runs_the_turn_and_drops_a_due_retry(status: TurnStatus) -> None:
-    turn = turn_in(status)
-    turn.start()
+    turn = start(turn_in(status))
     assert (turn.status, turn.suspension) == (S.RUNNING, None)
 
 
@@ -155,8 +175,7 @@ def test_start_runs_the_turn_and_drops_a_due_retry(status: TurnStatus) -> None:
     ids=str,
 )
 def test_start_runs_a_blocked_turn_whose_cancel_was_requested(status: TurnStatus) -> None:
-    turn = turn_in(status, cancel_requested=True)
-    turn.start()
+    turn = start(turn_in(status, cancel_requested=True))
     assert (turn.status, turn.suspension) == (S.RUNNING, None)
 
 
@@ -167,7 +186,7 @@ def test_start_refuses_a_waiting_turn_and_leaves_it_waiting(status: TurnStatus) 
     turn = turn_in(status)
     before = copy_turn(turn)
     with pytest.raises(IllegalTransition, match=f"no transition RUN from status {status}"):
-        turn.start()
+        start(turn)
     assert turn == before
 
 
@@ -176,8 +195,7 @@ def test_start_refuses_a_waiting_turn_and_leaves_it_waiting(status: TurnStatus) 
 def test_block_waits_on_the_suspension_by_its_type(
     status: TurnStatus, kind: SuspensionType
 ) -> None:
-    turn = turn_in(status)
-    turn.block(SUSPENSIONS[kind])
+    turn = block(turn_in(status), SUSPENSIONS[kind])
     assert (turn.status, turn.suspension) == (WAITING[kind], SUSPENSIONS[kind])
 
 
@@ -185,7 +203,7 @@ def test_block_refuses_a_turn_that_waits_already() -> None:
     turn = turn_in(S.WAITING_FOR_USER)
     before = copy_turn(turn)
     with pytest.raises(IllegalTransition, match="WAIT_FOR_APPROVAL from status WAITING_FOR_USER"):
-        turn.block(SUSPENSIONS[SuspensionType.TOOL_APPROVAL])
+        block(turn, SUSPENSIONS[SuspensionType.TOOL_APPROVAL])
     assert turn == before
 
 
@@ -193,8 +211,7 @@ def test_block_refuses_a_turn_that_waits_already() -> None:
 def test_unblock_makes_the_turn_ready_in_the_suspensions_resume_phase(
     kind: SuspensionType,
 ) -> None:
-    turn = turn_in(WAITING[kind])
-    turn.unblock()
+    turn = unblock(turn_in(WAITING[kind]))
     assert (turn.status, turn.phase, turn.suspension) == (
         S.READY,
         SUSPENSIONS[kind].resume_phase,
@@ -207,7 +224,7 @@ def test_unblock_refuses_a_turn_that_does_not_wait(status: TurnStatus) -> None:
     turn = turn_in(status)
     before = copy_turn(turn)
     with pytest.raises(IllegalTransition, match=f"no transition RESUME from status {status}"):
-        turn.unblock()
+        unblock(turn)
     assert turn == before
 
 
@@ -217,8 +234,7 @@ def test_unblock_refuses_a_turn_that_does_not_wait(status: TurnStatus) -> None:
     ids=str,
 )
 def test_finish_ends_a_running_turn(ending: Transition, to: TurnStatus) -> None:
-    turn = turn_in(S.RUNNING)
-    turn.finish(ending, "why")
+    turn = finish(turn_in(S.RUNNING), ending, "why")
     assert (turn.status, turn.phase, turn.error, turn.suspension) == (
         to,
         Phase.FINISHED,
@@ -237,7 +253,7 @@ def test_finish_refuses_a_turn_that_is_not_running(status: TurnStatus, ending: T
     turn = turn_in(status)
     before = copy_turn(turn)
     with pytest.raises(IllegalTransition, match=f"no transition {ending} from status {status}"):
-        turn.finish(ending)
+        finish(turn, ending)
     assert turn == before
 
 
@@ -246,7 +262,7 @@ def test_finish_refuses_a_transition_that_ends_nothing(transition: Transition) -
     turn = turn_in(S.RUNNING)
     before = copy_turn(turn)
     with pytest.raises(IllegalTransition, match=f"no transition {transition} from status RUNNING"):
-        turn.finish(transition)
+        finish(turn, transition)
     assert turn == before
 
 

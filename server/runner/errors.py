@@ -234,10 +234,11 @@ class Fenced(StoreError):
 
 
 class IllegalTransition(InternalError):
-    """The runner asked a turn in ``status`` to take a ``transition`` that
-    :data:`server.runner.turn.TRANSITIONS` does not allow: a bug in the
-    runner (or in a caller of ``Runner.suspend``), never the peer's fault.
-    The turn is unchanged."""
+    """The runner fed a turn in ``status`` a ``transition`` (or an event of
+    :mod:`server.runner.machine`, by name) that
+    :data:`server.runner.turn.TRANSITIONS` or the machine's table does not
+    allow: a bug in the runner (or in a caller of ``Runner.suspend``), never
+    the peer's fault. The turn is unchanged."""
 
     def __init__(self, turn_id: str, status: str, transition: str) -> None:
         super().__init__(turn_id, status, transition)

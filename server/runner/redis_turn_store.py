@@ -133,6 +133,7 @@ import msgspec
 
 from server.errors import StoreUnavailable
 from server.runner.errors import Fenced, TurnExists, TurnNotFound, VersionConflict
+from server.runner.machine import as_stored
 from server.runner.turn import Turn, TurnStatus
 from server.runner.turn_store import Claim, Lease, TurnStore, Waiter
 from server.store.base import Rider
@@ -469,7 +470,7 @@ class RedisTurnStore(TurnStore):
     # ─── Turns ───────────────────────────────────────────────────────────
 
     async def create(self, turn: Turn) -> Turn:
-        created = msgspec.structs.replace(turn, version=1, cancel_requested=False)
+        created = as_stored(turn, version=1, cancel_requested=False)
         payload = _encoder.encode(created)
         keys = [self._turn_key(turn.id), self._status_key(turn.status)]
         args = [payload, turn.status.value, turn.phase.value, turn.id]
@@ -485,11 +486,10 @@ class RedisTurnStore(TurnStore):
         if payload is None:
             raise TurnNotFound(turn_id)
         turn = _decoder.decode(payload)
-        turn.version, turn.cancel_requested = int(version), cancel == b"1"
-        return turn
+        return as_stored(turn, version=int(version), cancel_requested=cancel == b"1")
 
     async def save(self, turn: Turn, *, lease: Lease | None = None) -> Turn:
-        saved = msgspec.structs.replace(turn, version=turn.version + 1, cancel_requested=False)
+        saved = as_stored(turn, version=turn.version + 1, cancel_requested=False)
         payload = _encoder.encode(saved)
         token = "" if lease is None else lease.token
         args = [
@@ -510,8 +510,7 @@ class RedisTurnStore(TurnStore):
             assert lease is not None
             raise Fenced(turn.id, lease.token)
         result = _decoder.decode(payload)
-        result.version, result.cancel_requested = int(out[1]), bool(out[2])
-        return result
+        return as_stored(result, version=int(out[1]), cancel_requested=bool(out[2]))
 
     async def save_runnable(self, turn: Turn, now: float, *, started: Turn | None = None) -> Turn:
         call, payload, running = self._runnable_call(turn, now, started)
@@ -530,12 +529,12 @@ class RedisTurnStore(TurnStore):
         self, turn: Turn, now: float, started: Turn | None
     ) -> tuple[tuple[list[str], list[Any]], bytes, bytes]:
         """The SAVE_RUNNABLE script's keys and args, and the payloads."""
-        saved = msgspec.structs.replace(turn, version=turn.version + 1, cancel_requested=False)
+        saved = as_stored(turn, version=turn.version + 1, cancel_requested=False)
         payload = _encoder.encode(saved)
         running = b""
         if started is not None:
             running = _encoder.encode(
-                msgspec.structs.replace(started, version=turn.version + 1, cancel_requested=False)
+                as_stored(started, version=turn.version + 1, cancel_requested=False)
             )
         keys = [
             self._turn_key(turn.id),
@@ -643,8 +642,9 @@ class RedisTurnStore(TurnStore):
         try:
             if not isinstance(payload, bytes):
                 raise TypeError("the record has no payload")
-            turn = _decoder.decode(payload)
-            turn.version, turn.cancel_requested = int(version), cancel
+            turn = as_stored(
+                _decoder.decode(payload), version=int(version), cancel_requested=cancel
+            )
         except UNDECODABLE as error:
             await self._park(lease, str(error))
             return None
@@ -752,5 +752,4 @@ def _runnable_saved(turn: Turn, out: Any, payload: bytes, running: bytes) -> Tur
     if int(out[0]) == 0:
         raise VersionConflict(turn.id, turn.version, int(out[1]))
     result = _decoder.decode(running if int(out[3]) else payload)
-    result.version, result.cancel_requested = int(out[1]), bool(out[2])
-    return result
+    return as_stored(result, version=int(out[1]), cancel_requested=bool(out[2]))

@@ -1,18 +1,11 @@
 """The durable runner: turns that wait for people and resume anywhere.
 
-A turn advances in steps, and every step that matters is saved before the
-next begins (compare-and-set on the turn's version; fenced by the lease of
-whoever executes it):
-
-- MODEL: the model is asked; its reply is saved with every tool call it
-  makes as pending, before any of them runs;
-- TOOLS: each pending call runs in order and its result is saved on its own,
-  so a crash never runs a finished tool again. ``request_user_input`` is a
-  control tool: it suspends the turn for a form (USER_INPUT) instead of
-  running. The approval policy may suspend a call (TOOL_APPROVAL) or deny
-  it. A tool may raise FormRequired (USER_INPUT, then it runs again from the
-  start with the data) or TransientError (RETRY, with backoff). A tool with
-  a child agent starts a child turn and the parent waits (CHILD_AGENT).
+A turn advances in steps, MODEL and TOOLS, each that matters saved before
+the next begins (compare-and-set on the turn's version; fenced by the lease
+of whoever executes it): :mod:`server.runner.execution` runs them. Every
+change of a turn's fields is an event of :mod:`server.runner.machine`, the
+only writer of a turn; the runner and its execution feed it events, save
+what it returns and run its effects.
 
 What a wait for people is, what an answer must fit and what it does are
 the rules of :mod:`server.runner.approvals` and :mod:`server.runner.user_input`
@@ -44,52 +37,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
-import inspect
-import json
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import msgspec
 
 from server.errors import HuddleError, StoreError, StoreUnavailable
 from server.runner import approvals, user_input
-from server.runner.agent import Agent, Outcome, Tool
-from server.runner.context import ToolContext, enter, leave, lender
-from server.runner.errors import (
-    Fenced,
-    FormRequired,
-    ModelUnavailable,
-    TransientError,
-    UnknownAgent,
-    VersionConflict,
-    WaitExpired,
-)
+from server.runner.agent import Agent
 from server.runner.errors import ResumeRejected as ResumeRejected
 from server.runner.errors import TurnBusy as TurnBusy
+from server.runner.errors import (
+    UnknownAgent,
+    VersionConflict,
+)
 from server.runner.events import EventType, Listener, RunnerEvent, notify
+from server.runner.execution import Execution
+from server.runner.execution import retry_after_seconds as retry_after_seconds
 from server.runner.ids import child_turn_id
 from server.runner.loader import AgentCatalog, AgentLoader, load_for_turn
-from server.runner.model import ToolSpec
+from server.runner.machine import (
+    Blocked,
+    Resumed,
+    Started,
+    advance,
+)
 from server.runner.port import ChatPort, NullPort
 from server.runner.turn import (
     Audit,
     ModelMessage,
     ParentLink,
     PendingCall,
-    Phase,
     ResumeCommand,
     Suspension,
     SuspensionType,
-    ToolCall,
-    Transition,
     Turn,
     TurnStatus,
-    result_text,
 )
 from server.runner.turn_store import Lease, TurnStore
 from server.runner.user_input import REQUEST_USER_INPUT as REQUEST_USER_INPUT
@@ -111,15 +98,6 @@ class PreparedResume:
     started: Turn
     mark: Audit
     command: ResumeCommand
-
-
-class _Stop(Exception):
-    """Internal: the turn is blocked or terminal (``turn``, as saved); stop
-    advancing."""
-
-    def __init__(self, turn: Turn) -> None:
-        super().__init__(turn.id)
-        self.turn = turn
 
 
 class Runner:
@@ -161,6 +139,7 @@ class Runner:
         self._background: set[asyncio.Task[None]] = set()
         self._cancelled: dict[str, asyncio.Event] = {}
         """The cancel signal of each turn this runner executes now."""
+        self.execution = Execution(self)
 
     def agent(self, name: str) -> Agent:
         """The active version of agent ``name`` (what new turns get)."""
@@ -174,7 +153,7 @@ class Runner:
         UnknownAgent or AgentVersionGone."""
         return load_for_turn(self.loader, turn.agent, turn.agent_version)
 
-    def _emit(self, type_: EventType, turn: Turn, **data: Any) -> None:
+    def emit(self, type_: EventType, turn: Turn, **data: Any) -> None:
         notify(self.listeners, RunnerEvent(type_, turn.id, data))
 
     # ─── Starting ────────────────────────────────────────────────────────
@@ -268,8 +247,8 @@ class Runner:
         (:mod:`server.core.forms`), and a resume made here in code, by the
         agent's own process, is trusted code, like calling the tool itself.
 
-        ``loaded`` is the turn as the caller last read it (it may be stale,
-        and is changed here): it spares a load when it is still current;
+        ``loaded`` is the turn as the caller last read it (it may be
+        stale): it spares a load when it is still current;
         a save of a stale one fails and the resume is decided again on the
         turn as it is, and a refusal is only ever decided on a fresh load."""
         return await self._apply_resume(turn_id, command, loaded=loaded, runnable=True)
@@ -288,14 +267,14 @@ class Runner:
             loaded = None
             try:
                 self._check_resume(turn, command)
-                self._resume_changes(turn, command)
+                turn = self._resume_changes(turn, command)
             except ResumeRejected:
                 if fresh:
                     raise
                 continue  # the caller's copy may be stale: refuse only on what is there
             try:
                 if runnable:
-                    started = _started(turn)
+                    started = _started(turn, self.clock())
                     saved = await self.store.save_runnable(turn, self.clock(), started=started)
                 else:
                     saved = await self.store.save(turn)
@@ -304,20 +283,21 @@ class Runner:
             except StoreUnavailable:
                 # The save may have landed all the same (its answer lost):
                 # the turn then resumes, and its listeners must hear of it.
-                self._in_background(self._read_back(turn_id, turn.audit[-1], command))
+                self.in_background(self._read_back(turn_id, turn.audit[-1], command))
                 raise
             self._resumed(saved, turn.audit[-1], command)
             return saved
 
     def prepare_resume(self, turn: Turn, command: ResumeCommand) -> PreparedResume:
-        """``command`` applied to ``turn`` (a copy read ahead, changed here),
-        as :meth:`submit_resume` would save it, for a caller that saves it
+        """``command`` applied to ``turn`` (a copy read ahead), as
+        :meth:`submit_resume` would save it, for a caller that saves it
         another way (a rider on the chat's append: server.runner.bridge)
         and then tells :meth:`resumed`. Raises ResumeRejected, which on a
         copy read ahead may be stale: decide again with submit_resume."""
         self._check_resume(turn, command)
-        self._resume_changes(turn, command)
-        return PreparedResume(turn, _started(turn), turn.audit[-1], command)
+        resumed = self._resume_changes(turn, command)
+        started = _started(resumed, self.clock())
+        return PreparedResume(resumed, started, resumed.audit[-1], command)
 
     def resumed(self, saved: Turn, prepared: PreparedResume) -> None:
         """``prepared`` was saved (as ``saved``) by its caller."""
@@ -326,10 +306,10 @@ class Runner:
     def read_back(self, turn_id: str, prepared: PreparedResume) -> None:
         """Whether ``prepared`` was saved is unknown (the answer lost): its
         listeners hear of it if the turn shows it saved."""
-        self._in_background(self._read_back(turn_id, prepared.mark, prepared.command))
+        self.in_background(self._read_back(turn_id, prepared.mark, prepared.command))
 
     def _resumed(self, saved: Turn, mark: Audit, command: ResumeCommand) -> None:
-        self._emit(
+        self.emit(
             EventType.TURN_RESUMED, saved, command=command.type.value, chat=saved.chat, resume=mark
         )
 
@@ -355,7 +335,7 @@ class Runner:
         if mark in turn.audit:
             self._resumed(turn, mark, command)
 
-    def _in_background(self, work: Awaitable[None]) -> None:
+    def in_background(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background_done)
@@ -412,34 +392,37 @@ class Runner:
         if command.type == SuspensionType.CHILD_AGENT:
             _child_call(turn, command.correlation_id)
 
-    def _resume_changes(self, turn: Turn, command: ResumeCommand) -> None:
+    def _resume_changes(self, turn: Turn, command: ResumeCommand) -> Turn:
+        """``turn`` as ``command`` (checked) resumes it: READY again."""
         suspension = turn.suspension
         assert suspension is not None
-        turn.audit.append(
-            Audit(
-                command=command.type.value,
-                correlation_id=command.correlation_id,
-                metadata=command.metadata,
-                at=self.clock(),
-            )
+        at = self.clock()
+        mark = Audit(
+            command=command.type.value,
+            correlation_id=command.correlation_id,
+            metadata=command.metadata,
+            at=at,
         )
         call_id = command.correlation_id
+        event = Resumed(at=at, mark=mark)
         if command.failure is not None:
-            turn.failing = command.failure
+            event = Resumed(at=at, mark=mark, failing=command.failure)
         elif suspension.is_plain_question:
-            turn.messages.append(user_input.plain_answer(command))
+            event = Resumed(at=at, mark=mark, message=user_input.plain_answer(command))
         elif command.type == SuspensionType.USER_INPUT:
             form = suspension.form
             assert form is not None
-            _set_call(turn, user_input.answered(_require_call(turn, call_id), form, command))
+            answered = user_input.answered(_require_call(turn, call_id), form, command)
+            event = Resumed(at=at, mark=mark, call=answered)
         elif command.type == SuspensionType.TOOL_APPROVAL:
-            _set_call(turn, approvals.answered(_require_call(turn, call_id), command))
+            answered = approvals.answered(_require_call(turn, call_id), command)
+            event = Resumed(at=at, mark=mark, call=answered)
         elif command.type == SuspensionType.CHILD_AGENT:
             pending = _child_call(turn, call_id)
             finished = {"status": command.child_status, "output": command.child_output}
-            _set_call(turn, pending.with_result(finished))
-        turn.unblock()
-        turn.updated_at = self.clock()
+            event = Resumed(at=at, mark=mark, call=pending.with_result(finished))
+        resumed, _ = advance(turn, event)
+        return resumed
 
     async def cancel(self, turn_id: str) -> Turn:
         """Ask to cancel: a flag no save clears. A blocked turn is ended by
@@ -478,10 +461,11 @@ class Runner:
             with contextlib.suppress(HuddleError):
                 default = self.agent_for(turn).input_expiry
                 suspension = msgspec.structs.replace(suspension, expiry=default)
-        turn.block(suspension)
-        turn.updated_at = self.clock()
+        # Not through the executing pump's effects: no lease to save under,
+        # and a question is shown at once (a RETRY is not queued here).
+        turn, _ = advance(turn, Blocked(at=self.clock(), suspension=suspension))
         saved = await self.store.save(turn)
-        self._emit(EventType.TURN_SUSPENDED, saved, type=suspension.type.value)
+        self.emit(EventType.TURN_SUSPENDED, saved, type=suspension.type.value)
         await self.port.input_requested(saved, suspension)
         return saved
 
@@ -540,11 +524,11 @@ class Runner:
             if turn.cancel_requested:
                 cancelled.set()
             try:
-                advanced = await self._advance(turn, lease, cancelled, running)
+                advanced = await self.execution.run_leased(turn, lease, cancelled, running)
             except (StoreError, asyncio.CancelledError):
                 raise
             except Exception as error:
-                advanced = await self._attempt_failed(lease, error)
+                advanced = await self.execution.attempt_failed(lease, error)
         finally:
             if self._cancelled.get(lease.turn_id) is cancelled:
                 del self._cancelled[lease.turn_id]
@@ -567,412 +551,12 @@ class Runner:
             if await self.store.cancel_requested(lease.turn_id):
                 cancelled.set()
 
-    async def _advance(
-        self, turn: Turn, lease: Lease, cancelled: asyncio.Event, running: bool = False
-    ) -> Turn:
-        if turn.is_terminal:
-            return turn
-        if turn.status == TurnStatus.RETRY_SCHEDULED:
-            due = turn.suspension.due_at if turn.suspension else None
-            if due is not None and due > self.clock() and not turn.cancel_requested:
-                # Claimed early (by id, or as an expired lease), which took it
-                # off the queue: put it back for its time and keep the backoff.
-                await self.store.make_runnable(turn.id, due)
-                return turn
-        elif turn.is_blocked and not turn.cancel_requested:
-            return turn
-        taken_over = turn.status == TurnStatus.RUNNING and not running
-        try:
-            if turn.cancel_requested:
-                turn.start()  # a cancel needs no agent: end it before looking one up
-                await self._finish(turn, lease, Transition.CANCEL)
-            if turn.failing is not None:
-                turn.start()  # a wait that can never be answered: nothing runs
-                await self._finish(turn, lease, Transition.FAIL, turn.failing)
-            agent = self.agent_for(turn)
-            if taken_over:
-                await self._take_over(turn, lease)
-            if not running:
-                turn.start()
-                turn = await self._save(turn, lease)
-            elif lease.until - self.clock() < self.lease_seconds * 2 / 3:
-                # Handed over started, but taken up late (this process was
-                # busy): make sure the lease is still ours before anything
-                # happens (the save is fenced).
-                turn = await self._save(turn, lease)
-            self._emit(EventType.TURN_STARTED, turn)
-            await self.port.turn_started(turn)
-            if taken_over:
-                await self.port.turn_taken_over(turn)
-            while True:
-                if cancelled.is_set() or turn.cancel_requested:
-                    await self._finish(turn, lease, Transition.CANCEL)
-                if turn.phase == Phase.MODEL:
-                    turn = await self._model_step(agent, turn, lease)
-                else:
-                    turn = await self._tools_step(agent, turn, lease, cancelled)
-        except _Stop as stop:
-            return stop.turn
-
-    async def _save(self, turn: Turn, lease: Lease) -> Turn:
-        turn.updated_at = self.clock()
-        return await self.store.save(turn, lease=lease)
-
-    # ─── Failed attempts ─────────────────────────────────────────────────
-
-    async def _take_over(self, turn: Turn, lease: Lease) -> None:
-        """``turn`` was RUNNING when claimed: the worker that ran it died or
-        stalled. That is a failed attempt; the max_attempts-th fails the
-        turn (raises _Stop), else it carries on here."""
-        turn.attempts += 1
-        reason = "its worker stopped before the step was saved"
-        turn.last_error = reason
-        self._emit(EventType.TURN_TAKEN_OVER, turn, attempt=turn.attempts, phase=turn.phase.value)
-        if turn.attempts >= self.max_attempts:
-            await self._finish(
-                turn,
-                lease,
-                Transition.FAIL,
-                f"gave up after {turn.attempts} attempts in a row: {reason}"
-                + (f" (in {_running_call(turn)})" if _running_call(turn) else ""),
-            )
-
-    async def _attempt_failed(self, lease: Lease, error: Exception) -> Turn:
-        """Record ``error`` as a failed attempt of the leased turn: schedule
-        it again with backoff, or fail it at ``max_attempts``."""
-        log.warning("turn %s: attempt failed: %s", lease.turn_id, error, exc_info=error)
-        turn = await self.store.load(lease.turn_id)
-        if turn.is_terminal or (turn.is_blocked and turn.status != TurnStatus.RETRY_SCHEDULED):
-            return turn  # it got where it was going; the error came after
-        turn.attempts += 1
-        turn.last_error = str(error) or type(error).__name__
-        self._emit(
-            EventType.ATTEMPT_FAILED,
-            turn,
-            attempt=turn.attempts,
-            error=turn.last_error,
-            kind=type(error).__name__,
-        )
-        if turn.status != TurnStatus.RUNNING:
-            turn.start()
-        try:
-            if turn.attempts >= self.max_attempts:
-                await self._finish(
-                    turn,
-                    lease,
-                    Transition.FAIL,
-                    f"gave up after {turn.attempts} attempts in a row: {turn.last_error}",
-                )
-            delay = self.attempt_backoff * 2 ** (turn.attempts - 1)
-            suspension = Suspension(
-                type=SuspensionType.RETRY,
-                message=f"attempt {turn.attempts} failed: {turn.last_error}",
-                resume_phase=turn.phase,
-                due_at=self.clock() + delay,
-                metadata={"attempt": turn.attempts, "of": self.max_attempts, "delay": delay},
-            )
-            await self._block(turn, lease, suspension)
-        except _Stop as stop:
-            return stop.turn
-
-    async def _finish(
-        self, turn: Turn, lease: Lease, ending: Transition, error: str | None = None
-    ) -> NoReturn:
-        turn.finish(ending, error)
-        turn = await self._save(turn, lease)
-        kind = {
-            Transition.COMPLETE: EventType.TURN_COMPLETED,
-            Transition.CANCEL: EventType.TURN_CANCELLED,
-        }.get(ending, EventType.TURN_FAILED)
-        self._emit(kind, turn, status=turn.status.value, error=error)
-        await self.port.turn_finished(turn)
-        if ending == Transition.CANCEL:
-            for child_id in turn.children:
-                with contextlib.suppress(HuddleError):
-                    await self.cancel(child_id)
-        if turn.parent is not None:
-            await self._wake_parent(turn)
-        raise _Stop(turn)
-
-    async def _wake_parent(self, child: Turn) -> None:
+    async def wake_parent(self, child: Turn) -> None:
+        """Resume the parent of ``child`` (ended) with its outcome."""
         assert child.parent is not None
         command = ResumeCommand.child_completed(child.id, child.status.value, child.output)
         with contextlib.suppress(ResumeRejected):
             await self.submit_resume(child.parent.turn_id, command)
-
-    async def _block(self, turn: Turn, lease: Lease, suspension: Suspension) -> NoReturn:
-        turn.block(suspension)
-        turn = await self._save(turn, lease)
-        self._emit(EventType.TURN_SUSPENDED, turn, type=suspension.type.value)
-        if suspension.type == SuspensionType.RETRY and suspension.due_at is not None:
-            await self.store.make_runnable(turn.id, suspension.due_at)
-        raise _Stop(turn)
-
-    async def _retry_later(
-        self,
-        agent: Agent,
-        turn: Turn,
-        lease: Lease,
-        error: str,
-        not_before: float | None = None,
-    ) -> NoReturn:
-        """Schedule a transient failure's retry with backoff, or, out of
-        retries, fail the turn. ``not_before`` is a wait the failure asked
-        for (a model API's ``Retry-After``): the backoff is never shorter."""
-        if turn.retry_attempts >= agent.max_retries:
-            await self._finish(turn, lease, Transition.FAIL, f"gave up: {error}")
-        delay = max(agent.retry_backoff * (2**turn.retry_attempts), not_before or 0.0)
-        turn.retry_attempts += 1
-        self._emit(EventType.RETRY_SCHEDULED, turn, delay=delay, error=error)
-        suspension = Suspension(
-            type=SuspensionType.RETRY,
-            message=error,
-            resume_phase=turn.phase,
-            due_at=self.clock() + delay,
-            metadata={"attempt": turn.retry_attempts},
-        )
-        await self._block(turn, lease, suspension)
-
-    # ─── The model ───────────────────────────────────────────────────────
-
-    async def _model_step(self, agent: Agent, turn: Turn, lease: Lease) -> Turn:
-        if turn.iterations >= agent.max_iterations:
-            await self._finish(turn, lease, Transition.REACH_MAX_ITERATIONS)
-
-        async def on_text(delta: str) -> None:
-            await self.port.text(turn, delta)
-
-        try:
-            reply = await agent.model.complete(turn.messages, _tool_specs(agent), on_text)
-        except TransientError as error:
-            wait = retry_after_seconds(error, self.clock())
-            await self._retry_later(agent, turn, lease, f"model: {error}", wait)
-        except Exception as error:
-            log.exception("model failed in turn %s", turn.id)
-            await self._finish(turn, lease, Transition.FAIL, f"model failed: {error}")
-        turn.iterations += 1
-        turn.retry_attempts = turn.attempts = 0
-        turn.messages.append(
-            ModelMessage(role="assistant", content=reply.text, tool_calls=reply.tool_calls or None)
-        )
-        self._emit(EventType.MODEL_REPLIED, turn, tool_calls=len(reply.tool_calls))
-        if reply.tool_calls:
-            turn.pending = [PendingCall(call=call) for call in reply.tool_calls]
-            turn.phase = Phase.TOOLS
-            return await self._save(turn, lease)  # every call saved before any runs
-        turn.output = reply.text
-        await self._finish(turn, lease, Transition.COMPLETE)
-
-    # ─── Tools ───────────────────────────────────────────────────────────
-
-    async def _tools_step(
-        self, agent: Agent, turn: Turn, lease: Lease, cancelled: asyncio.Event
-    ) -> Turn:
-        for index, pending in enumerate(turn.pending):
-            if pending.result is not None:
-                continue
-            if cancelled.is_set():
-                return turn  # the loop ends it
-            result = await self._call(agent, turn, lease, pending, cancelled)
-            turn.pending[index] = msgspec.structs.replace(turn.pending[index], result=result)
-            turn.retry_attempts = turn.attempts = 0
-            turn = await self._save(turn, lease)  # each result on its own
-        for pending in turn.pending:
-            turn.messages.append(
-                ModelMessage(role="tool", content=pending.result, tool_call_id=pending.call.id)
-            )
-        turn.pending = []
-        turn.phase = Phase.MODEL
-        # Not saved on its own: it follows from what is saved (every
-        # result), and the model step's next save carries it. A crash before
-        # that comes back here with every result and moves on the same way.
-        return turn
-
-    async def _call(
-        self,
-        agent: Agent,
-        turn: Turn,
-        lease: Lease,
-        pending: PendingCall,
-        cancelled: asyncio.Event,
-    ) -> str:
-        """Run one pending call and return its result; suspends (raises
-        _Stop) when it must wait."""
-        call = pending.call
-        if call.name == REQUEST_USER_INPUT:
-            asked = user_input.requested_form(agent, call)
-            if isinstance(asked, str):
-                return asked  # no such form: the model reads why
-            await self._ask_for_input(turn, lease, call, asked)
-        tool = agent.tool(call.name)
-        if tool is None:
-            return result_text({"status": "error", "message": f"there is no tool {call.name!r}"})
-        # The budget first: nobody is asked to approve a call that would not run.
-        if turn.tool_calls_made >= agent.max_tool_calls:
-            await self._finish(turn, lease, Transition.EXCEED_BUDGET)
-        denied = await self._approve(agent, turn, lease, pending, tool)
-        if denied is not None:
-            return denied
-        if tool.child is not None:
-            turn.tool_calls_made += 1  # a child turn is a call, saved as it starts
-            await self._spawn_child(turn, lease, call, tool.child)
-        await self.port.tool_started(turn, call, tool)
-        self._emit(EventType.TOOL_STARTED, turn, call_id=call.id, tool=tool.name)
-        return await self._run_tool(agent, turn, lease, pending, tool, cancelled)
-
-    async def _run_tool(
-        self,
-        agent: Agent,
-        turn: Turn,
-        lease: Lease,
-        pending: PendingCall,
-        tool: Tool,
-        cancelled: asyncio.Event,
-    ) -> str:
-        call = pending.call
-        port = self.port
-
-        def progress(message: str, data: dict[str, Any]) -> None:
-            self._emit(EventType.TOOL_PROGRESS, turn, call_id=call.id, message=message)
-            self._in_background(port.tool_progress(turn, call, message, data))
-
-        context = ToolContext(
-            turn_id=turn.id,
-            root_turn_id=turn.root_turn_id,
-            parent_turn_id=turn.parent.turn_id if turn.parent else None,
-            agent_id=agent.name,
-            agent_version=turn.agent_version,
-            tool=tool,
-            tool_call=call,
-            submitted_form_data=dict(pending.form_data or {}),
-            form_submitted=pending.form_data is not None,
-            chat=turn.chat,
-            chat_turn=turn.chat_turn,
-            chat_turn_stamp=turn.chat_turn_stamp,
-            port=self.port,
-            model=agent.model,
-            input_expiry=agent.input_expiry,
-            _progress=progress,
-            _cancelled=cancelled.is_set,
-            _lend=lender(),
-        )
-        token = enter(context)
-        try:
-            assert tool.function is not None, f"tool {tool.name} has no function"
-            value = tool.function(dict(call.arguments))
-            if inspect.isawaitable(value):
-                value = await value
-        except FormRequired as needed:
-            if pending.form_asked:
-                again = user_input.asked_again(tool, needed)
-                await self._finish(turn, lease, Transition.FAIL, again)
-            _set_call(turn, user_input.form_asked(pending))
-            asked = user_input.required_form(agent, call, needed)
-            await self._ask_for_input(turn, lease, call, asked)
-        except WaitExpired as error:
-            self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=False)
-            await self._finish(turn, lease, Transition.FAIL, str(error))
-        except TransientError as error:
-            await self._retry_later(agent, turn, lease, f"tool {tool.name}: {error}")
-        except (_Stop, Fenced, VersionConflict):
-            raise
-        except Exception as error:
-            self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=False)
-            result = result_text({"status": "error", "message": str(error)})
-            turn.tool_calls_made += 1
-            await self.port.tool_finished(turn, call, result, False)
-            return result
-        finally:
-            leave(token)
-        turn.tool_calls_made += 1
-        result = result_text(value)
-        self._emit(EventType.TOOL_COMPLETED, turn, call_id=call.id, success=True)
-        await self.port.tool_finished(turn, call, result, True)
-        return result
-
-    async def _spawn_child(
-        self, turn: Turn, lease: Lease, call: ToolCall, child: Agent
-    ) -> NoReturn:
-        child_id = child_turn_id(turn.id, call.id)
-        task = call.arguments.get("task")
-        message = task if isinstance(task, str) else json.dumps(call.arguments)
-        chat = await self.port.child_chat(turn, call, child_id)
-        link = ParentLink(turn_id=turn.id, call_id=call.id, root_turn_id=turn.root_turn_id)
-        child_turn = self.new_turn(
-            child, message, turn_id=child_id, chat=chat, chat_turn=child_id, parent=link
-        )
-        with contextlib.suppress(HuddleError):
-            await self.store.create(child_turn)
-        turn.children.append(child_id)
-        suspension = Suspension(
-            type=SuspensionType.CHILD_AGENT,
-            correlation_id=child_id,
-            message=f"waiting for {child.name}",
-            resume_phase=Phase.TOOLS,
-        )
-        try:
-            await self._block(turn, lease, suspension)
-        finally:
-            await self.store.make_runnable(child_id, self.clock())
-
-    # ─── Waiting for people ──────────────────────────────────────────────
-
-    async def _approve(
-        self, agent: Agent, turn: Turn, lease: Lease, pending: PendingCall, tool: Tool
-    ) -> str | None:
-        """What the approval policy says of ``pending`` (see
-        :mod:`server.runner.approvals`): None when it may run, the tool
-        message when it is denied; suspends (raises _Stop) to ask a person."""
-        call = pending.call
-        decision = approvals.decide(agent, turn, pending, tool)
-        if decision.outcome == Outcome.REQUIRE_APPROVAL:
-            suspension = approvals.approval_suspension(call, tool, decision)
-            self._emit(EventType.TOOL_APPROVAL_REQUESTED, turn, call_id=call.id, code=decision.code)
-
-            async def show(saved: Turn) -> None:
-                await self.port.approval_requested(saved, call, tool, decision)
-
-            await self._block_then_show(turn, lease, suspension, show)
-        if decision.outcome == Outcome.DENY:
-            self._emit(EventType.TOOL_DENIED, turn, call_id=call.id, code=decision.code)
-            await self.port.tool_denied(turn, call, tool, decision)
-            return approvals.denied_result(decision)
-        return None
-
-    async def _ask_for_input(
-        self, turn: Turn, lease: Lease, call: ToolCall, suspension: Suspension
-    ) -> NoReturn:
-        """Wait on ``suspension`` for people to fill in the form of ``call``
-        (see :mod:`server.runner.user_input`)."""
-        assert suspension.form is not None
-        self._emit(EventType.TOOL_INPUT_REQUESTED, turn, call_id=call.id, form=suspension.form.key)
-
-        async def show(saved: Turn) -> None:
-            await self.port.input_requested(saved, suspension)
-
-        await self._block_then_show(turn, lease, suspension, show)
-
-    async def _block_then_show(
-        self,
-        turn: Turn,
-        lease: Lease,
-        suspension: Suspension,
-        show: Callable[[Turn], Awaitable[None]],
-    ) -> NoReturn:
-        """Block on ``suspension``, then show it to people: saved as waiting
-        before people see the question, so that an answer that comes at once
-        finds the turn waiting for it. When the save failed it is shown
-        anyway if it was made (a timeout can hide a save that happened)."""
-        try:
-            await self._block(turn, lease, suspension)
-        except _Stop as stop:
-            await show(stop.turn)
-            raise
-        except BaseException:
-            saved = await self.store.load(turn.id)
-            if saved.suspension == suspension:
-                await show(saved)
-            raise
 
     # ─── Recovery ────────────────────────────────────────────────────────
 
@@ -988,7 +572,7 @@ class Runner:
             child = await self.store.load(suspension.correlation_id)
             if child.is_terminal:
                 with contextlib.suppress(ResumeRejected):
-                    await self._wake_parent(child)
+                    await self.wake_parent(child)
                     woken += 1
         for turn_id in await self.store.by_status(TurnStatus.READY):
             await self.store.make_runnable(turn_id, self.clock())
@@ -996,42 +580,11 @@ class Runner:
         return woken
 
 
-def _tool_specs(agent: Agent) -> list[ToolSpec]:
-    specs = [ToolSpec(t.name, t.description, t.input_schema) for t in agent.tools]
-    control = user_input.request_user_input_spec(agent.forms)
-    return specs if control is None else [*specs, control]
-
-
-def retry_after_seconds(error: Exception, now: float) -> float | None:
-    """The seconds a model's ``Retry-After`` asks to wait (delta-seconds or
-    an HTTP date, RFC 9110), or None when it sent none or one that does not
-    parse."""
-    if not isinstance(error, ModelUnavailable) or error.retry_after is None:
-        return None
-    text = error.retry_after.strip()
-    if text.isdecimal():
-        return float(text)
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - now)
-
-
-def _started(turn: Turn) -> Turn:
+def _started(turn: Turn, at: float) -> Turn:
     """A runnable ``turn`` as the worker it is handed to starts it (its RUN
-    here, on a shallow copy: start() only sets fields); that worker saves
-    no start of its own."""
-    started = msgspec.structs.replace(turn)
-    started.start()
+    here); that worker saves no start of its own."""
+    started, _ = advance(turn, Started(at=at))
     return started
-
-
-def _running_call(turn: Turn) -> str | None:
-    """The tool the turn was running when it stopped (its first pending call
-    without a result), if any."""
-    running = next((p for p in turn.pending if p.result is None), None)
-    return None if running is None else f"tool {running.call.name}"
 
 
 def _require_call(turn: Turn, call_id: str | None) -> PendingCall:
@@ -1049,7 +602,3 @@ def _child_call(turn: Turn, child_id: str | None) -> PendingCall:
         if pending.result is None and child_turn_id(turn.id, pending.call.id) == child_id:
             return pending
     raise ResumeRejected(turn.id, f"no call of the turn waits for child turn {child_id!r}")
-
-
-def _set_call(turn: Turn, updated: PendingCall) -> None:
-    turn.pending = [updated if p.call.id == updated.call.id else p for p in turn.pending]

@@ -1,13 +1,13 @@
 """A durable turn: what the runner saves, with its status, phase and why it
-waits. Everything here is a msgspec Struct so that a turn is one JSON
+waits. Everything here is a frozen msgspec Struct so that a turn is one JSON
 document in any turn store; nothing here holds a callback.
 
-A turn's status changes only by a named :class:`Transition` that the table
-:data:`TRANSITIONS` (below the statuses) allows from the status it is in,
-through the turn's transition methods (:meth:`Turn.start`,
-:meth:`Turn.block`, :meth:`Turn.unblock`, :meth:`Turn.finish`); any other
-pair raises :class:`~server.runner.errors.IllegalTransition` (a bug) and
-leaves the turn as it was. In short: a READY turn is RUN (or blocked by
+A turn changes only by :func:`server.runner.machine.advance`, which makes
+the turn an event leaves. Its status moves only by a named
+:class:`Transition` that the table :data:`TRANSITIONS` (below the statuses)
+allows from the status it is in; any other pair raises
+:class:`~server.runner.errors.IllegalTransition` (a bug) and leaves the
+turn as it was. In short: a READY turn is RUN (or blocked by
 ``Runner.suspend``); a RUNNING one blocks (WAIT_FOR_USER, WAIT_FOR_APPROVAL,
 WAIT_FOR_CHILD, SCHEDULE_RETRY), ends (COMPLETE, FAIL, CANCEL,
 REACH_MAX_ITERATIONS, EXCEED_BUDGET), or is RUN again by the runner that
@@ -111,7 +111,7 @@ TRANSITIONS: dict[TurnStatus, dict[Transition, TurnStatus]] = {
 refused. A terminal status has no way out."""
 
 ENDINGS = frozenset({_T.COMPLETE, _T.FAIL, _T.CANCEL, _T.REACH_MAX_ITERATIONS, _T.EXCEED_BUDGET})
-"""The transitions :meth:`Turn.finish` takes."""
+"""The transitions that end a turn (the machine's ``Finished``)."""
 
 
 def next_status(turn_id: str, status: TurnStatus, transition: Transition) -> TurnStatus:
@@ -165,7 +165,7 @@ WAIT_FOR = {
 
 
 class Record(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Base of the runner's saved shapes (all frozen but the turn itself)."""
+    """Base of the runner's saved shapes (the turn itself is frozen too)."""
 
 
 # ─── What the model sees ─────────────────────────────────────────────────────
@@ -384,10 +384,13 @@ class ParentLink(Record, frozen=True):
     root_turn_id: str
 
 
-class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A turn as saved. ``version`` is the store's compare-and-set counter;
-    ``cancel_requested`` is a flag the store keeps apart from saves, so that
-    no save can clear it."""
+class Turn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A turn as saved, frozen: :func:`server.runner.machine.advance` makes
+    the turn each event leaves (and nothing else changes a field but
+    :func:`~server.runner.machine.as_stored`). ``version`` is the store's
+    compare-and-set counter; ``cancel_requested`` is a flag the store keeps
+    apart from saves, so that no save can clear it. Its lists are never
+    changed in place."""
 
     id: str
     agent: str
@@ -442,40 +445,9 @@ class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
     def call(self, call_id: str) -> PendingCall | None:
         return next((p for p in self.pending if p.call.id == call_id), None)
 
-    # ─── Transitions (the only writers of ``status``) ───────────────────
-
-    def start(self) -> None:
-        """RUNNING, holding no suspension: RUN, or RUN_TO_CANCEL for a
-        blocked turn whose cancel was requested. The caller checks that a
-        retry is due."""
-        blocked_to_cancel = self.is_blocked and self.cancel_requested
-        self._move(Transition.RUN_TO_CANCEL if blocked_to_cancel else Transition.RUN)
-        self.suspension = None
-
-    def block(self, suspension: Suspension) -> None:
-        """Wait on ``suspension``: the WAIT_FOR transition of its type."""
-        self._move(WAIT_FOR[suspension.type])
-        self.suspension = suspension
-
-    def unblock(self) -> None:
-        """RESUME: READY again, in the phase the suspension resumes in."""
-        suspension = self.suspension
-        self._move(Transition.RESUME)
-        assert suspension is not None, f"turn {self.id} is blocked without a suspension"
-        self.phase = suspension.resume_phase
-        self.suspension = None
-
-    def finish(self, ending: Transition, error: str | None = None) -> None:
-        """End the turn by one of the ENDINGS, with ``error`` when it failed."""
-        if ending not in ENDINGS:
-            raise IllegalTransition(self.id, self.status, ending)
-        self._move(ending)
-        self.phase, self.error, self.suspension = Phase.FINISHED, error, None
-
-    def _move(self, transition: Transition) -> None:
-        self.status = next_status(self.id, self.status, transition)
-
 
 def copy_turn(turn: Turn) -> Turn:
-    """A deep copy (turns are mutable while the runner works on them)."""
+    """A deep copy: a turn is frozen, but its lists are shared by the turns
+    :func:`~server.runner.machine.advance` derives from it, so a store that
+    holds one keeps a copy of its own."""
     return msgspec.json.decode(msgspec.json.encode(turn), type=Turn)

@@ -63,6 +63,7 @@ from server.runner.errors import Fenced as Fenced
 from server.runner.errors import TurnExists as TurnExists
 from server.runner.errors import TurnNotFound as TurnNotFound
 from server.runner.errors import VersionConflict as VersionConflict
+from server.runner.machine import as_stored
 from server.runner.turn import Turn, TurnStatus, copy_turn
 from server.store.base import Rider
 
@@ -260,14 +261,12 @@ class MemoryTurnStore(TurnStore):
 
     def _decoded(self, held: _Held) -> Turn:
         turn = msgspec.json.decode(held.data, type=Turn)
-        turn.version, turn.cancel_requested = held.version, held.cancel
-        return turn
+        return as_stored(turn, version=held.version, cancel_requested=held.cancel)
 
     async def create(self, turn: Turn) -> Turn:
         if turn.id in self._turns:
             raise TurnExists(turn.id)
-        turn = copy_turn(turn)
-        turn.version = 1
+        turn = as_stored(copy_turn(turn), version=1, cancel_requested=turn.cancel_requested)
         self._turns[turn.id] = _Held(msgspec.json.encode(turn), 1, turn.status)
         return turn
 
@@ -282,15 +281,15 @@ class MemoryTurnStore(TurnStore):
             raise Fenced(turn.id, lease.token)
         if held.version != turn.version:
             raise VersionConflict(turn.id, turn.version, held.version)
-        saved = copy_turn(turn)
-        saved.version = held.version + 1
+        saved = as_stored(
+            copy_turn(turn), version=held.version + 1, cancel_requested=turn.cancel_requested
+        )
         held.data, held.version, held.status = (
             msgspec.json.encode(saved),
             saved.version,
             turn.status,
         )
-        saved.cancel_requested = held.cancel
-        return saved
+        return as_stored(saved, version=saved.version, cancel_requested=held.cancel)
 
     async def save_runnable(self, turn: Turn, now: float, *, started: Turn | None = None) -> Turn:
         held = self._held(turn.id)

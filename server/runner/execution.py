@@ -30,7 +30,7 @@ import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, NoReturn, assert_never
+from typing import Any, NoReturn, Protocol, assert_never
 
 from server.errors import HuddleError
 from server.runner import approvals, user_input
@@ -69,6 +69,7 @@ from server.runner.machine import (
     advance,
 )
 from server.runner.model import ToolSpec
+from server.runner.port import ChatPort
 from server.runner.turn import (
     ParentLink,
     PendingCall,
@@ -81,11 +82,44 @@ from server.runner.turn import (
     TurnStatus,
     result_text,
 )
-from server.runner.turn_store import Lease
+from server.runner.turn_store import Lease, TurnStore
 from server.runner.user_input import REQUEST_USER_INPUT
 
-if TYPE_CHECKING:
-    from server.runner.runner import Runner
+
+class Runner(Protocol):
+    """What the execution needs of the runner it works for
+    (server.runner.runner.Runner is one), named here so that the two
+    modules do not import each other."""
+
+    store: TurnStore
+    port: ChatPort
+    clock: Callable[[], float]
+    max_attempts: int
+    attempt_backoff: float
+    lease_seconds: float
+
+    def agent_for(self, turn: Turn) -> Agent: ...
+
+    def emit(self, type_: EventType, turn: Turn, **data: Any) -> None: ...
+
+    def new_turn(
+        self,
+        agent: Agent | str,
+        message: str,
+        *,
+        turn_id: str | None = None,
+        chat: str | None = None,
+        chat_turn: str | None = None,
+        chat_turn_stamp: str | None = None,
+        parent: ParentLink | None = None,
+    ) -> Turn: ...
+
+    def in_background(self, work: Awaitable[None]) -> None: ...
+
+    async def cancel(self, turn_id: str) -> Turn: ...
+
+    async def wake_parent(self, child: Turn) -> None: ...
+
 
 log = logging.getLogger("huddle.runner")
 

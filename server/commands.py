@@ -60,12 +60,11 @@ from protocol.messages import (
 from protocol.rejections import Rejection, RejectionCode
 from protocol.session import ActiveClient, RootState, SessionState, SessionSummary
 from protocol.uris import ROOT_URI, SESSION_SCHEME, BadChannelUri, channel_kind
-from protocol.wire import quoted
 from reducers.clock import iso_time
 from reducers.limits import json_bytes
 from reducers.notes import HUDDLE
 from reducers.validation import working_directories_problem
-from server.auth import ROLES, Grant, Identity, Role, TokenAuthority
+from server.auth import Grant, Identity, TokenAuthority
 from server.core import presence
 from server.core.audit import export as audit_export
 from server.core.channels import ChannelView, Subscriber
@@ -83,7 +82,8 @@ from server.core.policy import (
 )
 from server.core.sessions import new_chat, new_session, windowed
 from server.core.waiters import InputOutcome
-from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable
+from server.credentials import Credentials
+from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable, refused
 from server.metrics import Metrics
 from server.ratelimit import Budgets, NewClientIds
 
@@ -92,8 +92,6 @@ PAGE_SIZE = 100
 MAX_PAGE = 500
 """The largest page of ``listSessions`` (and no more than fit in what one
 answer may take: ``Rpc.frame_budget``)."""
-AGENT_CLAIM_TTL = 24 * 3600.0
-"""How long the agent token holds a client id it used (renewed on use)."""
 ACTION_COST = 1.0
 """What one action costs of its token's budget (the unit of every cost)."""
 READ_COST = 0.5
@@ -135,13 +133,19 @@ class Commands:
         client_ids: NewClientIds | None = None,
     ) -> None:
         self.host = host
-        self.client_ids = client_ids or NewClientIds()
-        self.authority = authority
+        self.credentials = Credentials(
+            host,
+            authority,
+            self.allow,
+            clock=lambda: self.clock(),  # one clock: tokens are verified by this one
+            default_ttl=default_ttl,
+            max_ttl=max_ttl,
+            client_ids=client_ids,
+        )
+        """Client ids claimed and tokens minted (server.credentials)."""
         self.metrics = metrics
         self.budgets = budgets
         self.clock = clock
-        self.default_ttl = default_ttl
-        self.max_ttl = max_ttl
         self.max_sessions = max_sessions
 
     # ─── Reaching channels ───────────────────────────────────────────────
@@ -600,87 +604,11 @@ class Commands:
             self.metrics.rejected(action_type(action))
             raise
 
-    async def claim_client(self, grant: Grant, client_id: str) -> None:
-        """Bind ``client_id`` to this token for as long as the token lives
-        (a day at a time for the agent token), across every process: a
-        client id is a connection's label, and two tokens never share one.
-        Raises MalformedFrame for an id over the id limit (it is kept nowhere,
-        and would ride in every envelope's ``origin``) or one with a control
-        character (server.core.channels.origin_key separates with one), CommandError when
-        another token holds it, or when a person's token started too many
-        lately (server.ratelimit.NewClientIds: each is kept for the
-        token's lifetime)."""
-        size, limit = len(client_id.encode()), self.host.sizes.id
-        if size > limit:
-            raise MalformedFrame(
-                ErrorCode.INVALID_PARAMS,
-                f"the clientId is {size:,} bytes; the limit is {limit:,}",
-                "$.clientId",
-            )
-        if (control := next((c for c in client_id if c < " " or c == "\x7f"), None)) is not None:
-            raise MalformedFrame(
-                ErrorCode.INVALID_PARAMS,
-                f"the clientId holds the control character U+{ord(control):04X}: a clientId "
-                "is a label, of printable characters",
-                "$.clientId",
-            )
-        try:
-            self.client_ids.claiming(grant, client_id)
-        except ActionRejected as rejected:
-            raise refused(rejected, "$.clientId") from None
-        now = self.clock()
-        ttl = AGENT_CLAIM_TTL if grant.expires_at is None else max(1.0, grant.expires_at - now)
-        holder = await self.host.store.claim(f"client:{client_id}", grant.token_id, ttl)
-        if holder is not None:
-            raise CommandError(
-                ErrorCode.PERMISSION_DENIED,
-                f"clientId {quoted(client_id)} belongs to another token: choose another",
-            )
-
     async def wait_input(self, grant: Grant, chat: str, request_id: str) -> InputOutcome:
         """Wait for an input request's outcome (bound it with a timeout)."""
         expect_kind(chat, "chat", "$.chat")
         await self.reach(grant, chat, "$.chat")
         return await self.host.wait_input(chat, request_id)
-
-    # ─── Tokens ──────────────────────────────────────────────────────────
-
-    def mint_token(
-        self,
-        grant: Grant,
-        role: Any,
-        *,
-        sessions: Any = None,
-        name: Any = None,
-        ttl: Any = None,
-    ) -> str:
-        """A token for ``role`` on ``sessions`` (all when None); arguments
-        as they came (MalformedFrame names the one at fault)."""
-        self.allow(grant, Command.MINT_TOKEN)
-        if role not in ROLES:
-            raise MalformedFrame(
-                ErrorCode.INVALID_PARAMS, f"role must be one of {', '.join(ROLES)}", "$.role"
-            )
-        if sessions is not None and not (
-            isinstance(sessions, list) and all(isinstance(s, str) for s in sessions)
-        ):
-            raise MalformedFrame(
-                ErrorCode.INVALID_PARAMS, "sessions must be a list of URIs", "$.sessions"
-            )
-        ttl = self.default_ttl if ttl is None else ttl
-        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= self.max_ttl:
-            raise MalformedFrame(
-                ErrorCode.INVALID_PARAMS,
-                f"ttl must be a number of seconds above 0 and at most {self.max_ttl:.0f}",
-                "$.ttl",
-            )
-        chosen: Role = role
-        return self.authority.mint(
-            chosen,
-            sessions=sessions,
-            name=name if isinstance(name, str) else None,
-            expires_at=self.clock() + float(ttl),
-        )
 
 
 def _fitting(items: Sequence[Any], budget: int) -> int:
@@ -693,19 +621,6 @@ def _fitting(items: Sequence[Any], budget: int) -> int:
             break
         fit += 1
     return fit
-
-
-def refused(rejected: ActionRejected, path: str) -> CommandError | MalformedFrame:
-    """A command refused as an action would be, as a command's error that
-    keeps the rejection's code in its message: ``forbidden`` is permission
-    denied (-32009); a budget spent or a cap reached (``rate-limited``,
-    ``too-many``) a conflict (-32011: the same request may do later); what
-    else the rules refuse is a bad argument at ``path`` (-32602)."""
-    if rejected.code == RejectionCode.FORBIDDEN:
-        return CommandError(ErrorCode.PERMISSION_DENIED, rejected.reason)
-    if rejected.code in (RejectionCode.RATE_LIMITED, RejectionCode.TOO_MANY):
-        return CommandError(ErrorCode.CONFLICT, rejected.reason)
-    return MalformedFrame(ErrorCode.INVALID_PARAMS, rejected.reason, path)
 
 
 _Struct = TypeVar("_Struct", bound=msgspec.Struct)

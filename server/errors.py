@@ -131,7 +131,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.rejections import Rejection
+from protocol.codec import MalformedFrame
+from protocol.messages import ErrorCode
+from protocol.rejections import Rejection, RejectionCode
 
 
 class HuddleError(Exception):
@@ -292,3 +294,16 @@ class Disconnected(HuddleError):
 class InternalError(Exception):
     """Base of the errors that are our bug: a broken invariant. Nothing
     catches them on purpose; they are logged with their traceback."""
+
+
+def refused(rejected: ActionRejected, path: str) -> CommandError | MalformedFrame:
+    """A command refused as an action would be, as a command's error that
+    keeps the rejection's code in its message: ``forbidden`` is permission
+    denied (-32009); a budget spent or a cap reached (``rate-limited``,
+    ``too-many``) a conflict (-32011: the same request may do later); what
+    else the rules refuse is a bad argument at ``path`` (-32602)."""
+    if rejected.code == RejectionCode.FORBIDDEN:
+        return CommandError(ErrorCode.PERMISSION_DENIED, rejected.reason)
+    if rejected.code in (RejectionCode.RATE_LIMITED, RejectionCode.TOO_MANY):
+        return CommandError(ErrorCode.CONFLICT, rejected.reason)
+    return MalformedFrame(ErrorCode.INVALID_PARAMS, rejected.reason, path)

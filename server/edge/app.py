@@ -615,7 +615,7 @@ async def _hang_up(request: Request) -> None:
 async def mint_token(request: Request, server: Server, grant: Grant) -> Response:
     server.commands.allow(grant, Command.MINT_TOKEN)
     body = await _body(request, server)
-    token = server.commands.mint_token(
+    token = server.commands.credentials.mint_token(
         grant,
         body.get("role"),
         sessions=body.get("sessions"),

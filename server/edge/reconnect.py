@@ -135,7 +135,7 @@ async def reconnect(
             )
     _at_most(rpc, len(set(params.subscriptions)))
     if rpc.client_id is None:
-        await rpc.commands.claim_client(rpc.grant, params.client_id)
+        await rpc.commands.credentials.claim_client(rpc.grant, params.client_id)
     reached = await reach_all(rpc, ((uri, "$.subscriptions") for uri in params.subscriptions))
     if rpc.client_id is None:
         left = rpc.retired_numbering(params.client_id)

@@ -31,7 +31,6 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
-import msgspec
 from msgspec.structs import replace
 
 from protocol.actions import ChatTurnsLoaded, SessionActiveClientRemoved, SessionActiveClientSet
@@ -66,10 +65,11 @@ from protocol.messages import (
     SubscribeResult,
 )
 from protocol.rejections import Rejection, RejectionCode
-from server.auth import Grant
-from server.commands import PAGE_MARGIN, Commands, not_found, refused
+from server.auth import Grant, Identity
+from server.commands import PAGE_MARGIN, Commands, not_found
 from server.config import Limits
 from server.edge.connection import CLOSE_NORMAL, Connection
+from server.edge.echoes import Echoes
 from server.edge.numbering import Numbering, Retired
 from server.edge.reconnect import reconnect
 from server.errors import (
@@ -78,6 +78,7 @@ from server.errors import (
     ChannelGone,
     CommandError,
     StoreUnavailable,
+    refused,
 )
 from server.frames import Room, action_frame
 
@@ -161,6 +162,7 @@ class Rpc:
         "clients",
         "commands",
         "connection",
+        "echoes",
         "extensions",
         "grant",
         "identity",
@@ -196,6 +198,7 @@ class Rpc:
         self.present: set[str] = set()
         """The sessions where this connection put itself in the active
         clients (taken out again when it goes: server.core.presence)."""
+        self.echoes = Echoes(connection, commands, grant)
         connection.handler = self.receive_frame
         connection.may_see = functools.partial(commands.reaches, grant)
 
@@ -255,7 +258,9 @@ class Rpc:
             try:
                 params = decode_params(method, request.params)
             except MalformedFrame as error:
-                if method != "dispatchAction" or not await self._echo_undecodable(request, error):
+                if method != "dispatchAction" or not await self.echoes.undecodable(
+                    request.params, self.client_id, error
+                ):
                     raise
                 return False
             with _arguments_under_params():
@@ -323,7 +328,7 @@ class Rpc:
                 {"supportedVersions": list(SUPPORTED_PROTOCOL_VERSIONS)},
             )
         self.commands.out_of_debt(self.grant)
-        await self.commands.claim_client(self.grant, params.client_id)
+        await self.commands.credentials.claim_client(self.grant, params.client_id)
         capabilities = params.capabilities or {}
         asked = frozenset(capabilities.keys()) & EXTENSIONS.keys()
         self._set_extensions(asked, self.clients.numbering_of(params.client_id))
@@ -355,7 +360,11 @@ class Rpc:
         # Each snapshot is a read too, charged (its next requests wait it out).
         self.commands.charge_snapshots(self.grant, room.count, room.read)
         self.label(params.client_id)
-        extensions = {"huddle": self._announced(asked)} if asked else None
+        extensions = (
+            {"huddle": _announced(asked, self.identity, shared=self.grant.shared)}
+            if asked
+            else None
+        )
         return InitializeResult(
             protocol_version=version,
             server_seq=await self.commands.root_seq(),
@@ -363,17 +372,6 @@ class Rpc:
             snapshots=snapshots,
             meta=extensions,
         )
-
-    def _announced(self, asked: frozenset[str]) -> dict[str, Any]:
-        """What ``initialize``'s ``_meta.huddle`` tells a client that asked."""
-        announced: dict[str, Any] = {"extensions": sorted(asked)}
-        if IDENTITY in asked:
-            announced["identity"] = {
-                **self.identity.who(),
-                "display": self.identity.display,
-                "shared": self.grant.shared,
-            }
-        return announced
 
     def _set_extensions(self, asked: frozenset[str], left: Numbering | None) -> None:
         """Use ``asked``: without per-channel seqs, the connection numbers
@@ -507,9 +505,6 @@ class Rpc:
 
     # ─── Commands ────────────────────────────────────────────────────────
 
-    def _title(self, title: str | None) -> str | None:
-        return title if TITLES in self.extensions else None
-
     async def _create_session(self, params: CreateSessionParams) -> None:
         if params.fork is not None:
             raise MalformedFrame(
@@ -533,7 +528,7 @@ class Rpc:
             self.grant,
             params.channel,
             provider=params.provider,
-            title=self._title(params.title),
+            title=params.title if TITLES in self.extensions else None,
             working_directories=params.working_directories,
             active_client=joining,
             client_id=self.client_id,
@@ -557,7 +552,7 @@ class Rpc:
             self.grant,
             params.channel,
             params.chat,
-            title=self._title(params.title),
+            title=params.title if TITLES in self.extensions else None,
             initial_message=params.initial_message,
             working_directories=params.working_directories,
             client_id=self.client_id,
@@ -631,15 +626,15 @@ class Rpc:
         except ChannelGone:
             pass  # AHP: an action for a channel that does not exist is ignored
         except AlreadyApplied as applied:
-            self._echo_applied(applied)
+            self.echoes.applied(applied, numbered=self.numbering is not None)
         except ActionRejected as rejected:
             # A flooder is closed before its last echo goes out.
             self.connection.count_action(limited=rejected.code == RejectionCode.RATE_LIMITED)
-            await self._echo_rejection(uri, encode(action), origin, rejected.reason)
+            await self.echoes.rejection(uri, encode(action), origin, rejected.reason)
             return
         except StoreUnavailable as error:
             reason = Rejection(RejectionCode.STORE_UNAVAILABLE, f"{error}; try again").reason
-            await self._echo_rejection(uri, encode(action), origin, reason)
+            await self.echoes.rejection(uri, encode(action), origin, reason)
         self.connection.count_action(limited=False)
 
     def _may_be_present(self, session: str) -> None:
@@ -655,65 +650,6 @@ class Rpc:
                 RejectionCode.TOO_MANY,
                 f"a token may be among a session's active clients {limit} times",
             )
-
-    def _echo_applied(self, applied: AlreadyApplied) -> None:
-        """An action re-sent after a reconnect gets the first one's outcome:
-        its envelope, to its sender alone (a Huddle client's mirror holds it
-        already, or will from the replay; the echo settles what it sent). A
-        plain connection numbers what it gets, so there it is said in words."""
-        envelope = applied.envelope
-        assert isinstance(envelope, ActionEnvelope)
-        if self.numbering is None:
-            frame = action_frame(encode(envelope), applied.channel, applied.seq)
-        else:
-            reason = Rejection(
-                RejectionCode.DUPLICATE,
-                f"clientSeq {envelope.origin.client_seq if envelope.origin else '?'} was "
-                "applied already",
-            ).reason
-            echo = replace(envelope, rejection_reason=reason)
-            frame = action_frame(encode(echo), applied.channel, applied.seq, rejected=True)
-        self.connection.send_frame(frame)
-
-    async def _echo_undecodable(self, request: Request, error: MalformedFrame) -> bool:
-        """AHP: an invalid action comes back to its sender with a
-        ``rejectionReason``: one that does not decode too, as it was sent.
-        False when there is nothing to echo on (no channel or clientSeq)."""
-        if self.client_id is None:
-            return False
-        try:
-            loose = msgspec.json.decode(request.params, type=_LooseDispatch)
-        except msgspec.DecodeError:
-            return False
-        origin = ActionOrigin(client_id=self.client_id, client_seq=loose.clientSeq)
-        reason = Rejection(RejectionCode.INVALID_ACTION, f"the action does not decode: {error}")
-        reason_text = reason.reason
-        await self._echo_rejection(loose.channel, bytes(loose.action), origin, reason_text)
-        return True
-
-    async def _echo_rejection(
-        self, uri: str, action: bytes, origin: ActionOrigin, reason: str
-    ) -> None:
-        """Echo the rejected action (its JSON) to its sender alone. Its
-        serverSeq uses no number: the channel's current seq (0 where the token
-        does not reach the channel or the store cannot say), or for a plain
-        connection its current number. For a channel that does not exist
-        (or that this token does not reach) nothing comes back."""
-        try:
-            seq = await self.commands.visible_seq(self.grant, uri)
-        except StoreUnavailable:
-            seq = 0
-        if seq is None:
-            return  # AHP: an action for a channel that does not exist is ignored
-        echo = _Echo(
-            channel=uri,
-            action=msgspec.Raw(action),
-            serverSeq=seq,
-            origin=origin,
-            rejectionReason=reason,
-        )
-        frame = action_frame(encode(echo), uri, seq, rejected=True)
-        self.connection.send_frame(frame)
 
 
 _REQUESTS: Final[dict[str, Callable[[Rpc, Any], Awaitable[Any]]]] = {
@@ -736,22 +672,14 @@ _NOTIFICATIONS: Final[dict[str, Callable[[Rpc, Any], Awaitable[None]]]] = {
 }
 
 
-class _LooseDispatch(msgspec.Struct):
-    """The params of a ``dispatchAction`` whose action did not decode."""
-
-    channel: str
-    clientSeq: int  # noqa: N815 (the wire name)
-    action: msgspec.Raw
-
-
-class _Echo(msgspec.Struct):
-    """A rejection envelope carrying the action as it was sent."""
-
-    channel: str
-    action: msgspec.Raw
-    serverSeq: int  # noqa: N815
-    origin: ActionOrigin
-    rejectionReason: str  # noqa: N815
+def _announced(asked: frozenset[str], identity: Identity, *, shared: bool) -> dict[str, Any]:
+    """What ``initialize``'s ``_meta.huddle`` tells a client that asked
+    for ``asked``, on a connection whose actions are ``identity``'s (a
+    ``shared`` link's token or not)."""
+    announced: dict[str, Any] = {"extensions": sorted(asked)}
+    if IDENTITY in asked:
+        announced["identity"] = {**identity.who(), "display": identity.display, "shared": shared}
+    return announced
 
 
 @contextlib.contextmanager

@@ -1,0 +1,122 @@
+"""Who is who: the client ids tokens claim, and the tokens an agent mints.
+
+A client id is a connection's label, held by one token across every
+process (:meth:`Credentials.claim_client`); a token is minted for a role on
+some sessions, for a while (:meth:`Credentials.mint_token`). Both belong to
+the command layer (server.commands), which holds one :class:`Credentials`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from protocol.codec import MalformedFrame
+from protocol.messages import ErrorCode
+from protocol.wire import quoted
+from server.auth import ROLES, Grant, Role, TokenAuthority
+from server.core.host import Host
+from server.core.policy import Command
+from server.errors import ActionRejected, CommandError, refused
+from server.ratelimit import NewClientIds
+
+AGENT_CLAIM_TTL = 24 * 3600.0
+"""How long the agent token holds a client id it used (renewed on use)."""
+
+
+class Credentials:
+    """Client ids claimed, tokens minted; ``allow`` is the command layer's
+    permission check."""
+
+    def __init__(
+        self,
+        host: Host,
+        authority: TokenAuthority,
+        allow: Callable[[Grant, Command], None],
+        *,
+        clock: Callable[[], float],
+        default_ttl: float,
+        max_ttl: float,
+        client_ids: NewClientIds | None = None,
+    ) -> None:
+        self.host = host
+        self.authority = authority
+        self.allow = allow
+        self.clock = clock
+        self.default_ttl = default_ttl
+        self.max_ttl = max_ttl
+        self.client_ids = client_ids or NewClientIds()
+
+    async def claim_client(self, grant: Grant, client_id: str) -> None:
+        """Bind ``client_id`` to this token for as long as the token lives
+        (a day at a time for the agent token), across every process: a
+        client id is a connection's label, and two tokens never share one.
+        Raises MalformedFrame for an id over the id limit (it is kept nowhere,
+        and would ride in every envelope's ``origin``) or one with a control
+        character (server.core.channels.origin_key separates with one), CommandError when
+        another token holds it, or when a person's token started too many
+        lately (server.ratelimit.NewClientIds: each is kept for the
+        token's lifetime)."""
+        size, limit = len(client_id.encode()), self.host.sizes.id
+        if size > limit:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                f"the clientId is {size:,} bytes; the limit is {limit:,}",
+                "$.clientId",
+            )
+        if (control := next((c for c in client_id if c < " " or c == "\x7f"), None)) is not None:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                f"the clientId holds the control character U+{ord(control):04X}: a clientId "
+                "is a label, of printable characters",
+                "$.clientId",
+            )
+        try:
+            self.client_ids.claiming(grant, client_id)
+        except ActionRejected as rejected:
+            raise refused(rejected, "$.clientId") from None
+        now = self.clock()
+        ttl = AGENT_CLAIM_TTL if grant.expires_at is None else max(1.0, grant.expires_at - now)
+        holder = await self.host.store.claim(f"client:{client_id}", grant.token_id, ttl)
+        if holder is not None:
+            raise CommandError(
+                ErrorCode.PERMISSION_DENIED,
+                f"clientId {quoted(client_id)} belongs to another token: choose another",
+            )
+
+    def mint_token(
+        self,
+        grant: Grant,
+        role: Any,
+        *,
+        sessions: Any = None,
+        name: Any = None,
+        ttl: Any = None,
+    ) -> str:
+        """A token for ``role`` on ``sessions`` (all when None); arguments
+        as they came (MalformedFrame names the one at fault)."""
+        self.allow(grant, Command.MINT_TOKEN)
+        if role not in ROLES:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS, f"role must be one of {', '.join(ROLES)}", "$.role"
+            )
+        if sessions is not None and not (
+            isinstance(sessions, list) and all(isinstance(s, str) for s in sessions)
+        ):
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS, "sessions must be a list of URIs", "$.sessions"
+            )
+        ttl = self.default_ttl if ttl is None else ttl
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= self.max_ttl:
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS,
+                f"ttl must be a number of seconds above 0 and at most {self.max_ttl:.0f}",
+                "$.ttl",
+            )
+        chosen: Role = role
+        return self.authority.mint(
+            chosen,
+            sessions=sessions,
+            name=name if isinstance(name, str) else None,
+            expires_at=self.clock() + float(ttl),
+        )

@@ -108,7 +108,7 @@ def notification(method: str, params: Any) -> bytes:
     return encode({"jsonrpc": "2.0", "method": method, "params": params})
 
 
-class Room:
+class AnswerBudget:
     """What is left of one answer's budget as snapshots go into it (an
     answer naming many channels must still fit what its client may leave
     unread). Once one does not fit, the answer is ``full``: no more are

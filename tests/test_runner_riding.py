@@ -1,6 +1,6 @@
 """A resume that rides on the answer's append: one script on Redis appends a
 person's answer to the chat and, once it landed, saves the turn it resumes
-(server.store.base.Rider, server.runner.bridge.ChatBridge.riding).
+(server.store.base.Rider, server.runner.resuming.ChatResuming.rider_for).
 
 First the store's part, with riders of the test's own: a rider runs only
 when its entry landed, a rider that fails leaves the entry appended, a

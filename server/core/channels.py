@@ -212,7 +212,7 @@ class ChannelCore(Listener):
         """Now and then, compare every watched channel with the store's head:
         an append whose hint was lost is applied within one interval."""
         self.hooks = hooks if hooks is not None else Hooks()
-        self.riding: list[Riding] = []
+        self.riders: list[Riding] = []
         self.background = Background()
         self._held = HeldChannels(store, self.background)
         self._following = Following(store, self._held, self.background, self._apply_entry)
@@ -258,18 +258,18 @@ class ChannelCore(Listener):
         refuses, up to ``until`` (``time.monotonic()``). What is still
         running then is logged, and left to :meth:`stop`."""
         pause = 0.05
-        while unsure := [ch for ch in self._held.all() if ch.unsure is not None]:
+        while unconfirmed := [ch for ch in self._held.all() if ch.unconfirmed is not None]:
             left = until - time.monotonic()
             try:
                 if left <= 0:
                     raise TimeoutError
                 async with asyncio.timeout(left):  # the channels at once, within the time left
-                    await asyncio.gather(*(self._read_back(ch) for ch in unsure))
+                    await asyncio.gather(*(self._read_back(ch) for ch in unconfirmed))
             except (StoreError, TimeoutError) as error:
                 if time.monotonic() + pause >= until:
                     reason = str(error) or "out of time"
                     log.error(
-                        "%d appends whose answer was lost are unread: %s", len(unsure), reason
+                        "%d appends whose answer was lost are unread: %s", len(unconfirmed), reason
                     )
                     break
                 await asyncio.sleep(pause)
@@ -277,20 +277,20 @@ class ChannelCore(Listener):
         await self.background.wait(until)
 
     async def _read_back(self, ch: HeldChannel) -> None:
-        """Whether ``ch``'s unsure append landed: the log after what this
+        """Whether ``ch``'s unconfirmed append landed: the log after what this
         process holds is applied (its hooks run), and the append is known
         not to have landed when the log holds nothing after it."""
         follow_ups: FollowUps = []
         try:
             async with ch.lock:
-                if ch.unsure is not None:
+                if ch.unconfirmed is not None:
                     try:
                         await self._following.catch_up(ch, follow_ups, behind=True)
                     except StoreError:
                         raise  # tried again while the stop waits
                     except Exception:
                         log.exception("could not read back %s", ch.uri)
-                    ch.unsure = None  # applied as ours, as another's, or never landed
+                    ch.unconfirmed = None  # applied as ours, as another's, or never landed
         finally:
             await self.background.follow_ups(follow_ups, f"reading back {ch.uri}")
 
@@ -440,7 +440,7 @@ class ChannelCore(Listener):
                     await self._following.catch_up(ch, follow_ups, behind=True)
                 continue
             except StoreUnavailable:
-                ch.unsure = (ch.seq + 1, entry)  # it may have landed all the same
+                ch.unconfirmed = (ch.seq + 1, entry)  # it may have landed all the same
                 raise
             finally:
                 ch.appending = False
@@ -454,8 +454,8 @@ class ChannelCore(Listener):
 
     def _rider(self, uri: str, result: Step, sender: Identity | None) -> Rider | None:
         """The first rider a :data:`Riding` hook has for ``result`` that the
-        store carries (see :attr:`riding`)."""
-        for riding in self.riding:
+        store carries (see :attr:`riders`)."""
+        for riding in self.riders:
             try:
                 rider = riding(uri, result, sender)
             except Exception:
@@ -502,8 +502,8 @@ class ChannelCore(Listener):
         """Make ``result`` current: state, seq, subscribers, snapshot, hooks."""
         before = ch.state
         ch.state, ch.seq = result.after, result.envelope.server_seq
-        if ch.unsure is not None and ch.unsure[0] <= ch.seq:
-            ch.unsure = None  # applied, as ours or as another's
+        if ch.unconfirmed is not None and ch.unconfirmed[0] <= ch.seq:
+            ch.unconfirmed = None  # applied, as ours or as another's
         frame = action_frame(result.data, ch.uri, result.envelope.server_seq)
         for subscriber in list(ch.subscribers):
             subscriber.send_frame(frame, channel=ch.uri)
@@ -529,14 +529,14 @@ class ChannelCore(Listener):
     # ─── Other processes ─────────────────────────────────────────────────
 
     def _apply_entry(self, ch: HeldChannel, raw: bytes, follow_ups: FollowUps) -> None:
-        """Apply an entry another process appended (or this one, unsure)."""
+        """Apply an entry another process appended (or this one, unconfirmed)."""
         entry = decode_entry(raw)
         seq = entry.envelope.server_seq
         if seq != ch.seq + 1:
             return
         after = reduce(ch.state, entry.envelope.action, entry.time)
         result = Step(entry.envelope, entry.data, after)
-        ours = ch.unsure == (seq, raw)
+        ours = ch.unconfirmed == (seq, raw)
         self._apply(ch, result, entry.sender, local=ours, follow_ups=follow_ups)
 
     def envelope_appended(self, channel: str, seq: int, envelope: bytes) -> None:

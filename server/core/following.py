@@ -112,7 +112,7 @@ class Following:
         ch.state, ch.seq, ch.epoch, ch.size = fresh.state, fresh.seq, fresh.epoch, fresh.size
         ch.keep_hints_after(None)
         ch.remote_head = ch.seq  # the load holds what was heard
-        ch.unsure = None
+        ch.unconfirmed = None
         for subscriber in list(ch.subscribers):
             subscriber.resync(ch.uri)
         ch.subscribers.clear()
@@ -160,7 +160,9 @@ class Following:
         or holding an append whose answer was lost, that is behind the
         store (or whose log changed its epoch: then subscribers start over);
         with ``idle``, the channels held here unserved too."""
-        watched = [ch.uri for ch in self._held.all() if idle or ch.served or ch.unsure is not None]
+        watched = [
+            ch.uri for ch in self._held.all() if idle or ch.served or ch.unconfirmed is not None
+        ]
         if not watched:
             return
         heads = await self.store.heads(watched)

@@ -85,7 +85,7 @@ class HeldChannel:
     follow_later: asyncio.TimerHandle | None = None
     """The catch-up waiting UNSUBSCRIBED_FOLLOW, if any."""
     appending: bool = False
-    unsure: tuple[int, bytes] | None = None
+    unconfirmed: tuple[int, bytes] | None = None
     """An append of this process whose answer was lost (its seq and entry):
     if the log holds it at that seq, it is this process's (its hooks run as
     for a local action: the audit records it, the session hears of it)."""

@@ -140,7 +140,7 @@ class Host:
     def add_rider(self, riding: Riding) -> None:
         """Ask ``riding`` for a write to ride on each append this process
         makes of an action it accepted (server.core.channels.Riding)."""
-        self.core.riding.append(riding)
+        self.core.riders.append(riding)
 
     def now_ms(self) -> int:
         return self.core.now_ms()

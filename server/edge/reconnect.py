@@ -61,7 +61,7 @@ from server.config import Limits
 from server.edge.connection import Connection
 from server.edge.numbering import Numbering
 from server.errors import ChannelGone, CommandError
-from server.frames import Room
+from server.frames import AnswerBudget
 
 
 class Rpc(Protocol):
@@ -224,7 +224,7 @@ async def resume_plain(
                 rpc.add_subscription(uri)
         return ReconnectReplay(actions=replayed, missing=missing)
     snapshots: list[Snapshot] = []
-    room = Room(rpc.answer_budget)
+    room = AnswerBudget(rpc.answer_budget)
     for uri in reachable:
         try:
             snapshot = await rpc.commands.subscribe(uri, rpc.connection)
@@ -249,7 +249,7 @@ async def resume_channels(rpc: Rpc, cursors: list[ChannelCursor]) -> ReconnectRe
     reached = await reach_all(rpc, paths)
     resumes: list[Resume] = []
     share = rpc.frame_budget // max(1, len(cursors))
-    room = Room(rpc.answer_budget)
+    room = AnswerBudget(rpc.answer_budget)
     for cursor in cursors:
         uri = cursor.channel
         if uri not in reached or room.full:

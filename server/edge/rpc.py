@@ -80,7 +80,7 @@ from server.errors import (
     StoreUnavailable,
     refused,
 )
-from server.frames import Room, action_frame
+from server.frames import AnswerBudget, action_frame
 
 CHANNEL_SEQS: Final = "huddle.channelSeqs"
 TURN_WINDOWS: Final = "huddle.turnWindows"
@@ -341,7 +341,7 @@ class Rpc:
         wanted = list(dict.fromkeys(params.initial_subscriptions or []))
         wanted = wanted[: self.limits.max_subscriptions]
         snapshots: list[Snapshot] = []
-        room = Room(self.answer_budget)
+        room = AnswerBudget(self.answer_budget)
         try:
             for uri in wanted:
                 with contextlib.suppress(CommandError):  # gone or not ours: no snapshot

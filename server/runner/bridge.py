@@ -36,7 +36,7 @@ class ChatBridge:
         self.sweep = Sweep(self.showing, self.resuming, ask_again_after=ask_again_after)
         runner.port = self.showing
         host.add_hook(self.resuming.hook)
-        host.add_rider(self.resuming.riding)
+        host.add_rider(self.resuming.rider_for)
 
     async def reconcile(self) -> int:
         """Run the sweep once (server.runner.sweep); returns how many turns

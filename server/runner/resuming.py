@@ -30,7 +30,7 @@ a chat this process holds (``chat/inputRequested``, a call waiting for
 confirmation), the turn is read ahead (its worker saved it as waiting
 before it asked), and the person's answer resumes it from that copy with a
 compare-and-set. On Redis that save rides on the answer's append, in its
-script, once the entry landed (:meth:`ChatResuming.riding`: it decides
+script, once the entry landed (:meth:`ChatResuming.rider_for`: it decides
 nothing of its own, it saves what ``resume_for`` says if the append lands);
 elsewhere it is one save after it. A stale copy costs one more load and
 save, and a refusal is decided on a fresh one (see ``Runner.submit_resume``).
@@ -104,7 +104,7 @@ class ChatResuming:
         is used once, by the resume that answers it."""
         self._ridden: Lru[str, _RiddenResume] = Lru(READ_AHEAD)
         """Per chat, the resume that rode on this process's latest append
-        there (:meth:`riding`), until the hook of that envelope takes it."""
+        there (:meth:`rider_for`), until the hook of that envelope takes it."""
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def hook(self, event: Applied) -> Awaitable[None] | None:
@@ -199,7 +199,7 @@ class ChatResuming:
         # follow-ups (the session's bookkeeping) run.
         await asyncio.sleep(0)
 
-    def riding(self, uri: str, result: Step, sender: Identity | None) -> Rider | None:
+    def rider_for(self, uri: str, result: Step, sender: Identity | None) -> Rider | None:
         """The core's riding hook (server.core.channels.Riding): a person's answer
         to a question of a turn read ahead (an input request the runner
         opened, a call waiting for confirmation) resumes that turn in the
@@ -507,7 +507,7 @@ def _candidates(uri: str, chat_turn: str, stamp: str | None) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class _RiddenResume:
-    """A resume that rode on the append of ``seq`` (:meth:`ChatResuming.riding`)."""
+    """A resume that rode on the append of ``seq`` (:meth:`ChatResuming.rider_for`)."""
 
     seq: int
     rider: Rider

@@ -16,7 +16,7 @@ from protocol.forms import answers_from_form_data, parse_form
 from protocol.session import SessionState, ToolDefinition
 from protocol.status import SessionStatus
 from reducers import notes
-from server.core.forms import Form, FormRegistry
+from server.core.frozen_forms import Form, FormRegistry
 from server.core.schemas import SchemaCheck
 from server.mcp.elicitation import Question, form_content
 from server.store.memory import MemoryStore

@@ -97,7 +97,7 @@ from reducers.clock import iso_time
 from server.auth import Identity
 from server.cache import Lru
 from server.core.channels import Applied
-from server.core.forms import FormRegistry, chat_session
+from server.core.frozen_forms import FormRegistry, chat_session
 from server.errors import SeqConflict, StoreError, StoreUnavailable
 from server.store.base import ChannelStore
 

@@ -48,7 +48,7 @@ from reducers import notes
 from reducers.chat import select_open_input_part, select_tool_call, select_truncated, select_waits
 from reducers.clock import iso_ms
 from server.core.channels import Applied, ChannelCore
-from server.core.forms import chat_session
+from server.core.frozen_forms import chat_session
 from server.core.policy import active_turn_stamp, turn_stamp
 from server.core.session_notes import SessionNotes
 from server.errors import ActionRejected, ChannelGone, StoreError

@@ -5,7 +5,7 @@
 
 - :class:`~server.core.channels.ChannelCore`: channels, the write path,
   subscribers, other processes;
-- :class:`~server.core.forms.FormRegistry`: the frozen JSON Schemas and the
+- :class:`~server.core.frozen_forms.FormRegistry`: the frozen JSON Schemas and the
   schema checks of the validation rules;
 - :class:`~server.core.waiters.Waiters`: callers waiting for people;
 - :class:`~server.core.rollup.SessionAggregate`: a chat reflected on its
@@ -51,7 +51,7 @@ from server.auth import Identity
 from server.core.audit import GONE_RECORDS, AuditTrail, AuditValues
 from server.core.channels import Applied, ChannelCore, ChannelView, Hook, Hooks, Riding, Validator
 from server.core.expiry import Expiries, Expiry, Family, expiry_problem
-from server.core.forms import Form, FormRegistry, chat_session, needs_session
+from server.core.frozen_forms import Form, FormRegistry, chat_session, needs_session
 from server.core.policy import active_turn_stamp
 from server.core.rollup import SessionAggregate
 from server.core.session_notes import SessionNotes

@@ -74,7 +74,7 @@ from reducers.aggregate import (
 from reducers.limits import json_bytes
 from server.cache import KeyedLocks, Lru
 from server.core.channels import Applied, ChannelCore
-from server.core.forms import chat_session
+from server.core.frozen_forms import chat_session
 from server.errors import ChannelGone, StoreError
 
 log = logging.getLogger("huddle.aggregate")

@@ -44,7 +44,7 @@ from reducers.limits import SizeLimits, limit_problem
 from server.auth import Identity
 from server.cache import Lru
 from server.core.channels import Applied, ChannelCore, ChannelView
-from server.core.forms import chat_session
+from server.core.frozen_forms import chat_session
 from server.core.policy import active_turn_stamp, turn_stamp
 from server.errors import ActionRejected, ChannelGone
 

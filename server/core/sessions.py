@@ -42,7 +42,7 @@ from reducers.aggregate import chat_summary, session_summary
 from reducers.clock import iso_time
 from reducers.limits import SizeLimits, limit_problem
 from server.core.channels import ChannelCore, ChannelView
-from server.core.forms import HUDDLE_META
+from server.core.frozen_forms import HUDDLE_META
 from server.core.rollup import SessionAggregate
 from server.core.waiters import Waiters
 from server.errors import ActionRejected, ChannelGone, CommandError

@@ -39,7 +39,7 @@ from protocol.messages import ActionOrigin
 from reducers.chat import select_input_settlement, select_tool_call
 from server.auth import Identity
 from server.core.channels import Applied, ChannelCore
-from server.core.forms import FormRegistry
+from server.core.frozen_forms import FormRegistry
 from server.errors import InputAbandoned
 
 

@@ -4,7 +4,7 @@ turn records the agent's name and version and, for a form it asked, the
 schema as it was then.
 
 ``FormDefinition``, ``FormRequired`` and ``TransientError`` are at home in
-``server.runner.forms`` and ``server.runner.errors``; they are importable
+``server.runner.form_definitions`` and ``server.runner.errors``; they are importable
 from here, next to what they are used with.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 from server.core.expiry import Expiry
 from server.runner.errors import FormRequired as FormRequired
 from server.runner.errors import TransientError as TransientError
-from server.runner.forms import FormDefinition as FormDefinition
+from server.runner.form_definitions import FormDefinition as FormDefinition
 from server.runner.model import ChatModel
 from server.runner.turn import ToolCall, Turn
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from server.core.expiry import Expiry
 from server.errors import HuddleError, InternalError, StoreError
-from server.runner.forms import FormDefinition
+from server.runner.form_definitions import FormDefinition
 
 
 class RunnerError(HuddleError):

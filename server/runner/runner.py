@@ -244,7 +244,7 @@ class Runner:
         expects (plain text, form data, an approval...) and carries its
         correlation id, never its data against a form or a tool's input
         schema: people's answers reach it only as the host accepted them
-        (:mod:`server.core.forms`), and a resume made here in code, by the
+        (:mod:`server.core.frozen_forms`), and a resume made here in code, by the
         agent's own process, is trusted code, like calling the tool itself.
 
         ``loaded`` is the turn as the caller last read it (it may be
@@ -384,7 +384,7 @@ class Runner:
             if due > self.clock():
                 refuse(f"the retry is not due for {due - self.clock():.1f} s")
         # The kind and the correlation id only: whether data fits a form or
-        # a tool's input schema is the host's word (server.core.forms), given
+        # a tool's input schema is the host's word (server.core.frozen_forms), given
         # before people's answers reach a turn; a resume made in code is
         # trusted code (see submit_resume).
         if command.type == SuspensionType.USER_INPUT:

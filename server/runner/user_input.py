@@ -11,12 +11,12 @@ waits on while people answer, what an answer must be, and what it does.
   the turn (:func:`asked_again`).
 - Either way the turn waits (USER_INPUT, correlated by the call id) with the
   form's JSON Schema frozen into the suspension: later changes to the form
-  (:mod:`server.runner.forms`) affect only new turns. Its expiry is the
+  (:mod:`server.runner.form_definitions`) affect only new turns. Its expiry is the
   request's own, else the form's, else the agent's ``input_expiry``.
 - An answer must be the kind the wait expects (:func:`check_answer`): form
   data for a form, text for a plain question. Whether accepted data fits
   the frozen schema is the host's word, given before the answer reached the
-  turn (:mod:`server.core.forms`); a resume made in code is trusted code.
+  turn (:mod:`server.core.frozen_forms`); a resume made in code is trusted code.
 - What it does (:func:`answered`): accepted data is the tool message
   ``{status: "submitted", formKey, data}`` of a ``request_user_input``
   call, or the data its tool runs again with; a declined or dismissed form
@@ -39,7 +39,7 @@ import msgspec
 from server.core.expiry import Expiry
 from server.runner.agent import Agent, Tool
 from server.runner.errors import FormRequired, ResumeRejected
-from server.runner.forms import FormDefinition
+from server.runner.form_definitions import FormDefinition
 from server.runner.model import ToolSpec
 from server.runner.turn import (
     FrozenForm,

@@ -4,7 +4,7 @@ A turn never holds a definition: when it asks, the form is frozen into its
 suspension (:class:`server.runner.turn.FrozenForm`), so later changes to the
 definition affect only new turns. How a turn asks, and what people's answer
 must be and does, is :mod:`server.runner.user_input`; what it must fit is
-the host's word (:mod:`server.core.forms`).
+the host's word (:mod:`server.core.frozen_forms`).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import base64
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 from msgspec.structs import replace
@@ -98,6 +98,24 @@ READ_COST = 0.5
 """A read (a snapshot, a page of turns, a long poll): half an action."""
 BYTES_PER_COST = 64 << 10
 """A snapshot costs one action more per whole 64 KiB of it (as a debt)."""
+COSTS: Final[dict[str, float]] = {
+    "snapshot": READ_COST,
+    "subscribe": READ_COST,
+    "fetchTurns": READ_COST,
+    "listSessions": READ_COST,
+    "audit": READ_COST,
+    "waitInput": READ_COST,
+    "metrics": READ_COST,
+    "expire": ACTION_COST,
+    "mintToken": ACTION_COST,
+}
+"""What each command costs of its token's budget up front, in actions
+(server.ratelimit), the same over HTTP and the socket, paid before any of
+the request is read (:meth:`Commands.pay`): reads are cheaper than writes.
+An answer's size is charged after it (:meth:`Commands.charge_snapshots`,
+an audit's records in :meth:`Commands.export_audit`); an action and a
+session or chat created pay ACTION_COST in :meth:`Commands.admit`, after
+the permission check."""
 AUDIT_RECORDS_PER_COST = 100
 """An audit export costs one action more per whole 100 records or per whole
 64 KiB of it, whichever is more (as a debt, however large:
@@ -535,13 +553,11 @@ class Commands:
         except ActionRejected as rejected:
             raise refused(rejected, "$") from None
 
-    def read_cost(self, grant: Grant) -> None:
-        """Spend READ_COST of the token's budget for a read a socket asks
-        (a page of older turns), refused as a command is (:func:`refused`)."""
-        try:
-            self.spend(grant, READ_COST)
-        except ActionRejected as rejected:
-            raise refused(rejected, "$") from None
+    def pay(self, grant: Grant, command: str) -> None:
+        """Spend what ``command`` costs up front (:data:`COSTS`); RateLimited,
+        nothing spent, when it does not fit now (each edge answers it its
+        way: 429 with ``Retry-After``, or the JSON-RPC conflict)."""
+        self.spend(grant, COSTS[command])
 
     async def expire(self, grant: Grant, params: ExpireParams) -> int:
         """Give an open wait an expiry (server.core.expiry); when it expires (ms).

@@ -11,8 +11,8 @@ host allow-list when there is one: :func:`server.edge.headers.is_own_origin`) or
 one on the origin allow-list.
 
 Budgets (:mod:`server.ratelimit`): every authenticated HTTP request spends
-from its token's budget, as actions on the socket do, what its route costs
-(:data:`ROUTE_COSTS`), and is answered 429 with ``Retry-After`` before any
+from its token's budget, as the same command on the socket does, what its
+command costs (server.commands.COSTS), and is answered 429 with ``Retry-After`` before any
 work when that does not fit; a snapshot's or an audit's size is charged on
 top, as a debt. A client address that keeps failing to authenticate is
 refused (429) before its token is looked at, and a token holds at most
@@ -30,7 +30,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
@@ -55,7 +55,7 @@ from protocol.rejections import RejectionCode
 from protocol.uris import channel_id, session_uri
 from server.auth import Grant, TokenAuthority
 from server.build import Parts
-from server.commands import ACTION_COST, BYTES_PER_COST, READ_COST, Command, Commands
+from server.commands import BYTES_PER_COST, Command, Commands
 from server.config import Settings
 from server.edge.connection import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_UNSUPPORTED, Connection
 from server.edge.headers import Guard, allowed_hosts, is_own_origin, rebinding_warning, retry_after
@@ -300,36 +300,23 @@ class DirectWriter:
 
 Handler = Callable[[Request, Server, Grant], Awaitable[Response]]
 
-ROUTE_COSTS: Final[dict[str, float | None]] = {
-    "/api/sessions": None,
-    "/api/snapshot": READ_COST,
-    "/api/audit": READ_COST,
-    "/api/expiry": ACTION_COST,
-    "/api/dispatch": None,
-    "/api/input/wait": READ_COST,
-    "/api/tokens": ACTION_COST,
-}
-"""What a request costs of its token's budget, in actions (server.ratelimit),
-paid before any of it is read: reads are cheaper than writes. None: the
-handler pays ACTION_COST as the socket does for the same thing (a dispatch,
-a session created: Commands.admit, after the permission check)."""
 
-
-def api(method: str, path: str, handler: Handler) -> Route:
-    """The route ``method path``: authenticate, pay its cost (429 with
-    ``Retry-After`` beyond the token's budget: :func:`over_budget`), then
+def api(method: str, path: str, handler: Handler, pays: str | None = None) -> Route:
+    """The route ``method path``: authenticate, pay what the command
+    ``pays`` names costs up front (server.commands.COSTS: 429 with
+    ``Retry-After`` beyond the token's budget, :func:`over_budget`; None:
+    the command pays in Commands.admit, after the permission check), then
     map the server's errors to HTTP answers. A request cut off by the stop
     (uvicorn cancels those still running after its graceful timeout) is
     answered 503, try again, like one the store refused: what it did may
     have landed, and a re-send with the same clientSeq says so."""
-    cost = ROUTE_COSTS[path]
 
     async def endpoint(request: Request) -> Response:
         server: Server = request.app.state.server
         try:
             grant = authenticate(server, request)
-            if cost is not None:
-                server.commands.spend(grant, cost)
+            if pays is not None:
+                server.commands.pay(grant, pays)
             return await handler(request, server, grant)
         except RateLimited as error:
             return over_budget(error)
@@ -653,7 +640,7 @@ async def read_metrics(request: Request) -> Response:
     if not (scraper and token and hmac.compare_digest(token.encode(), scraper.encode())):
         try:
             grant = authenticate(server, request)
-            server.commands.spend(grant, READ_COST)
+            server.commands.pay(grant, "metrics")
         except RateLimited as error:
             return over_budget(error)
         except AuthError as error:
@@ -765,12 +752,12 @@ def create_app(
         Route("/", index),
         WebSocketRoute("/ahp", ahp_socket),
         api("POST", "/api/sessions", create_session),
-        api("GET", "/api/snapshot", read_snapshot),
-        api("GET", "/api/audit", read_audit),
-        api("POST", "/api/expiry", set_expiry),
+        api("GET", "/api/snapshot", read_snapshot, pays="snapshot"),
+        api("GET", "/api/audit", read_audit, pays="audit"),
+        api("POST", "/api/expiry", set_expiry, pays="expire"),
         api("POST", "/api/dispatch", dispatch_action),
-        api("GET", "/api/input/wait", wait_input),
-        api("POST", "/api/tokens", mint_token),
+        api("GET", "/api/input/wait", wait_input, pays="waitInput"),
+        api("POST", "/api/tokens", mint_token, pays="mintToken"),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", read_metrics),

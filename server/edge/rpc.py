@@ -280,6 +280,8 @@ class Rpc:
             with _arguments_under_params():
                 result = await handler(self, params)
             self.connection.respond(request.id, self._numbered(result))
+        except ActionRejected as rejected:  # a command refused as an action is (over budget)
+            raise refused(rejected, "$") from None
         finally:
             self.connection.release_parked()
         return True
@@ -414,7 +416,7 @@ class Rpc:
     # ─── Subscriptions ───────────────────────────────────────────────────
 
     async def _subscribe(self, params: SubscribeParams) -> SubscribeResult:
-        self.commands.read_cost(self.grant)
+        self.commands.pay(self.grant, "subscribe")
         view = params.view if TURN_WINDOWS in self.extensions else None
         turns = view.turns if view is not None else None
         snapshot = await self.subscribe_to(params.channel, turns)
@@ -563,14 +565,14 @@ class Rpc:
         await self.commands.dispose_chat(self.grant, params.channel)
 
     async def _list_sessions(self, params: ListSessionsParams) -> ListSessionsResult:
-        self.commands.read_cost(self.grant)
+        self.commands.pay(self.grant, "listSessions")
         page = await self.commands.list_sessions(
             self.grant, params.cursor, params.limit, budget=self.frame_budget
         )
         return ListSessionsResult(items=page.items, next_cursor=page.next_cursor)
 
     async def _fetch_turns(self, params: FetchTurnsParams) -> FetchTurnsResult | EmptyResult:
-        self.commands.read_cost(self.grant)
+        self.commands.pay(self.grant, "fetchTurns")
         if CHANNEL_SEQS in self.extensions:
             turns, cursor = await self.commands.fetch_turns(
                 self.grant, params.channel, params.cursor, params.limit, self.frame_budget
@@ -598,6 +600,7 @@ class Rpc:
     async def _expire(self, params: ExpireParams) -> ExpireResult:
         if EXPIRY not in self.extensions:  # plain AHP has no such method
             raise MalformedFrame(ErrorCode.METHOD_NOT_FOUND, "unknown method 'huddle/expire'")
+        self.commands.pay(self.grant, "expire")
         return ExpireResult(expires_at=await self.commands.expire(self.grant, params))
 
     # ─── Actions ─────────────────────────────────────────────────────────

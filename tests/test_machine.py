@@ -84,8 +84,8 @@ def turn_in(status: TurnStatus, phase: Phase, *, cancel: bool = False) -> Turn:
         agent="helper",
         status=status,
         phase=P.FINISHED if terminal else phase,
-        messages=[ModelMessage(role="user", content="Hi")],
-        pending=[PendingCall(call=CALL)] if phase == P.TOOLS else [],
+        messages=(ModelMessage(role="user", content="Hi"),),
+        pending=(PendingCall(call=CALL),) if phase == P.TOOLS else (),
         suspension=WAITS.get(status),
         cancel_requested=cancel,
         updated_at=1.0,
@@ -111,8 +111,8 @@ EVENTS: dict[str, TurnEvent] = {
     "Started": Started(at=AT),
     "Touched": Touched(at=AT),
     "AttemptFailed": AttemptFailed(at=AT, error="boom"),
-    "ModelReplied with calls": ModelReplied(at=AT, text=None, tool_calls=[CALL]),
-    "ModelReplied without": ModelReplied(at=AT, text="Done.", tool_calls=[]),
+    "ModelReplied with calls": ModelReplied(at=AT, text=None, tool_calls=(CALL,)),
+    "ModelReplied without": ModelReplied(at=AT, text="Done.", tool_calls=()),
     "ToolFinished": ToolFinished(at=AT, call_id="c1", result="42", counted=True),
     "ToolsCollected": ToolsCollected(at=AT),
     "Blocked": Blocked(at=AT, suspension=ASKED),
@@ -220,33 +220,33 @@ SUSPENDED = Notify(type=EventType.TURN_SUSPENDED, data={"type": "USER_INPUT"})
         ),
         pytest.param(
             msgspec.structs.replace(RUNNING_MODEL, attempts=2, retry_attempts=1),
-            ModelReplied(at=AT, text="Let me look.", tool_calls=[CALL]),
+            ModelReplied(at=AT, text="Let me look.", tool_calls=(CALL,)),
             {
                 "iterations": 1,
                 "attempts": 0,
                 "retry_attempts": 0,
                 "phase": P.TOOLS,
-                "pending": [PendingCall(call=CALL)],
-                "messages": [
+                "pending": (PendingCall(call=CALL),),
+                "messages": (
                     ModelMessage(role="user", content="Hi"),
-                    ModelMessage(role="assistant", content="Let me look.", tool_calls=[CALL]),
-                ],
+                    ModelMessage(role="assistant", content="Let me look.", tool_calls=(CALL,)),
+                ),
             },
             (Notify(type=EventType.MODEL_REPLIED, data={"tool_calls": 1}), Save()),
             id="ModelReplied with calls saves them pending",
         ),
         pytest.param(
             RUNNING_MODEL,
-            ModelReplied(at=AT, text="Done.", tool_calls=[]),
+            ModelReplied(at=AT, text="Done.", tool_calls=()),
             {
                 "iterations": 1,
                 "status": S.COMPLETED,
                 "phase": P.FINISHED,
                 "output": "Done.",
-                "messages": [
+                "messages": (
                     ModelMessage(role="user", content="Hi"),
                     ModelMessage(role="assistant", content="Done."),
-                ],
+                ),
             },
             (
                 Notify(type=EventType.MODEL_REPLIED, data={"tool_calls": 0}),
@@ -259,27 +259,31 @@ SUSPENDED = Notify(type=EventType.TURN_SUSPENDED, data={"type": "USER_INPUT"})
         pytest.param(
             msgspec.structs.replace(RUNNING_TOOLS, attempts=1, tool_calls_made=2),
             ToolFinished(at=AT, call_id="c1", result="42", counted=True),
-            {"pending": [PendingCall(call=CALL, result="42")], "tool_calls_made": 3, "attempts": 0},
+            {
+                "pending": (PendingCall(call=CALL, result="42"),),
+                "tool_calls_made": 3,
+                "attempts": 0,
+            },
             (Save(),),
             id="ToolFinished saves the result",
         ),
         pytest.param(
             RUNNING_TOOLS,
             ToolFinished(at=AT, call_id="c1", result="denied", counted=False),
-            {"pending": [PendingCall(call=CALL, result="denied")]},
+            {"pending": (PendingCall(call=CALL, result="denied"),)},
             (Save(),),
             id="ToolFinished uncounted",
         ),
         pytest.param(
-            msgspec.structs.replace(RUNNING_TOOLS, pending=[PendingCall(call=CALL, result="42")]),
+            msgspec.structs.replace(RUNNING_TOOLS, pending=(PendingCall(call=CALL, result="42"),)),
             ToolsCollected(at=AT),
             {
-                "pending": [],
+                "pending": (),
                 "phase": P.MODEL,
-                "messages": [
+                "messages": (
                     ModelMessage(role="user", content="Hi"),
                     ModelMessage(role="tool", content="42", tool_call_id="c1"),
-                ],
+                ),
             },
             (),
             id="ToolsCollected gives the results to the model",
@@ -318,7 +322,7 @@ SUSPENDED = Notify(type=EventType.TURN_SUSPENDED, data={"type": "USER_INPUT"})
             {
                 "status": S.WAITING_FOR_USER,
                 "suspension": ASKED,
-                "pending": [PendingCall(call=CALL, form_asked=True)],
+                "pending": (PendingCall(call=CALL, form_asked=True),),
             },
             (Save(), SUSPENDED),
             id="FormAsked marks the call and waits",
@@ -328,7 +332,7 @@ SUSPENDED = Notify(type=EventType.TURN_SUSPENDED, data={"type": "USER_INPUT"})
             ChildStarted(at=AT, call_id="c1", child_id="t1.c1", message="waiting for helper"),
             {
                 "status": S.WAITING_FOR_CHILD,
-                "children": ["t1.c1"],
+                "children": ("t1.c1",),
                 "tool_calls_made": 1,
                 "suspension": Suspension(
                     type=SuspensionType.CHILD_AGENT,
@@ -347,8 +351,8 @@ SUSPENDED = Notify(type=EventType.TURN_SUSPENDED, data={"type": "USER_INPUT"})
                 "status": S.READY,
                 "phase": P.TOOLS,
                 "suspension": None,
-                "audit": [MARK],
-                "pending": [PendingCall(call=CALL, form_data={"a": 1})],
+                "audit": (MARK,),
+                "pending": (PendingCall(call=CALL, form_data={"a": 1}),),
             },
             (),
             id="Resumed with an answered call",
@@ -356,7 +360,7 @@ SUSPENDED = Notify(type=EventType.TURN_SUSPENDED, data={"type": "USER_INPUT"})
         pytest.param(
             STATES["RETRY_SCHEDULED"],
             Resumed(at=AT, mark=MARK, failing="expired"),
-            {"status": S.READY, "phase": P.MODEL, "suspension": None, "audit": [MARK]}
+            {"status": S.READY, "phase": P.MODEL, "suspension": None, "audit": (MARK,)}
             | {"failing": "expired"},
             (),
             id="Resumed to fail",
@@ -367,17 +371,17 @@ SUSPENDED = Notify(type=EventType.TURN_SUSPENDED, data={"type": "USER_INPUT"})
             {
                 "status": S.READY,
                 "suspension": None,
-                "audit": [MARK],
-                "messages": [
+                "audit": (MARK,),
+                "messages": (
                     ModelMessage(role="user", content="Hi"),
                     ModelMessage(role="user", content="Blue"),
-                ],
+                ),
             },
             (),
             id="Resumed with a plain answer",
         ),
         pytest.param(
-            msgspec.structs.replace(RUNNING_TOOLS, children=["t1.c1"]),
+            msgspec.structs.replace(RUNNING_TOOLS, children=("t1.c1",)),
             Finished(at=AT, ending=Transition.CANCEL),
             {"status": S.CANCELLED, "phase": P.FINISHED},
             (
@@ -438,6 +442,16 @@ def test_as_stored_sets_only_the_stores_bookkeeping() -> None:
 def test_a_turn_is_frozen() -> None:
     with pytest.raises(AttributeError):
         RUNNING_MODEL.status = S.COMPLETED  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        RUNNING_MODEL.messages.append(ModelMessage(role="user", content="late"))  # type: ignore[attr-defined]
+
+
+def sequences_are_tuples(turn: Turn) -> bool:
+    """A turn's sequences (and a message's calls) are tuples: nothing can
+    change them in place, so only the machine changes a turn."""
+    lists = (turn.messages, turn.pending, turn.children, turn.audit)
+    calls = [m.tool_calls for m in turn.messages if m.tool_calls is not None]
+    return all(isinstance(seq, tuple) for seq in (*lists, *calls))
 
 
 def test_nothing_in_the_server_but_the_machine_replaces_a_turns_fields() -> None:
@@ -522,6 +536,7 @@ def test_any_sequence_of_events_keeps_the_turn_consistent(
         assert after.updated_at == event.at
         assert after.is_blocked == (after.suspension is not None)
         assert after.is_terminal == (after.phase == P.FINISHED)
+        assert sequences_are_tuples(after)
         if after.phase == P.TOOLS:
             assert after.pending, "a turn in TOOLS has calls to run"
         assert (after.version, after.cancel_requested) == (turn.version, turn.cancel_requested)

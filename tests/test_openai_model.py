@@ -217,7 +217,7 @@ async def test_model_sends_model_messages_and_tools(api: FakeAPI, model: OpenAIC
         ModelMessage(
             role="assistant",
             content="",
-            tool_calls=[ToolCall(id="call_1", name="lookup", arguments={"city": "Oslo"})],
+            tool_calls=(ToolCall(id="call_1", name="lookup", arguments={"city": "Oslo"}),),
         ),
         ModelMessage(role="tool", content='{"celsius": 3}', tool_call_id="call_1"),
     ]

@@ -199,7 +199,7 @@ async def test_a_childs_completion_resumes_only_the_call_that_started_it() -> No
     runner = Runner(MemoryTurnStore(), [parent], clock=Clock())
     waiting = await runner.run(parent, "Find papers", turn_id="p")
     waiting = msgspec.structs.replace(
-        waiting, pending=[p.with_result("done") for p in waiting.pending]
+        waiting, pending=tuple(p.with_result("done") for p in waiting.pending)
     )
     await runner.store.save(waiting)
     with pytest.raises(ResumeRejected, match=r"no call of the turn waits for child turn 'p\.c1'"):

@@ -135,14 +135,14 @@ async def test_resume_metadata_is_kept_on_the_turns_audit() -> None:
     runner, _ = await waiting_for_approval(clock=clock)
     command = ResumeCommand.approve_tool("c1").with_metadata(submittedBy="ana", source="web")
     done = await runner.resume("t1", command)
-    assert done.audit == [
+    assert done.audit == (
         Audit(
             command="TOOL_APPROVAL",
             correlation_id="c1",
             metadata={"submittedBy": "ana", "source": "web"},
             at=clock.now,
-        )
-    ]
+        ),
+    )
 
 
 # ─── The plain-text path ─────────────────────────────────────────────────────

@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 
@@ -77,8 +78,9 @@ async def create(store: TurnStore, turn_id: str = "t1") -> Turn:
 
 
 def said(turn: Turn, text: str) -> Turn:
-    turn.messages.append(ModelMessage(role="user", content=text))
-    return turn
+    return msgspec.structs.replace(
+        turn, messages=(*turn.messages, ModelMessage(role="user", content=text))
+    )
 
 
 # ─── Create, load, save ──────────────────────────────────────────────────────

@@ -330,7 +330,9 @@ class Execution:
             await self._finish(turn, lease, Transition.FAIL, f"model failed: {error}")
         # With tool calls, every call is saved before any runs; with none,
         # the turn is complete.
-        replied = ModelReplied(at=self.runner.clock(), text=reply.text, tool_calls=reply.tool_calls)
+        replied = ModelReplied(
+            at=self.runner.clock(), text=reply.text, tool_calls=tuple(reply.tool_calls)
+        )
         return await self._apply(turn, lease, replied)
 
     # ─── Tools ───────────────────────────────────────────────────────────

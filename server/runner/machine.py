@@ -115,7 +115,7 @@ class AttemptFailed(Event, frozen=True):
 
 class ModelReplied(Event, frozen=True):
     text: str | None
-    tool_calls: list[ToolCall]
+    tool_calls: tuple[ToolCall, ...]
 
 
 class ToolFinished(Event, frozen=True):
@@ -265,26 +265,26 @@ def advance(turn: Turn, event: TurnEvent) -> tuple[Turn, tuple[TurnEffect, ...]]
                 iterations=turn.iterations + 1,
                 retry_attempts=0,
                 attempts=0,
-                messages=[
+                messages=(
                     *turn.messages,
                     ModelMessage(
                         role="assistant", content=event.text, tool_calls=event.tool_calls or None
                     ),
-                ],
+                ),
             )
             told = Notify(type=EventType.MODEL_REPLIED, data={"tool_calls": len(event.tool_calls)})
             if event.tool_calls:
-                pending = [PendingCall(call=call) for call in event.tool_calls]
+                pending = tuple(PendingCall(call=call) for call in event.tool_calls)
                 return _set(replied, at, pending=pending, phase=Phase.TOOLS), (told, Save())
             completed = Finished(at=at, ending=Transition.COMPLETE)
             ended, effects = _finish(_set(replied, at, output=event.text), completed)
             return ended, (told, *effects)
         case ToolFinished():
             _require(turn, event, _RUNNING, Phase.TOOLS)
-            pending = [
+            pending = tuple(
                 msgspec.structs.replace(p, result=event.result) if p.call.id == event.call_id else p
                 for p in turn.pending
-            ]
+            )
             finished = _set(
                 turn,
                 at,
@@ -296,12 +296,12 @@ def advance(turn: Turn, event: TurnEvent) -> tuple[Turn, tuple[TurnEffect, ...]]
             return finished, (Save(),)
         case ToolsCollected():
             _require(turn, event, _RUNNING, Phase.TOOLS)
-            results = [
+            results = tuple(
                 ModelMessage(role="tool", content=p.result, tool_call_id=p.call.id)
                 for p in turn.pending
-            ]
+            )
             return _set(
-                turn, at, messages=[*turn.messages, *results], pending=[], phase=Phase.MODEL
+                turn, at, messages=(*turn.messages, *results), pending=(), phase=Phase.MODEL
             ), ()
         case Blocked():
             return _block(turn, at, event.suspension)
@@ -330,7 +330,7 @@ def advance(turn: Turn, event: TurnEvent) -> tuple[Turn, tuple[TurnEffect, ...]]
             counted = _set(
                 turn,
                 at,
-                children=[*turn.children, event.child_id],
+                children=(*turn.children, event.child_id),
                 tool_calls_made=turn.tool_calls_made + 1,
             )
             return _block(counted, at, suspension)
@@ -370,8 +370,8 @@ def _require(
         raise IllegalTransition(turn.id, where, type(event).__name__)
 
 
-def _with_call(turn: Turn, updated: PendingCall) -> list[PendingCall]:
-    return [updated if p.call.id == updated.call.id else p for p in turn.pending]
+def _with_call(turn: Turn, updated: PendingCall) -> tuple[PendingCall, ...]:
+    return tuple(updated if p.call.id == updated.call.id else p for p in turn.pending)
 
 
 def _block(turn: Turn, at: float, suspension: Suspension) -> tuple[Turn, tuple[TurnEffect, ...]]:
@@ -389,11 +389,11 @@ def _resume(turn: Turn, event: Resumed) -> Turn:
     suspension = turn.suspension
     moved = _move(turn, Transition.RESUME)
     assert suspension is not None, f"turn {turn.id} is blocked without a suspension"
-    changes: dict[str, Any] = {"audit": [*turn.audit, event.mark]}
+    changes: dict[str, Any] = {"audit": (*turn.audit, event.mark)}
     if event.failing is not None:
         changes["failing"] = event.failing
     if event.message is not None:
-        changes["messages"] = [*turn.messages, event.message]
+        changes["messages"] = (*turn.messages, event.message)
     if event.call is not None:
         changes["pending"] = _with_call(turn, event.call)
     return _set(moved, event.at, phase=suspension.resume_phase, suspension=None, **changes)
@@ -413,7 +413,7 @@ def _finish(turn: Turn, event: Finished) -> tuple[Turn, tuple[TurnEffect, ...]]:
         ShowFinished(),
     )
     if ending == Transition.CANCEL and ended.children:
-        effects = (*effects, CancelChildren(children=tuple(ended.children)))
+        effects = (*effects, CancelChildren(children=ended.children))
     if ended.parent is not None:
         effects = (*effects, WakeParent())
     return ended, effects

@@ -178,10 +178,10 @@ class Runner:
             chat=chat,
             chat_turn=chat_turn,
             chat_turn_stamp=chat_turn_stamp,
-            messages=[
+            messages=(
                 ModelMessage(role="system", content=agent.instructions),
                 ModelMessage(role="user", content=message),
-            ],
+            ),
             parent=parent,
             created_at=now,
             updated_at=now,

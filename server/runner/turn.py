@@ -184,7 +184,7 @@ class ModelMessage(Record, frozen=True):
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
     tool_call_id: str | None = None
 
 
@@ -389,8 +389,8 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     the turn each event leaves (and nothing else changes a field but
     :func:`~server.runner.machine.as_stored`). ``version`` is the store's
     compare-and-set counter; ``cancel_requested`` is a flag the store keeps
-    apart from saves, so that no save can clear it. Its lists are never
-    changed in place."""
+    apart from saves, so that no save can clear it. Its sequences are
+    tuples, so nothing changes them in place."""
 
     id: str
     agent: str
@@ -404,8 +404,8 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     see its turn id again, and this turn shows only the chat turn stamped so."""
     status: TurnStatus = TurnStatus.READY
     phase: Phase = Phase.MODEL
-    messages: list[ModelMessage] = msgspec.field(default_factory=list)
-    pending: list[PendingCall] = msgspec.field(default_factory=list)
+    messages: tuple[ModelMessage, ...] = ()
+    pending: tuple[PendingCall, ...] = ()
     iterations: int = 0
     tool_calls_made: int = 0
     retry_attempts: int = 0
@@ -418,13 +418,13 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Why the latest failed attempt failed."""
     suspension: Suspension | None = None
     parent: ParentLink | None = None
-    children: list[str] = msgspec.field(default_factory=list)
+    children: tuple[str, ...] = ()
     output: str | None = None
     error: str | None = None
     failing: str | None = None
     """Set by a resume that fails the turn (``ResumeCommand.fail``): its next
     execution ends it FAILED with this error, running nothing."""
-    audit: list[Audit] = msgspec.field(default_factory=list)
+    audit: tuple[Audit, ...] = ()
     version: int = 0
     cancel_requested: bool = False
     created_at: float = 0.0

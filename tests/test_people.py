@@ -292,3 +292,29 @@ async def test_submitting_what_someone_else_wrote_leaves_it_theirs(huddle: Runni
     assert note["answers"]["system"]["state"] == "submitted"
     assert note["answers"]["scope"]["by"]["name"] == "Lee"
     assert note["completed"]["by"]["name"] == "Lee"
+
+
+@pytest.mark.parametrize("kept_value", [True, False], ids=["value kept", "value dropped"])
+async def test_skipping_what_someone_else_wrote_is_credited_to_who_skipped(
+    huddle: RunningServer, kept_value: bool
+) -> None:
+    _, chat = await asked(huddle)
+    dana = await huddle.client(name="Dana")
+    lee = await huddle.client(name="Lee")
+    await dana.dispatch_and_wait(
+        chat, ChatInputAnswerChanged(request_id="details", question_id="system", answer=text("SSO"))
+    )
+    skipped = InputAnswer(state="skipped", value=TextValue(value="SSO") if kept_value else None)
+
+    await lee.dispatch_and_wait(
+        chat,
+        ChatInputCompleted(
+            request_id="details",
+            response="accept",
+            answers={"system": skipped, "scope": text("all", "submitted")},
+        ),
+    )
+
+    note = await eventually_noted(huddle, chat, lambda n: n and "completed" in n)
+    assert note["answers"]["system"] == {"by": note["completed"]["by"], "state": "skipped"}
+    assert note["answers"]["system"]["by"]["name"] == "Lee"  # Dana never skipped it

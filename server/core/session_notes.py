@@ -275,10 +275,12 @@ def _answer(
     turn: str | None,
 ) -> Note:
     """A completion's answer is the completer's, unless it only submits
-    what someone else wrote: then that author keeps it."""
-    unchanged = draft is not None and (draft.value, draft.freeform_values) == (
-        answer.value,
-        answer.freeform_values,
+    what someone else wrote: then that author keeps it. Submitting a draft
+    as it is changes nothing; any other change of state (a skip) does."""
+    unchanged = (
+        draft is not None
+        and (draft.state == answer.state or (draft.state, answer.state) == ("draft", "submitted"))
+        and (draft.value, draft.freeform_values) == (answer.value, answer.freeform_values)
     )
 
     def note(meta: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -119,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-token-ttl", type=float, help="longest lifetime of a minted token, seconds (90 days)"
     )
     serve.add_argument(
+        "--client-claim-ttl",
+        type=float,
+        help="seconds the agent token keeps a client id after its last socket closed (1 day)",
+    )
+    serve.add_argument(
         "--metrics-token", help="a token that may read /metrics (the agent token may too)"
     )
     serve.add_argument(

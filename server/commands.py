@@ -82,7 +82,7 @@ from server.core.policy import (
 )
 from server.core.sessions import new_chat, new_session, windowed
 from server.core.waiters import InputOutcome
-from server.credentials import Credentials
+from server.credentials import AGENT_CLAIM_TTL, Credentials
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable, refused
 from server.metrics import Metrics
 from server.ratelimit import Budgets, NewClientIds
@@ -149,6 +149,7 @@ class Commands:
         max_ttl: float,
         max_sessions: int = 10_000,
         client_ids: NewClientIds | None = None,
+        client_claim_ttl: float = AGENT_CLAIM_TTL,
     ) -> None:
         self.host = host
         self.credentials = Credentials(
@@ -159,6 +160,7 @@ class Commands:
             default_ttl=default_ttl,
             max_ttl=max_ttl,
             client_ids=client_ids,
+            claim_ttl=client_claim_ttl,
         )
         """Client ids claimed and tokens minted (server.credentials)."""
         self.metrics = metrics

@@ -94,6 +94,10 @@ class Settings:
     ``Idempotency-Key`` (seconds)."""
     max_token_ttl: float = 90 * 24 * 3600.0
     """The longest lifetime a minted token may ask for (seconds)."""
+    client_claim_ttl: float = 24 * 3600.0
+    """How long a token with no expiry (the agent's) keeps a client id after
+    its last socket using it closed (seconds); renewed every quarter of it
+    while one is open."""
     audit_values: Literal["keep", "redact"] = "keep"
     """Whether the audit keeps answer values and tool input (fields a form
     marks sensitive are redacted either way)."""
@@ -216,6 +220,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         idle_check_interval=src.number("idle_check_interval", base.idle_check_interval),
         participant_ttl=src.number("participant_ttl", base.participant_ttl),
         max_token_ttl=src.number("max_token_ttl", base.max_token_ttl),
+        client_claim_ttl=src.number("client_claim_ttl", base.client_claim_ttl),
         idempotency_ttl=src.number("idempotency_ttl", base.idempotency_ttl),
         audit_values=_audit_values(src.text("audit_values", base.audit_values)),
         audit_max_records=src.integer("audit_max_records", base.audit_max_records),

@@ -8,7 +8,8 @@ the command layer (server.commands), which holds one :class:`Credentials`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from protocol.codec import MalformedFrame
@@ -21,7 +22,11 @@ from server.errors import ActionRejected, CommandError, refused
 from server.ratelimit import NewClientIds
 
 AGENT_CLAIM_TTL = 24 * 3600.0
-"""How long the agent token holds a client id it used (renewed on use)."""
+"""How long a token with no expiry (the agent's) holds a client id after the
+last of its sockets that used it closed: the claim is renewed while any is
+open (:meth:`Credentials.renew_claims`), so it never lapses under one."""
+
+log = logging.getLogger("huddle.credentials")
 
 
 class Credentials:
@@ -38,6 +43,7 @@ class Credentials:
         default_ttl: float,
         max_ttl: float,
         client_ids: NewClientIds | None = None,
+        claim_ttl: float = AGENT_CLAIM_TTL,
     ) -> None:
         self.host = host
         self.authority = authority
@@ -46,6 +52,26 @@ class Credentials:
         self.default_ttl = default_ttl
         self.max_ttl = max_ttl
         self.client_ids = client_ids or NewClientIds()
+        self.claim_ttl = claim_ttl
+        """How long a claim of a token with no expiry lasts unrenewed."""
+
+    def _claim_ttl(self, grant: Grant) -> float:
+        """A claim lasts the token's lifetime, or ``claim_ttl`` for a token
+        with none (renewed while one of its sockets uses it)."""
+        if grant.expires_at is None:
+            return self.claim_ttl
+        return max(1.0, grant.expires_at - self.clock())
+
+    async def renew_claims(self, held: Iterable[tuple[Grant, str]]) -> None:
+        """Hold again each client id an open socket of its token uses, so
+        that no claim lapses while the socket is open (an id in every
+        envelope's ``origin`` must never pass to another token under it).
+        Run every quarter of ``claim_ttl`` by the server (server.edge.app)."""
+        for grant, client_id in held:
+            key = f"client:{client_id}"
+            holder = await self.host.store.claim(key, grant.token_id, self._claim_ttl(grant))
+            if holder is not None:  # lapsed while the store was away, and taken
+                log.warning("client id %s of an open socket is held by another token", client_id)
 
     async def claim_client(self, grant: Grant, client_id: str) -> None:
         """Bind ``client_id`` to this token for as long as the token lives
@@ -75,8 +101,7 @@ class Credentials:
             self.client_ids.claiming(grant, client_id)
         except ActionRejected as rejected:
             raise refused(rejected, "$.clientId") from None
-        now = self.clock()
-        ttl = AGENT_CLAIM_TTL if grant.expires_at is None else max(1.0, grant.expires_at - now)
+        ttl = self._claim_ttl(grant)
         holder = await self.host.store.claim(f"client:{client_id}", grant.token_id, ttl)
         if holder is not None:
             raise CommandError(

@@ -69,10 +69,12 @@ from server.errors import (
     CommandError,
     HuddleError,
     InputAbandoned,
+    StoreError,
     StoreUnavailable,
 )
 from server.frames import WRITE_EXTENSION
 from server.metrics import ServerMetrics
+from server.periodic import Periodic
 from server.ratelimit import (
     AGENT_SOCKETS,
     LINK_SOCKETS,
@@ -723,6 +725,7 @@ def create_app(
         default_ttl=parts.settings.participant_ttl,
         max_ttl=parts.settings.max_token_ttl,
         max_sessions=limits.max_sessions,
+        client_claim_ttl=parts.settings.client_claim_ttl,
     )
     hosts = allowed_hosts(parts.settings.host, parts.settings.allowed_hosts)
     if (warning := rebinding_warning(parts.settings.host, hosts)) is not None:
@@ -736,14 +739,30 @@ def create_app(
         hosts=hosts,
     )
 
+    credentials = commands.credentials
+
+    async def renew_claims() -> None:
+        held = [(r.grant, r.client_id) for r in server.connections if r.client_id is not None]
+        await credentials.renew_claims(held)
+
+    claims = Periodic(
+        renew_claims,
+        credentials.claim_ttl / 4,
+        log=log,
+        what="renewing the client ids of open sockets",
+        expected=(StoreError,),
+    )
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await parts.start()
         if on_start is not None:
             await on_start(server)
+        claims.start()
         try:
             yield
         finally:
+            await claims.stop()
             for rpc in list(server.connections):
                 rpc.connection.shut(CLOSE_GOING_AWAY, "the server is shutting down")
             await parts.stop()

@@ -543,3 +543,94 @@ async def test_people_cannot_crowd_an_agent_out_of_a_bounded_store() -> None:
         assert trusted.status == 200
     finally:
         await running.stop()
+
+
+# ─── One token, one session: a part of the pool, counted in the store ───────
+
+OTHER = "ahp-session:/once-other"
+
+
+async def filled_by_one_token(running: RunningServer, token: str, chat: str) -> list[int]:
+    """``token``'s keyed drafts until it is refused: their statuses."""
+    draft = {"channel": chat, "action": ChatDraftChanged(draft=user_message("d" * 20_000))}
+    statuses: list[int] = []
+    for n in range(100):
+        statuses.append((await keyed(running, token, f"k{n}", draft)).status)
+        if statuses[-1] == 429:
+            break
+    return statuses
+
+
+async def test_a_token_that_fills_its_part_leaves_another_sessions_token_room() -> None:
+    # 2 MiB kept at most: people's pool is 1 MiB, a token's part 64 KiB.
+    store = MemoryStore()
+    store.remember_limit = 2 << 20
+    running = await start_server(store=store)
+    try:
+        agent = await running.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        other = await session_chat_with_turn(agent, OTHER, TURN)
+        mallory = running.token(sessions=[SESSION], name="mallory")
+
+        statuses = await filled_by_one_token(running, mallory, chat)
+        draft = {"channel": other, "action": ChatDraftChanged(draft=user_message("mine"))}
+        victim = await keyed(running, running.token(sessions=[OTHER], name="v"), "mine", draft)
+
+        assert statuses[-1] == 429
+        assert len(statuses) <= 4  # its part (64 KiB), not people's pool (1 MiB)
+        assert victim.status == 200
+    finally:
+        await running.stop()
+
+
+async def test_a_sessions_tokens_together_take_only_their_part() -> None:
+    store = MemoryStore()
+    store.remember_limit = 2 << 20
+    running = await start_server(store=store)
+    try:
+        agent = await running.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        other = await session_chat_with_turn(agent, OTHER, TURN)
+        refused: list[str] = []
+        for n in range(40):  # a session's part is 256 KiB: full after a few tokens' two
+            token = running.token(sessions=[SESSION], name=f"mallory-{n}")
+            draft = {"channel": chat, "action": ChatDraftChanged(draft=user_message("d" * 20_000))}
+            first = await keyed(running, token, "k", draft)
+            if first.status == 429:
+                refused.append(first.json()["error"])
+                break
+            await keyed(running, token, "k2", draft)
+        draft = {"channel": other, "action": ChatDraftChanged(draft=user_message("mine"))}
+        victim = await keyed(running, running.token(sessions=[OTHER], name="v"), "mine", draft)
+
+        assert refused
+        assert "this session's tokens" in refused[0]
+        assert victim.status == 200
+    finally:
+        await running.stop()
+
+
+@pytest.mark.redis
+async def test_a_tokens_part_is_counted_across_two_servers_on_one_redis() -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        redis = await stack.enter_async_context(running_redis(10 * UNIT))
+        servers = [await start_server(store=RedisStore(redis.url)) for _ in range(2)]
+        for running in servers:
+            stack.push_async_callback(running.stop)
+            running.server.idempotency.pool = 1 << 20  # a token's part: 64 KiB
+        one, two = servers
+        agent = await one.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        other = await session_chat_with_turn(agent, OTHER, TURN)
+        mallory = one.token(sessions=[SESSION], name="mallory")
+        draft = {"channel": chat, "action": ChatDraftChanged(draft=user_message("d" * 20_000))}
+
+        on_one = [(await keyed(one, mallory, f"k{n}", draft)).status for n in range(3)]
+        on_two = await keyed(two, mallory, "k3", draft)
+        mine = {"channel": other, "action": ChatDraftChanged(draft=user_message("mine"))}
+        victim = await keyed(two, two.token(sessions=[OTHER], name="v"), "mine", mine)
+
+        assert on_one == [200, 200, 200]  # about 60 KiB of 64 KiB
+        assert on_two.status == 429  # the two already kept on the first server count
+        assert "this token has" in on_two.json()["error"]
+        assert victim.status == 200

@@ -39,7 +39,9 @@ from tests.conftest import (
     user_message,
 )
 from tests.edge import CuttingProxy, Frame, HttpReply, Peer, http, plain_reconnect
-from tests.redis_server import running_redis
+from tests.redis_server import RedisServer, running_redis
+from tests.test_serve_cli import TOKEN as SERVE_TOKEN
+from tests.test_serve_cli import Served, start
 from tests.test_trust import TURN
 
 SESSION = "ahp-session:/once"
@@ -610,27 +612,59 @@ async def test_a_sessions_tokens_together_take_only_their_part() -> None:
         await running.stop()
 
 
+async def served_post(served: Served, path: str, token: str, body: Any, key: str = "") -> HttpReply:
+    headers = {"Idempotency-Key": key} if key else {}
+    url = f"http://127.0.0.1:{served.port}{path}"
+    return await http("POST", url, token=token, data=encode(body), headers=headers)
+
+
+@pytest.fixture
+async def two_processes(redis_server: RedisServer) -> AsyncIterator[tuple[Served, Served]]:
+    """Two ``huddle serve`` processes on one Redis; people's pool 1 MiB, so
+    a token's part is 64 KiB."""
+    env = {
+        "HUDDLE_TOKEN": SERVE_TOKEN,
+        "HUDDLE_STORE": redis_server.url,
+        "HUDDLE_AGENT": "none",
+        "HUDDLE_IDEMPOTENCY_POOL": str(1 << 20),
+    }
+    servers = (await start(env=env), await start(env=env))
+    try:
+        yield servers
+    finally:
+        for served in servers:
+            if served.process.returncode is None:
+                served.process.kill()
+                await served.process.wait()
+
+
 @pytest.mark.redis
-async def test_a_tokens_part_is_counted_across_two_servers_on_one_redis() -> None:
-    async with contextlib.AsyncExitStack() as stack:
-        redis = await stack.enter_async_context(running_redis(10 * UNIT))
-        servers = [await start_server(store=RedisStore(redis.url)) for _ in range(2)]
-        for running in servers:
-            stack.push_async_callback(running.stop)
-            running.server.idempotency.pool = 1 << 20  # a token's part: 64 KiB
-        one, two = servers
-        agent = await one.client("agent", name="agent")
-        chat = await session_chat_with_turn(agent, SESSION, TURN)
-        other = await session_chat_with_turn(agent, OTHER, TURN)
-        mallory = one.token(sessions=[SESSION], name="mallory")
-        draft = {"channel": chat, "action": ChatDraftChanged(draft=user_message("d" * 20_000))}
+async def test_a_tokens_part_is_counted_across_two_processes_on_one_redis(
+    two_processes: tuple[Served, Served],
+) -> None:
+    one, two = two_processes
+    chats: list[str] = []
+    tokens: list[str] = []
+    for name in ("a", "b"):
+        created = await served_post(one, "/api/sessions", SERVE_TOKEN, {"id": name})
+        chats.append(created.json()["chat"])
+        minted = await served_post(
+            one,
+            "/api/tokens",
+            SERVE_TOKEN,
+            {"role": "participant", "sessions": [created.json()["session"]]},
+        )
+        tokens.append(minted.json()["token"])
+    big = {"channel": chats[0], "action": ChatDraftChanged(draft=user_message("d" * 20_000))}
 
-        on_one = [(await keyed(one, mallory, f"k{n}", draft)).status for n in range(3)]
-        on_two = await keyed(two, mallory, "k3", draft)
-        mine = {"channel": other, "action": ChatDraftChanged(draft=user_message("mine"))}
-        victim = await keyed(two, two.token(sessions=[OTHER], name="v"), "mine", mine)
+    on_one = [
+        (await served_post(one, "/api/dispatch", tokens[0], big, f"k{n}")).status for n in range(3)
+    ]
+    on_two = await served_post(two, "/api/dispatch", tokens[0], big, "k3")
+    mine = {"channel": chats[1], "action": ChatDraftChanged(draft=user_message("mine"))}
+    victim = await served_post(two, "/api/dispatch", tokens[1], mine, "mine")
 
-        assert on_one == [200, 200, 200]  # about 60 KiB of 64 KiB
-        assert on_two.status == 429  # the two already kept on the first server count
-        assert "this token has" in on_two.json()["error"]
-        assert victim.status == 200
+    assert on_one == [200, 200, 200]  # about 60 KiB of 64 KiB
+    assert on_two.status == 429  # the three kept by the first process count
+    assert "this token has" in on_two.json()["error"]
+    assert victim.status == 200

@@ -149,6 +149,16 @@ async def test_delete_removes_the_channel(store: ChannelStore) -> None:
         await store.load(CHAT)
 
 
+async def test_a_tally_adds_up_to_its_bound_and_takes_back_what_is_given(
+    store: ChannelStore,
+) -> None:
+    assert await store.tally("t", 60, 100, 60) == 0
+    assert 0 < await store.tally("t", 50, 100, 60) <= 60  # over 100: refused, and until when
+    assert await store.tally("t", -30, 0, 60) == 0  # given back
+    assert await store.tally("t", 70, 100, 60) == 0  # 30 + 70
+    assert await store.tally("other", 100, 100, 60) == 0  # a count of its own
+
+
 async def test_records_are_set_read_listed_and_deleted(store: ChannelStore) -> None:
     await store.put_record("session", "a", b"1")
     await store.put_record("session", "b", b"2")

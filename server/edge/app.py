@@ -735,7 +735,11 @@ def create_app(
         authority=authority,
         metrics=metrics,
         commands=commands,
-        idempotency=Idempotency(parts.store, parts.settings.idempotency_ttl),
+        idempotency=Idempotency(
+            parts.store,
+            parts.settings.idempotency_ttl,
+            pool=parts.settings.idempotency_pool or None,
+        ),
         hosts=hosts,
     )
 

@@ -13,11 +13,18 @@ request's body and an envelope's fields: the answer carries the action),
 so that nothing is ever applied twice for want of room to keep its answer;
 once it has run, the booking becomes what is really kept (the stored
 record), or nothing when no answer is kept, and the rest is given back.
-What is booked counts for ``ttl``, in this process:
+What is booked counts for ``ttl``:
 
 - per participant or observer token (a shared link's browsers count as
-  the link), at most ``budget`` bytes; agent tokens are trusted and have
-  no budget of their own;
+  the link), at most ``1/TOKEN_PARTS`` of the people's pool (and never
+  more than ``budget``), and per session (a token's sessions, as its grant
+  names them) at most ``1/SESSION_PARTS`` of it, whichever tokens of it
+  book: so one token, or one session's tokens together, never fill what
+  the others of other sessions may keep. These counts are kept in the
+  store (server.store.base.ChannelStore.tally), so every process of a
+  cluster counts the same bytes; agent tokens are trusted and have no
+  budget of their own. The people's pool is ``pool`` when given, else
+  ``PEOPLE_SHARE`` of what the store keeps at most, else ``POOL``;
 - a store that keeps only so much (the memory store: ``remember_limit``)
   is never asked to keep more, whoever asks, since it would forget the
   oldest answers and their retries would run again; and of that room,
@@ -25,10 +32,9 @@ What is booked counts for ``ttl``, in this process:
   ``PEOPLE_SHARE``. The rest is the agents' reserve: people cannot crowd
   an agent out, however many tokens they hold, and an agent's request is
   refused for want of room only when agents' own answers leave it none in
-  the reserve. (People may still crowd each other out of their share, each
-  token at most by its budget, until their answers expire.) A store that
-  bounds nothing itself (Redis: its ``maxmemory`` is the operator's) has
-  only the tokens' budgets.
+  the reserve. A store that bounds nothing itself (Redis: its
+  ``maxmemory`` is the operator's) has only the tokens' and sessions'
+  budgets.
 
 Beyond a bound a request with a key is refused with 429 before it runs
 (retry later, or without a key), its ``Retry-After`` saying when the
@@ -53,7 +59,6 @@ import msgspec
 from starlette.responses import Response
 
 from server.auth import Grant
-from server.cache import Lru
 from server.edge.headers import retry_after
 
 MAX_KEY: Final = 200
@@ -65,7 +70,13 @@ UNKEPT: Final = frozenset({429, 503})
 ANSWER_OVERHEAD: Final = 4096
 """Bytes an answer may take beyond its request's body (envelope fields)."""
 BUDGET: Final = 16 << 20
-"""Bytes of kept answers one token may have within the ttl (per process)."""
+"""Bytes of kept answers one token may have within the ttl, at most."""
+POOL: Final = 256 << 20
+"""The people's pool for a store that bounds nothing itself (Redis)."""
+TOKEN_PARTS: Final = 16
+"""One token may keep at most this part of the people's pool."""
+SESSION_PARTS: Final = 4
+"""One session's tokens together may keep at most this part of it."""
 PEOPLE_SHARE: Final = 0.5
 """Of what a store keeps at most, the part that participant and observer
 tokens' answers may take together; the rest is kept for agent tokens'."""
@@ -83,6 +94,8 @@ class Memory(Protocol):
     async def remember(self, key: str, value: bytes, ttl: float) -> None: ...
 
     async def recall(self, key: str) -> bytes | None: ...
+
+    async def tally(self, key: str, size: int, most: int, ttl: float) -> float: ...
 
 
 @dataclass(slots=True)
@@ -167,13 +180,15 @@ class Idempotency:
         ttl: float,
         *,
         budget: int = BUDGET,
+        pool: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.ttl = ttl
         self.budget = budget
+        self.pool = pool
+        """The people's pool (None: from the store's bound, else POOL)."""
         self.clock = clock
-        self._ledgers: Lru[str, _Ledger] = Lru(10_000)
         self._all = _Ledger()
         """Everything kept, for a store that keeps only so much."""
         self._people = _Ledger()
@@ -200,9 +215,15 @@ class Idempotency:
         # What keeping its answer may take, booked before it runs (the
         # answer, an envelope, is about the size of the action it carries).
         size = len(name) + len(body) + ANSWER_OVERHEAD
+        counts = await self._book_counts(grant, size)
+        if isinstance(counts, tuple):
+            await self.store.claim(running, mine, 0)
+            reason, wait = counts
+            return retry_after(_problem(429, reason), wait)
         now = self.clock()
         refusal = self._refusal(grant, now, size)
         if refusal is not None:
+            await self._give_back(counts, size)
             await self.store.claim(running, mine, 0)
             reason, room_at = refusal
             return retry_after(_problem(429, reason), room_at - now)
@@ -225,20 +246,59 @@ class Idempotency:
             # What is really kept, for as long as the store keeps it: a
             # small answer to a large body (a rejection) keeps little.
             hold.settle(self.clock() + self.ttl, keeping)
+            await self._give_back(counts, size - keeping)
         return answer
+
+    @property
+    def people_pool(self) -> int:
+        """Bytes that participant and observer tokens may keep together."""
+        if self.pool is not None:
+            return self.pool
+        limit = self.store.remember_limit
+        return POOL if limit is None else int(limit * PEOPLE_SHARE)
+
+    def _counts_of(self, grant: Grant) -> list[tuple[str, int, str]]:
+        """The store's counts ``grant``'s answers are booked in, with their
+        bounds and the refusal's words (an agent's: none)."""
+        if grant.role == "agent":
+            return []
+        pool = self.people_pool
+        token = min(self.budget, pool // TOKEN_PARTS)
+        scope = "*" if grant.sessions is None else "\n".join(sorted(grant.sessions))
+        return [
+            (
+                f"idempotency-token:{grant.budget_key}",
+                token,
+                f"this token has {token >> 10} KiB of Idempotency-Key answers kept already",
+            ),
+            (
+                f"idempotency-session:{hashlib.sha256(scope.encode()).hexdigest()[:32]}",
+                pool // SESSION_PARTS,
+                "this session's tokens have their part of Idempotency-Key answers kept already",
+            ),
+        ]
+
+    async def _book_counts(self, grant: Grant, size: int) -> list[str] | tuple[str, float]:
+        """Book ``size`` bytes in each of ``grant``'s counts: the keys booked,
+        or why not and for how long (then nothing stays booked)."""
+        booked: list[str] = []
+        for key, most, reason in self._counts_of(grant):
+            wait = await self.store.tally(key, size, most, self.ttl)
+            if wait > 0:
+                await self._give_back(booked, size)
+                return f"{reason}: retry later, or without a key", wait
+            booked.append(key)
+        return booked
+
+    async def _give_back(self, keys: list[str], size: int) -> None:
+        if size > 0:
+            for key in keys:
+                await self.store.tally(key, -size, 0, self.ttl)
 
     def _refusal(self, grant: Grant, now: float, size: int) -> tuple[str, float] | None:
         """Why there is no room for ``size`` more bytes of ``grant``'s, and
         when there will be (None: there is)."""
         person = grant.role != "agent"
-        if person:
-            room_at = self._ledger(grant).room_at(now, self.budget - size)
-            if room_at > now:
-                return (
-                    f"this token has {self.budget >> 20} MiB of Idempotency-Key answers kept "
-                    "already: retry later, or without a key",
-                    room_at,
-                )
         limit = self.store.remember_limit
         if limit is None:
             return None
@@ -262,24 +322,12 @@ class Idempotency:
         return None
 
     def _ledgers_of(self, grant: Grant) -> list[_Ledger]:
-        """The ledgers ``grant``'s answers count in: a participant's or
-        observer's own (an agent has none); for a store that keeps only so
-        much, also people's together (not an agent's) and the whole store's."""
-        if grant.role == "agent":
-            shared = [self._all]
-            return shared if self.store.remember_limit is not None else []
-        mine = self._ledger(grant)
+        """The ledgers of this process ``grant``'s answers count in, for a
+        store that keeps only so much (one process's memory): people's
+        together (not an agent's) and the whole store's."""
         if self.store.remember_limit is None:
-            return [mine]
-        return [mine, self._people, self._all]
-
-    def _ledger(self, grant: Grant) -> _Ledger:
-        """The token's account of what it had kept."""
-        ledger = self._ledgers.get(grant.budget_key)
-        if ledger is None:
-            ledger = _Ledger()
-            self._ledgers.put(grant.budget_key, ledger)
-        return ledger
+            return []
+        return [self._all] if grant.role == "agent" else [self._people, self._all]
 
     async def _kept(self, name: str) -> _Kept | None:
         raw = await self.store.recall(name)

@@ -245,6 +245,14 @@ class ChannelStore(ABC):
     async def recall(self, key: str) -> bytes | None:
         """What :meth:`remember` keeps under ``key``, while it lasts."""
 
+    @abstractmethod
+    async def tally(self, key: str, size: int, most: int, ttl: float) -> float:
+        """Add ``size`` to the count under ``key``, atomically across
+        processes, unless that makes it more than ``most``: 0 when added,
+        else the seconds until the count is reset. A count lasts ``ttl``
+        seconds from its first addition, then starts again from 0; a
+        negative ``size`` (room given back) is always added."""
+
     # ─── Audit ───────────────────────────────────────────────────────────
 
     @abstractmethod

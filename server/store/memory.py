@@ -50,6 +50,7 @@ class MemoryStore(ChannelStore):
         self._records: dict[str, dict[str, bytes]] = {}
         self._listeners: list[Listener] = []
         self._claims: dict[str, tuple[str, float]] = {}
+        self._tallies: dict[str, tuple[int, float]] = {}
         self._claims_seen = 1024
         """Expired claims are swept when the map doubles past this."""
         self._kept: dict[str, tuple[bytes, float]] = {}
@@ -165,6 +166,21 @@ class MemoryStore(ChannelStore):
             self._claims = {k: v for k, v in self._claims.items() if v[1] > now}
             self._claims_seen = max(1024, len(self._claims))
         return None
+
+    async def tally(self, key: str, size: int, most: int, ttl: float) -> float:
+        now = time.monotonic()
+        count, until = self._tallies.get(key, (0, now + ttl))
+        if until <= now:
+            count, until = 0, now + ttl
+        if size > 0 and count + size > most:
+            return until - now
+        if count + size <= 0:
+            self._tallies.pop(key, None)
+        else:
+            self._tallies[key] = (count + size, until)
+        if len(self._tallies) > 2 * self._claims_seen:
+            self._tallies = {k: v for k, v in self._tallies.items() if v[1] > now}
+        return 0.0
 
     async def remember(self, key: str, value: bytes, ttl: float) -> None:
         now = time.monotonic()

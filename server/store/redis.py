@@ -221,6 +221,25 @@ end
 return false
 """
 
+# KEYS: the count.  ARGV: size, most, ttl (ms).  Returns 0 when added, else
+# the milliseconds until the count is reset (server.store.base.tally).
+TALLY = """
+local count = tonumber(redis.call('GET', KEYS[1]) or '0')
+local size = tonumber(ARGV[1])
+if size > 0 and count + size > tonumber(ARGV[2]) then
+  local left = redis.call('PTTL', KEYS[1])
+  if left <= 0 then return tonumber(ARGV[3]) end
+  return left
+end
+if count + size <= 0 then
+  redis.call('DEL', KEYS[1])
+  return 0
+end
+redis.call('INCRBY', KEYS[1], size)
+if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return 0
+"""
+
 # KEYS: the audit list.  ARGV: n, record.  Returns -1 when appended, else
 # how many records the audit holds.
 AUDIT = """
@@ -263,7 +282,7 @@ return {appended, 1, reply}
 """
 
 _CREATE, _LOAD, _APPEND = Script(CREATE), Script(LOAD), Script(APPEND)
-_CLAIM, _AUDIT = Script(CLAIM), Script(AUDIT)
+_CLAIM, _AUDIT, _TALLY = Script(CLAIM), Script(AUDIT), Script(TALLY)
 _READ_LOG, _SNAPSHOT, _RESTORE = Script(READ_LOG), Script(SNAPSHOT), Script(RESTORE)
 
 
@@ -489,6 +508,11 @@ class RedisStore(ChannelStore):
     async def recall(self, key: str) -> bytes | None:
         value: Any = await self.link.call(self.client.get("huddle:kept:{" + key + "}"))
         return None if value is None else bytes(value)
+
+    async def tally(self, key: str, size: int, most: int, ttl: float) -> float:
+        name = "huddle:tally:{" + key + "}"
+        left = await self.link.run(_TALLY, [name], [size, most, max(1, int(ttl * 1000))])
+        return int(left) / 1000
 
     async def claim(self, key: str, owner: str, ttl: float) -> str | None:
         name = "huddle:claim:{" + key + "}"

@@ -38,15 +38,25 @@ MAX_DECLARED_NAME = 60
 MAX_MARKS = 3
 """Combining marks a typed-in name keeps on one character (enough for any
 script's stacked vowel and tone marks; "Zalgo" text stacks dozens)."""
-BLANKS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+BLANKS = frozenset("\u115f\u1160\u3164\uffa0\u2800\U0001d159")
 """Characters that are letters or symbols to Unicode but show as nothing
-(the Hangul fillers, the blank Braille pattern): a name of them looks empty."""
+(the Hangul fillers, the blank Braille pattern, the musical null notehead):
+a name of them looks empty."""
+IGNORABLE = frozenset(
+    "\u034f\u17b4\u17b5\u180b\u180c\u180d\u180f"
+    + "".join(chr(c) for c in range(0xFE00, 0xFE10))
+    + "".join(chr(c) for c in range(0xE0100, 0xE01F0))
+)
+"""Default-ignorable marks Unicode does not file as format characters (the
+grapheme joiner, Khmer inherent vowels, variation selectors): they show as
+nothing, so a name never keeps one."""
 
 
 def typed_name(typed: str) -> str:
     """A name as someone typed it, made fit to show: composed (NFC), without
-    control, format or blank-looking characters (a right-to-left override,
-    a zero-width space, NUL, a Hangul filler), at most :data:`MAX_MARKS`
+    control, format, default-ignorable or blank-looking characters (a
+    right-to-left override, a zero-width space, NUL, a Hangul filler, a
+    grapheme joiner), at most :data:`MAX_MARKS`
     combining marks on a character, runs of spaces made one, cut to
     :data:`MAX_DECLARED_NAME` characters; empty when nothing visible is
     left."""
@@ -54,7 +64,7 @@ def typed_name(typed: str) -> str:
     marks = 0
     for c in unicodedata.normalize("NFC", typed):
         category = unicodedata.category(c)
-        if category[0] == "C" or c in BLANKS:
+        if category[0] == "C" or c in BLANKS or c in IGNORABLE:
             continue
         if category[0] == "M":
             marks += 1

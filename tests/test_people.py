@@ -124,6 +124,9 @@ async def test_a_shared_links_holder_goes_by_the_name_they_typed_marked_as_such(
         ("\u3164\u3164", "participant"),
         ("\u2800 \u115f\u1160", "participant"),
         ("\u0301\u0301", "participant"),
+        ("\U0001d159", "participant"),
+        ("A\u034fl\u17b4i\u17b5c\u180be\u180c\u180d", "Alice"),
+        ("\u2066Bo\u200fb\u2069\ufeff", "Bob"),
     ],
     ids=[
         "right-to-left-override",
@@ -134,6 +137,9 @@ async def test_a_shared_links_holder_goes_by_the_name_they_typed_marked_as_such(
         "hangul-fillers",
         "braille-blank",
         "marks-alone",
+        "null-notehead",
+        "default-ignorable-marks",
+        "isolates-and-byte-order-mark",
     ],
 )
 async def test_a_typed_name_loses_control_characters_and_a_blank_one_is_the_tokens(

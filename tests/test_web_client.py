@@ -361,6 +361,21 @@ async def test_stop_cancels_the_active_turn(browser: Browser, demo_server: Runni
 # ─── Safety ──────────────────────────────────────────────────────────────────
 
 
+async def test_a_title_with_a_right_to_left_override_is_shown_isolated_and_made_visible(
+    browser: Browser, demo_server: RunningServer
+) -> None:
+    title = "Invoice \u202efdp.exe"
+    session, _ = await create_session(demo_server.http, title)
+    _, page = await open_client(browser, demo_server.http, demo_server.token(), session=session)
+
+    shown = page.get_by_role("list", name="Sessions").locator(".session-title")
+    await expect(shown).to_have_text(title)
+    await expect(shown).to_have_attribute("dir", "auto")
+    await expect(page.locator("h2.chat-title")).to_have_attribute("dir", "auto")
+    await expect(page).to_have_title("Invoice <U+202E>fdp.exe · Huddle")
+    assert "\u202e" not in await page.title()
+
+
 async def test_question_text_that_looks_like_html_shows_as_text_and_runs_nothing(
     browser: Browser, plain_server: RunningServer
 ) -> None:

@@ -14,7 +14,7 @@
 
 import { fullChatText } from './chats.js';
 import { h, syncKeyed, uid } from './dom.js';
-import { ACTIVITY_LABEL, activityOf, clockTime } from './format.js';
+import { ACTIVITY_LABEL, activityOf, clockTime, visibleControls } from './format.js';
 import { InputRequestView } from './input-request.js';
 import { renderMarkdown } from './markdown.js';
 import { peopleOf, presentPeople, turnStampOf } from './people.js';
@@ -50,7 +50,7 @@ function keyed(parts, turn, people) {
 
 class MarkdownView {
   constructor(item) {
-    this.el = h('div', { class: 'md' });
+    this.el = h('div', { class: 'md', dir: 'auto' });
     this.update(item);
   }
 
@@ -63,7 +63,7 @@ class MarkdownView {
 
 class ReasoningView {
   constructor(item) {
-    this.body = h('div', { class: 'md' });
+    this.body = h('div', { class: 'md', dir: 'auto' });
     this.el = h('details', { class: 'reasoning' }, h('summary', null, 'Reasoning'), this.body);
     this.update(item);
   }
@@ -77,7 +77,7 @@ class ReasoningView {
 
 class NoticeView {
   constructor(item) {
-    this.el = h('p', { class: 'notice' });
+    this.el = h('p', { class: 'notice', dir: 'auto' });
     this.update(item);
   }
 
@@ -120,7 +120,7 @@ class TurnView {
       h(
         'div',
         { class: `message ${turn.message?.origin?.kind === 'agent' ? 'from-agent' : 'from-user'}` },
-        h('p', { class: 'bubble' }, turn.message?.text ?? ''),
+        h('p', { class: 'bubble', dir: 'auto' }, turn.message?.text ?? ''),
         time ? h('time', { datetime: turn.startedAt, class: 'meta' }, time) : null,
       ),
       this.response,
@@ -176,7 +176,7 @@ export class ChatView {
     this.ctx = ctx;
     this.turns = new Map();
     this.titleId = uid('chat-title');
-    this.title = h('h2', { id: this.titleId, class: 'chat-title' });
+    this.title = h('h2', { id: this.titleId, class: 'chat-title', dir: 'auto' });
     this.status = h('span', { class: 'status-chip' });
     const presenceId = uid('presence');
     this.presenceList = h('ul', { class: 'presence-list', 'aria-labelledby': presenceId });
@@ -372,7 +372,7 @@ export class ChatView {
       this.stickToBottom = true;
     }
     this.title.textContent = session?.title ?? (view.missing ? 'Not found' : 'Loading…');
-    document.title = session?.title ? `${session.title} · Huddle` : 'Huddle';
+    document.title = session?.title ? `${visibleControls(session.title)} · Huddle` : 'Huddle';
     const activity = chat ? activityOf(chat.status) : null;
     this.status.hidden = !activity;
     if (activity) {
@@ -433,7 +433,7 @@ export class ChatView {
           'li',
           { class: `person${person.me ? ' me' : ''}` },
           h('span', { class: 'avatar', 'aria-hidden': 'true' }, initial(person.name)),
-          h('span', { class: 'person-name' }, person.name),
+          h('span', { class: 'person-name', dir: 'auto' }, person.name),
           person.count > 1 ? h('span', { class: 'muted' }, ` ×${person.count}`) : null,
           person.me ? h('span', { class: 'muted' }, ' (you)') : null,
         ),
@@ -451,7 +451,7 @@ export class ChatView {
         return h(
           'a',
           { href: view.chatHref(summary.resource), class: 'tab', 'aria-current': summary.resource === view.uri ? 'page' : null },
-          summary.title,
+          h('bdi', null, summary.title),
           activity === 'input' ? h('span', { class: 'dot input', title: 'Needs input' }, h('span', { class: 'visually-hidden' }, ' (needs input)')) : null,
         );
       }),

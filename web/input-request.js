@@ -234,7 +234,7 @@ export class InputRequestView {
       const label = (url ? URL_RESPONSE_LABEL : RESPONSE_LABEL)[part.response] ?? part.response;
       badge = h('span', { class: `badge ${part.response === 'accept' ? 'ok' : 'muted'}` }, label);
       // No person completed it and its time is up: it expired.
-      if (by?.name) credit = h('span', { class: 'credit' }, `by ${displayOf(by)}`);
+      if (by?.name) credit = h('span', { class: 'credit' }, 'by ', h('bdi', null, displayOf(by)));
       else if (isExpired(note)) credit = h('span', { class: 'badge muted expired' }, 'Expired');
     } else badge = h('span', { class: 'badge muted' }, 'Not answered');
     const answers = (request.questions ?? []).map((question) => {

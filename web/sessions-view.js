@@ -27,7 +27,7 @@ class SessionItem {
       h(
         'span',
         { class: 'session-main' },
-        h('span', { class: 'session-title' }, summary.title || 'Untitled session'),
+        h('span', { class: 'session-title', dir: 'auto' }, summary.title || 'Untitled session'),
         h(
           'span',
           { class: 'session-meta' },

@@ -7,7 +7,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { tooLateText } from '../format.js';
+import { tooLateText, visibleControls } from '../format.js';
 
 const NOT_PENDING = "tool-call-not-pending: tool call 'c1' is not pending confirmation";
 const CLOSED = "no-open-input-request: the active turn has no open input request 'r1'";
@@ -38,4 +38,10 @@ test('other rejections are not late: they say their own reason', () => {
   const answer = { type: 'chat/inputAnswerChanged', requestId: 'r1', questionId: 'q' };
   assert.equal(tooLateText(answer, CLOSED), null);
   assert.equal(tooLateText({ type: 'chat/toolCallConfirmed', approved: true }, undefined), null);
+});
+
+test('a title for document.title shows its bidi controls instead of obeying them', () => {
+  assert.equal(visibleControls('Invoice \u202efdp.exe'), 'Invoice <U+202E>fdp.exe');
+  assert.equal(visibleControls('\u2066a\u2069\u200fb'), '<U+2066>a<U+2069><U+200F>b');
+  assert.equal(visibleControls('Plain title'), 'Plain title');
 });

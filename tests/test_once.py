@@ -563,8 +563,10 @@ async def filled_by_one_token(running: RunningServer, token: str, chat: str) -> 
     return statuses
 
 
-async def test_a_token_that_fills_its_part_leaves_another_sessions_token_room() -> None:
-    # 2 MiB kept at most: people's pool is 1 MiB, a token's part 64 KiB.
+@pytest.fixture
+async def two_sessions() -> AsyncIterator[tuple[RunningServer, str, str]]:
+    """A server keeping 2 MiB at most (people's pool 1 MiB: a token's part
+    64 KiB, a session's 256 KiB) and a chat in each of two sessions."""
     store = MemoryStore()
     store.remember_limit = 2 << 20
     running = await start_server(store=store)
@@ -572,44 +574,45 @@ async def test_a_token_that_fills_its_part_leaves_another_sessions_token_room() 
         agent = await running.client("agent", name="agent")
         chat = await session_chat_with_turn(agent, SESSION, TURN)
         other = await session_chat_with_turn(agent, OTHER, TURN)
-        mallory = running.token(sessions=[SESSION], name="mallory")
-
-        statuses = await filled_by_one_token(running, mallory, chat)
-        draft = {"channel": other, "action": ChatDraftChanged(draft=user_message("mine"))}
-        victim = await keyed(running, running.token(sessions=[OTHER], name="v"), "mine", draft)
-
-        assert statuses[-1] == 429
-        assert len(statuses) <= 4  # its part (64 KiB), not people's pool (1 MiB)
-        assert victim.status == 200
+        yield running, chat, other
     finally:
         await running.stop()
 
 
-async def test_a_sessions_tokens_together_take_only_their_part() -> None:
-    store = MemoryStore()
-    store.remember_limit = 2 << 20
-    running = await start_server(store=store)
-    try:
-        agent = await running.client("agent", name="agent")
-        chat = await session_chat_with_turn(agent, SESSION, TURN)
-        other = await session_chat_with_turn(agent, OTHER, TURN)
-        refused: list[str] = []
-        for n in range(40):  # a session's part is 256 KiB: full after a few tokens' two
-            token = running.token(sessions=[SESSION], name=f"mallory-{n}")
-            draft = {"channel": chat, "action": ChatDraftChanged(draft=user_message("d" * 20_000))}
-            first = await keyed(running, token, "k", draft)
-            if first.status == 429:
-                refused.append(first.json()["error"])
-                break
-            await keyed(running, token, "k2", draft)
-        draft = {"channel": other, "action": ChatDraftChanged(draft=user_message("mine"))}
-        victim = await keyed(running, running.token(sessions=[OTHER], name="v"), "mine", draft)
+async def test_a_token_that_fills_its_part_leaves_another_sessions_token_room(
+    two_sessions: tuple[RunningServer, str, str],
+) -> None:
+    running, chat, other = two_sessions
+    mallory = running.token(sessions=[SESSION], name="mallory")
 
-        assert refused
-        assert "this session's tokens" in refused[0]
-        assert victim.status == 200
-    finally:
-        await running.stop()
+    statuses = await filled_by_one_token(running, mallory, chat)
+    draft = {"channel": other, "action": ChatDraftChanged(draft=user_message("mine"))}
+    victim = await keyed(running, running.token(sessions=[OTHER], name="v"), "mine", draft)
+
+    assert statuses[-1] == 429
+    assert len(statuses) <= 4  # its part (64 KiB), not people's pool (1 MiB)
+    assert victim.status == 200
+
+
+async def test_a_sessions_tokens_together_take_only_their_part(
+    two_sessions: tuple[RunningServer, str, str],
+) -> None:
+    running, chat, other = two_sessions
+    refused: list[str] = []
+    for n in range(40):  # a session's part is 256 KiB: full after a few tokens' two
+        token = running.token(sessions=[SESSION], name=f"mallory-{n}")
+        draft = {"channel": chat, "action": ChatDraftChanged(draft=user_message("d" * 20_000))}
+        first = await keyed(running, token, "k", draft)
+        if first.status == 429:
+            refused.append(first.json()["error"])
+            break
+        await keyed(running, token, "k2", draft)
+    draft = {"channel": other, "action": ChatDraftChanged(draft=user_message("mine"))}
+    victim = await keyed(running, running.token(sessions=[OTHER], name="v"), "mine", draft)
+
+    assert refused
+    assert "this session's tokens" in refused[0]
+    assert victim.status == 200
 
 
 async def served_post(served: Served, path: str, token: str, body: Any, key: str = "") -> HttpReply:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from protocol.actions import ChatInputCompleted
 from protocol.chat import (
@@ -32,6 +32,7 @@ from protocol.chat import (
     InputResponseKind,
 )
 from protocol.rejections import RejectionCode
+from server.auth import Identity
 from server.client import HuddleClient, ProtocolError
 from server.core.expiry import Expiry
 from server.core.host import Host
@@ -65,6 +66,24 @@ class Reply:
 
     response: InputResponseKind
     answers: dict[str, InputAnswer]
+    answered_by: Identity | None = None
+    """Who resolved it, as the server knows them (None: nobody did, it
+    expired or was withdrawn)."""
+
+
+DecisionKind = Literal["approved", "denied", "expired", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How people settled a tool call put to them for approval: ``arguments``
+    are the ones to run with (edited by a person, else the asked ones), and
+    ``reason`` a denial's reason."""
+
+    decision: DecisionKind
+    arguments: dict[str, Any]
+    reason: str | None = None
+    decided_by: Identity | None = None
 
 
 class People(Protocol):
@@ -91,6 +110,21 @@ class People(Protocol):
     async def withdraw(self, request_id: str) -> None:
         """Resolve the request as ``cancel`` if it is still open (the MCP
         side gave up on it); a no-op when it is resolved already."""
+
+    async def approve(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        reason: str | None = None,
+        expiry: Expiry | None = None,
+        call_id: str | None = None,
+    ) -> Decision:
+        """Show a call of ``tool`` with ``arguments`` in the chat, waiting
+        for people's approval (``reason``: why the agent wants it), and wait
+        until a person approves (maybe editing the arguments, checked by the
+        host against the tool's input schema), denies it, or it expires.
+        ``call_id`` names the call (the same id asks the same call again)."""
 
 
 class HostChat:
@@ -139,6 +173,17 @@ class HostChat:
         with contextlib.suppress(ActionRejected, ChannelGone):
             await self.host.dispatch(self.chat, action)
 
+    async def approve(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        reason: str | None = None,
+        expiry: Expiry | None = None,
+        call_id: str | None = None,
+    ) -> Decision:
+        raise NotImplementedError("approvals through the host: being built (issue 40)")
+
 
 class RemoteChat:
     """The people of ``chat``, asked through ``client`` (an agent token)."""
@@ -176,6 +221,17 @@ class RemoteChat:
         # Rejected when resolved already; a lost connection has nothing to withdraw.
         with contextlib.suppress(HuddleError):
             await self.client.dispatch_and_wait(self.chat, action)
+
+    async def approve(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        reason: str | None = None,
+        expiry: Expiry | None = None,
+        call_id: str | None = None,
+    ) -> Decision:
+        raise NotImplementedError("approvals through a client: being built (issue 40)")
 
 
 def _not_asked(rejected: ActionRejected) -> Unaskable | InputAbandoned:

@@ -18,6 +18,7 @@ policy is ``fail``). With an expiry whose policy is ``cancel`` or
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -30,14 +31,32 @@ from protocol.chat import (
     InputRequest,
     InputRequestPart,
     InputResponseKind,
+    ToolCallCancelled,
+    ToolCallRunning,
+    ToolCallState,
+    Turn,
 )
+from protocol.messages import ChannelState
 from protocol.rejections import RejectionCode
+from reducers.chat import select_input_settlement
 from server.auth import Identity
-from server.client import HuddleClient, ProtocolError
+from server.client import Completion, HuddleClient, Mirror, ProtocolError
 from server.core.expiry import Expiry
 from server.core.host import Host
 from server.errors import ActionRejected, ChannelGone, HuddleError, InputAbandoned
 from server.mcp.errors import ElicitationExpired, Unaskable
+from server.mcp.remote_calls import (
+    AskingTurn,
+    approved,
+    call_arguments,
+    complete_approved,
+    denial_reason,
+    is_waiting,
+    latest_call,
+    settler,
+    show_call,
+    turn_holding_request,
+)
 from server.runner.context import Lend
 
 UNASKABLE = frozenset(
@@ -186,35 +205,66 @@ class HostChat:
 
 
 class RemoteChat:
-    """The people of ``chat``, asked through ``client`` (an agent token)."""
+    """The people of ``chat``, asked through ``client`` (an agent token).
+
+    When the chat has no active turn to ask in, it opens one as the agent
+    (``opening`` is its message) and ends it once nothing waits in it
+    (server.mcp.remote_calls). A request asked again under its id (a
+    process started again after a crash) is found again: an open one is
+    waited on, a settled one returns its answer, never asked twice."""
 
     schema_enforced = False
 
-    def __init__(self, client: HuddleClient, chat: str) -> None:
+    def __init__(
+        self, client: HuddleClient, chat: str, *, opening: str = "An agent asks the people here"
+    ) -> None:
         self.client = client
         self.chat = chat
+        self.turn = AskingTurn(client, chat, opening)
 
     async def ask(
         self, request: InputRequest, schema: dict[str, Any] | None, expiry: Expiry | None = None
     ) -> Reply:
         try:
-            if expiry is None:
-                completion = await self.client.request_input(self.chat, request)
-            else:
-                completion = await self.client.request_input(
-                    self.chat, request, expires_in=expiry.seconds, on_expiry=expiry.on_expiry
-                )
+            async with self.turn.held() as mirror:
+                completion = await self._asked(mirror, request, expiry)
         except ActionRejected as error:
             raise _not_asked(error) from None
         except ProtocolError as error:
             raise InputAbandoned(str(error)) from None
         except InputAbandoned:
-            mirror = self.client.mirrors.get(self.chat)
-            if expiry is not None and expiry.on_expiry == "fail" and mirror is not None:
-                _raise_if_expired(self.chat, mirror.state, request.id)
+            held = self.client.mirrors.get(self.chat)
+            if expiry is not None and expiry.on_expiry == "fail" and held is not None:
+                _raise_if_expired(self.chat, held.state, request.id)
             raise
         response = _RESPONSES.get(completion.response, "cancel")
-        return Reply(response, completion.answers)
+        state = (await self.turn.mirror()).chat
+        turn = turn_holding_request(state, request.id)
+        who = await settler(self.turn, state, self.chat, "requests", request.id, turn)
+        return Reply(response, completion.answers, answered_by=who.by)
+
+    async def _asked(
+        self, mirror: Mirror, request: InputRequest, expiry: Expiry | None
+    ) -> Completion:
+        """Ask ``request``, unless it is asked already (then wait for it)
+        or answered already (then its answer)."""
+        if select_input_settlement(mirror.chat, request.id).status == "gone":
+            if expiry is None:
+                return await self.client.request_input(self.chat, request)
+            return await self.client.request_input(
+                self.chat, request, expires_in=expiry.seconds, on_expiry=expiry.on_expiry
+            )
+
+        def settled(state: ChannelState) -> bool:
+            assert isinstance(state, ChatState)
+            return select_input_settlement(state, request.id).status != "open"
+
+        state = await mirror.wait_for(settled)
+        assert isinstance(state, ChatState)
+        outcome = select_input_settlement(state, request.id)
+        if outcome.status != "resolved" or outcome.part is None or outcome.part.response is None:
+            raise InputAbandoned(f"request {request.id}: the turn ended first")
+        return Completion(outcome.part.response, dict(outcome.part.request.answers or {}))
 
     async def withdraw(self, request_id: str) -> None:
         action = ChatInputCompleted(request_id=request_id, response="cancel")
@@ -231,7 +281,65 @@ class RemoteChat:
         expiry: Expiry | None = None,
         call_id: str | None = None,
     ) -> Decision:
-        raise NotImplementedError("approvals through a client: being built (issue 40)")
+        call_id = call_id or f"approval-{secrets.token_hex(8)}"
+        try:
+            async with self.turn.held() as mirror:
+                turn, call = await self._decided(mirror, tool, arguments, reason, expiry, call_id)
+        except ActionRejected as error:
+            raise _not_asked(error) from None
+        except ProtocolError as error:
+            raise InputAbandoned(str(error)) from None
+        ended = getattr(turn, "error", None)
+        if ended is not None and ended.error_type == "expired":
+            raise ElicitationExpired(self.chat, ended.message)
+        state = (await self.turn.mirror()).chat
+        who = await settler(self.turn, state, self.chat, "toolCalls", call_id, turn)
+        if approved(call):
+            return Decision("approved", call_arguments(call, arguments), decided_by=who.by)
+        if isinstance(call, ToolCallCancelled):
+            text = denial_reason(call)
+            if who.expired:
+                return Decision("expired", arguments, reason=text or "nobody approved it in time")
+            if call.reason == "denied":
+                return Decision("denied", arguments, reason=text, decided_by=who.by)
+        # Skipped: its turn ended with nobody deciding.
+        return Decision("cancelled", arguments, decided_by=who.by)
+
+    async def _decided(
+        self,
+        mirror: Mirror,
+        tool: str,
+        arguments: dict[str, Any],
+        reason: str | None,
+        expiry: Expiry | None,
+        call_id: str,
+    ) -> tuple[ActiveTurn | Turn, ToolCallState]:
+        """Show the call (unless it is shown already), wait until it is
+        settled, complete it in the chat if approved; its turn and state."""
+        if latest_call(mirror.chat, call_id) is None:
+            active = mirror.chat.active_turn
+            if active is None:
+                raise InputAbandoned(f"{self.chat} has no active turn to ask in")
+            await show_call(
+                self.client, self.chat, active.id, call_id, tool, arguments, reason, expiry
+            )
+
+        def settled(state: ChannelState) -> bool:
+            assert isinstance(state, ChatState)
+            found = latest_call(state, call_id)
+            return found is None or not is_waiting(found[1])
+
+        state = await mirror.wait_for(settled)
+        assert isinstance(state, ChatState)
+        found = latest_call(state, call_id)
+        if found is None:
+            raise InputAbandoned(f"tool call {call_id}: the chat was truncated first")
+        turn, call = found
+        active = state.active_turn
+        ours = active is not None and active.id == turn.id
+        if ours and isinstance(call, ToolCallRunning) and approved(call):
+            await complete_approved(self.client, self.chat, turn.id, call_id, tool)
+        return turn, call
 
 
 def _not_asked(rejected: ActionRejected) -> Unaskable | InputAbandoned:

@@ -172,7 +172,11 @@ class ChatResuming:
             if ridden is not None and self._saved_by_rider(ridden):
                 pass
             elif isinstance(action, ChatTurnStarted):
-                await self._start(uri, action)
+                # A turn an outside agent opened to ask its own questions in
+                # (server.mcp.remote_calls) is that agent's: the session's
+                # agent starts for people's turns.
+                if action.message.origin.kind != "agent":
+                    await self._start(uri, action)
             elif isinstance(action, ChatInputCompleted | ChatToolCallConfirmed):
                 # Only the server's own confirmation is the expiry's: a
                 # person's _meta saying so proves nothing.

@@ -87,7 +87,9 @@ async def audit_of(huddle: RunningServer, token: str, session: str = SESSION) ->
     reply = await http("GET", f"{huddle.http}/api/audit?session={session}", token=token)
     assert reply.status == 200, reply.body
     assert reply.headers["Content-Type"].startswith("application/x-ndjson")
-    return reply.body.splitlines()
+    *lines, end = reply.body.splitlines()
+    assert json.loads(end)["what"] == "audit/end"  # the export's signed end
+    return lines
 
 
 def records(lines: list[bytes]) -> list[dict[str, Any]]:

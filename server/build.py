@@ -134,6 +134,7 @@ def build(
         audit_values=settings.audit_values,
         audit_max_records=settings.audit_max_records,
         audit_max_bytes=settings.audit_max_bytes,
+        audit_key=settings.audit_key,
         expiry_check_interval=settings.expiry_check_interval,
     )
     service = None

@@ -24,12 +24,15 @@ from collections.abc import AsyncIterator
 from importlib.metadata import version
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from protocol.uris import SESSION_SCHEME, session_uri
+from reducers.clock import iso_time
 from server.auth import TokenAuthority
 from server.build import build, open_store
 from server.config import Settings, settings_from
-from server.core.audit import AuditBroken, verify
-from server.core.audit import export as audit_export
+from server.core.audit import AuditBroken, PublicKeys, Verified, signed_export, verify
+from server.core.audit_key import AuditKeys, read_public_keys
 from server.edge.app import create_app
 from server.edge.serve import UvicornServer, uvicorn_config
 from server.errors import StoreError
@@ -38,6 +41,10 @@ from server.runner.service import load_agent
 SPARE_WORKERS = (
     "workers more, at most, while tools wait for people (8): an MCP server's question "
     "holds its turn's worker until answered, and a spare runs other turns meanwhile"
+)
+AUDIT_KEY = (
+    "a PEM file with the Ed25519 private key that signs the audit (default: one the "
+    "store keeps, generated once, shared by every process on it)"
 )
 DRAIN_SECONDS = (
     "at a stop (SIGTERM, SIGINT), how long turns running here may go on to their next "
@@ -185,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="bytes of records a session's audit holds at most (268435456: 256 MiB)",
     )
+    serve.add_argument("--audit-key", metavar="PATH", help=AUDIT_KEY)
     serve.add_argument(
         "--retention",
         help="remove a session finished this long (and a disposed one's audit): 90s, 15m, "
@@ -238,15 +246,31 @@ def build_parser() -> argparse.ArgumentParser:
     exporting.add_argument("--url", help="the server (default http://localhost:8765; HUDDLE_URL)")
     exporting.add_argument("--token", help="the agent token (also HUDDLE_TOKEN)")
     exporting.add_argument("--out", help="the file to write (default: stdout)")
+    exporting.add_argument(
+        "--audit-key",
+        metavar="PATH",
+        help="with --store: the servers' --audit-key, to sign the export's end (default: "
+        "the key the store keeps)",
+    )
     verifying = audits.add_parser(
         "verify",
         help="check an exported audit's hash chain",
         description="Exit 0 when every record is in its place and unaltered, 1 naming the "
-        "first line that is not.",
+        "first line that is not. With --public-key, every record's signature and the "
+        "export's signed end are checked too: nothing else is needed to trust it. "
+        "Without, only the hashes are: anyone could have rewritten and rehashed it.",
     )
     verifying.add_argument("file", metavar="FILE", help="JSON Lines, as exported ('-': stdin)")
     verifying.add_argument(
         "--head", help="the last hash the export reported: also catches records cut off the end"
+    )
+    verifying.add_argument(
+        "--public-key",
+        dest="public_keys",
+        action="append",
+        metavar="KEY",
+        help="the server's public key: the answer of GET /api/audit/key (a file, or its "
+        "text), a PEM public key, or the key in base64; repeatable (keys rotated)",
     )
     worker = commands.add_parser(
         "worker",
@@ -263,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--workers", type=int, help="concurrent workers (1)")
     worker.add_argument("--spare-workers", type=int, help=SPARE_WORKERS)
     worker.add_argument("--drain-seconds", type=float, help=DRAIN_SECONDS)
+    worker.add_argument("--audit-key", metavar="PATH", help=AUDIT_KEY)
     return parser
 
 
@@ -358,7 +383,9 @@ async def _audit_lines(
             raise ValueError("the embedded store lives in its server: leave out --store")
         store = open_store(settings)
         try:
-            async for line in audit_export(store, session):
+            keys = AuditKeys(store, settings.audit_key, now_ms=lambda: int(time.time() * 1000))
+            at = iso_time(int(time.time() * 1000))
+            async for line in signed_export(store, session, await keys.signing(), at):
                 yield line
         finally:
             await store.close()
@@ -411,16 +438,52 @@ def audit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def verify_audit(args: argparse.Namespace) -> str:
-    """``huddle audit verify``: what the file holds; raises AuditBroken."""
+    """``huddle audit verify``: what the file holds; raises AuditBroken
+    (ValueError for a key that cannot be read)."""
+    keys = public_keys(args.public_keys) if args.public_keys else None
     if args.file == "-":
-        result = verify(sys.stdin.buffer)
+        result = verify(sys.stdin.buffer, keys)
     else:
         with open(args.file, "rb") as lines:
-            result = verify(lines)
+            result = verify(lines, keys)
     if args.head and args.head != result.head:
         raise AuditBroken(result.records, "the last record is not the one the export reported")
+    return said(result, signatures=keys is not None)
+
+
+def public_keys(given: list[str]) -> PublicKeys:
+    """The keys ``--public-key`` gives: each a file or the text itself."""
+    keys: dict[str, Ed25519PublicKey] = {}
+    for key in given:
+        text = key
+        if not key.lstrip().startswith(("{", "-----")) and os.path.isfile(key):
+            with open(key, encoding="utf-8") as file:
+                text = file.read(1 << 20)
+        keys.update(read_public_keys(text))
+    return keys
+
+
+def said(result: Verified, *, signatures: bool) -> str:
+    """What ``huddle audit verify`` says of an export it found whole."""
+    whose = f"ok: {result.records} records of {result.session}"
+    if not signatures:
+        kept = " (it carries signatures: check them with --public-key)" if result.signed else ""
+        return (
+            f"{whose}, chain intact, last hash {result.head}; only the hashes were checked, "
+            f"which anyone rewriting it can redo{kept}"
+        )
+    end = result.ended or {}
+    legacy = result.records - result.signed
+    before = (
+        f"; the first {legacy} written before the audit was signed, covered by the signatures "
+        "after them"
+        if legacy
+        else ""
+    )
     return (
-        f"ok: {result.records} records of {result.session}, chain intact, last hash {result.head}"
+        f"{whose}, chain intact and signed (key {', '.join(sorted(result.keys))}){before}; "
+        f"the export's signed end says {end.get('records')} records, last hash {result.head}, "
+        f"exported at {end.get('at')}"
     )
 
 

@@ -66,7 +66,6 @@ from reducers.notes import HUDDLE
 from reducers.validation import working_directories_problem
 from server.auth import Grant, Identity, TokenAuthority
 from server.core import presence
-from server.core.audit import export as audit_export
 from server.core.channels import ChannelView, Subscriber
 from server.core.expiry import Expiry, Family
 from server.core.host import Host
@@ -104,6 +103,7 @@ COSTS: Final[dict[str, float]] = {
     "fetchTurns": READ_COST,
     "listSessions": READ_COST,
     "audit": READ_COST,
+    "auditKey": READ_COST,
     "waitInput": READ_COST,
     "metrics": READ_COST,
     "expire": ACTION_COST,
@@ -285,7 +285,14 @@ class Commands:
             while cost > 0:  # each charge is capped at the burst: the debt is not
                 self.charge(grant, min(cost, burst))
                 cost -= burst
-        return audit_export(store, uri)
+        return self.host.audit.export(uri)
+
+    async def audit_key(self, grant: Grant) -> dict[str, Any]:
+        """The public keys the audit is signed with (server.core.audit_key:
+        AuditKeys.published). Any token may read them, an observer's too: a
+        public key is not a secret, and whoever checks an export needs it."""
+        self.allow(grant, Command.READ)
+        return await self.host.audit.keys.published()
 
     # ─── Subscriptions ───────────────────────────────────────────────────
 

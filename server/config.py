@@ -110,6 +110,9 @@ class Settings:
     """Records a session's audit holds at most."""
     audit_max_bytes: int = 256 << 20
     """Bytes of records a session's audit holds at most."""
+    audit_key: str | None = None
+    """A PEM file holding the Ed25519 private key that signs the audit;
+    None: one the store keeps, generated once (server.core.audit_key)."""
     expiry_check_interval: float = 1.0
     """Seconds between two sweeps for waits whose expiry passed."""
     retention: float | None = None
@@ -231,6 +234,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         audit_values=_audit_values(src.text("audit_values", base.audit_values)),
         audit_max_records=src.integer("audit_max_records", base.audit_max_records),
         audit_max_bytes=src.integer("audit_max_bytes", base.audit_max_bytes),
+        audit_key=_path(src.raw("audit_key")),
         expiry_check_interval=src.number("expiry_check_interval", base.expiry_check_interval),
         retention=_duration(src.raw("retention")),
         audit_dir=src.raw("audit_dir"),
@@ -254,6 +258,10 @@ def parse_duration(text: str) -> float:
     if match is None or float(match.group(1)) <= 0:
         raise ValueError(f"a duration is a positive number with s, m, h or d, not {text!r}")
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _path(value: object) -> str | None:
+    return None if value is None or value == "" else str(value)
 
 
 def _duration(value: object) -> float | None:

@@ -87,7 +87,9 @@ async def audit_of(huddle: RunningServer, token: str, session: str = SESSION) ->
     reply = await http("GET", f"{huddle.http}/api/audit?session={session}", token=token)
     assert reply.status == 200, reply.body
     assert reply.headers["Content-Type"].startswith("application/x-ndjson")
-    return reply.body.splitlines()
+    *lines, end = reply.body.splitlines()
+    assert json.loads(end)["what"] == "audit/end"  # the export's signed end
+    return lines
 
 
 def records(lines: list[bytes]) -> list[dict[str, Any]]:
@@ -611,7 +613,7 @@ async def test_the_command_line_exports_and_verifies(
     head = reported.split("last hash ")[1].strip()
     verified = main(["audit", "verify", str(out), "--head", head])
     said = capsys.readouterr().out
-    out.write_bytes(b"\n".join(out.read_bytes().splitlines()[:-1]) + b"\n")  # cut off the end
+    out.write_bytes(b"\n".join(out.read_bytes().splitlines()[:-2]) + b"\n")  # cut off the end
     intact_but_cut = main(["audit", "verify", str(out)])
     capsys.readouterr()
     caught = main(["audit", "verify", str(out), "--head", head])

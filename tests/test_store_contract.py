@@ -172,6 +172,18 @@ async def test_records_are_set_read_listed_and_deleted(store: ChannelStore) -> N
     assert await store.count_records("other") == 0
 
 
+async def test_a_record_kept_once_holds_the_first_value_whoever_comes_after(
+    store: ChannelStore,
+) -> None:
+    first, second = await asyncio.gather(
+        store.keep_record("key", "k", b"one"), store.keep_record("key", "k", b"two")
+    )
+    again = await store.keep_record("key", "k", b"three")
+
+    assert first == second == again == await store.get_record("key", "k")
+    assert again in (b"one", b"two")
+
+
 async def test_a_clients_action_is_appended_once_however_often_it_comes(
     store: ChannelStore,
 ) -> None:

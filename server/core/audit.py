@@ -65,16 +65,20 @@ the store's compare-and-set orders processes.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import msgspec
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from protocol.actions import (
     ChatError,
@@ -96,6 +100,7 @@ from reducers.chat import select_open_input_part, select_tool_call, select_trunc
 from reducers.clock import iso_time
 from server.auth import Identity
 from server.cache import Lru
+from server.core.audit_key import AuditKeys, SigningKey
 from server.core.channels import Applied
 from server.core.frozen_forms import FormRegistry, chat_session
 from server.errors import SeqConflict, StoreError, StoreUnavailable
@@ -137,6 +142,17 @@ RECORD_BYTES: Final = 16 << 10
 digest too."""
 ELIDED: Final = "elided"
 """The key of a record listing the paths of the values kept as a digest."""
+SIG: Final = "sig"
+"""The key of a record's signature, ``{"key": id, "ed25519": base64}``:
+outside what its hash covers, as ``hash`` is."""
+ALGORITHM_FIELD: Final = "ed25519"
+HEAD_SIGNED: Final = b"huddle-audit-head\n"
+"""What a record's signature signs comes after this (then its hash, hex)."""
+END_SIGNED: Final = b"huddle-audit-end\n"
+"""What an export's end's signature signs comes after this (then the end
+without ``sig``, as canonical JSON)."""
+END: Final = "audit/end"
+"""The ``what`` of an export's last line, its signed end (no ``hash``)."""
 
 AUDITED: Final = (
     ChatTurnStarted,
@@ -162,12 +178,34 @@ def canonical(record: Record) -> bytes:
     return _canonical.encode(record)
 
 
-def seal(body: Record, n: int, prev: str) -> tuple[bytes, str]:
-    """``body`` as record ``n`` after ``prev``: its line and its hash."""
+def seal(body: Record, n: int, prev: str, key: SigningKey | None = None) -> tuple[bytes, str]:
+    """``body`` as record ``n`` after ``prev``: its line and its hash, the
+    hash signed with ``key`` (``sig``; None: unsigned, as records were
+    before the audit had a key)."""
     record = {**body, "n": n, "prev": prev}
     digest = hashlib.sha256(canonical(record)).hexdigest()
     record["hash"] = digest
+    if key is not None:
+        record[SIG] = {"key": key.id, ALGORITHM_FIELD: key.sign(head_message(digest))}
     return canonical(record), digest
+
+
+def head_message(digest: str) -> bytes:
+    """What a record's signature signs: the chain's head after it."""
+    return HEAD_SIGNED + digest.encode()
+
+
+def end_message(end: Record) -> bytes:
+    """What an export's end's signature signs: the end without ``sig``."""
+    return END_SIGNED + canonical({k: v for k, v in end.items() if k != SIG})
+
+
+def end_line(session: str, records: int, head: str, at: str, key: SigningKey) -> bytes:
+    """An export's last line: the session, how many records it holds and
+    the last one's hash, when it was exported, signed with ``key``."""
+    end: Record = {"what": END, "session": session, "records": records, "head": head, "at": at}
+    end[SIG] = {"key": key.id, ALGORITHM_FIELD: key.sign(end_message(end))}
+    return canonical(end)
 
 
 # ─── Checking ────────────────────────────────────────────────────────────
@@ -190,11 +228,30 @@ class Verified:
     session: str | None
     elided: int = 0
     """Values kept only as their digest (a record's ``elided`` paths)."""
+    signed: int = 0
+    """Records that carry a signature (checked when keys were given)."""
+    ended: Record | None = None
+    """The export's end (``audit/end``), if it has one (checked when keys
+    were given, and then required)."""
+    keys: frozenset[str] = frozenset()
+    """The ids of the keys that signed (when keys were given)."""
 
 
-def verify(lines: Iterable[bytes | str]) -> Verified:
-    """Check a session's records, in order; raises AuditBroken."""
-    prev, n, session, elided = GENESIS, 0, None, 0
+PublicKeys = Mapping[str, Ed25519PublicKey]
+"""Public keys by id (server.core.audit_key.read_public_keys)."""
+
+
+def verify(lines: Iterable[bytes | str], keys: PublicKeys | None = None) -> Verified:
+    """Check a session's records, in order; raises AuditBroken. With
+    ``keys``, each record's signature too, by the key its ``sig`` names,
+    and the export's signed end, which must come last and count every
+    record (so that none was cut off the end). Records written before the
+    audit was signed carry no signature: they may only come first, and
+    the first signature after them (a record's, else the end's) covers
+    them through the chain."""
+    prev, n, session, elided, signed = GENESIS, 0, None, 0, 0
+    ended: tuple[int, Record] | None = None
+    used: set[str] = set()
     for line_no, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -204,16 +261,21 @@ def verify(lines: Iterable[bytes | str]) -> Verified:
             raise AuditBroken(line_no, f"not JSON ({error})") from None
         if not isinstance(record, dict):
             raise AuditBroken(line_no, "not a JSON object")
+        written = line.encode() if isinstance(line, str) else line
+        if ended is not None:
+            raise AuditBroken(line_no, "a line after the export's end")
+        if record.get("what") == END and "hash" not in record:
+            _as_sealed(line_no, record, written)
+            ended = (line_no, record)
+            continue
+        whole = dict(record)
         claimed = record.pop("hash", None)
+        sig = record.pop(SIG, None)
         if not isinstance(claimed, str):
             raise AuditBroken(line_no, "no hash")
         if hashlib.sha256(canonical(record)).hexdigest() != claimed:
             raise AuditBroken(line_no, "the hash does not match the record: it was altered")
-        written = line.encode() if isinstance(line, str) else line
-        if canonical({**record, "hash": claimed}) != written.strip() and _twice(written):
-            # What a reader sees must be what was sealed: with a key given
-            # twice, one parser shows the first and the hash covers the last.
-            raise AuditBroken(line_no, "a key is given twice: the line is not as it was sealed")
+        _as_sealed(line_no, whole, written)
         if record.get("prev") != prev:
             raise AuditBroken(line_no, "prev is not the previous record's hash: one is missing")
         if record.get("n") != n + 1:
@@ -223,8 +285,81 @@ def verify(lines: Iterable[bytes | str]) -> Verified:
         elif record.get("session") != session:
             raise AuditBroken(line_no, "a record of another session")
         elided += _elided(line_no, record)
+        if sig is not None:
+            if keys is not None:
+                what = f"record {n + 1}" + (
+                    f" (and the unsigned {n} before it)" if not signed and n else ""
+                )
+                used.add(_signed(line_no, keys, sig, head_message(claimed), what))
+            signed += 1
+        elif keys is not None and signed:
+            raise AuditBroken(line_no, f"record {n + 1} is not signed, after signed records")
         prev, n = claimed, n + 1
-    return Verified(records=n, head=prev, session=session, elided=elided)
+    end = None if ended is None else ended[1]
+    if keys is not None:
+        if ended is None:
+            raise AuditBroken(
+                n + 1, f"no signed end after record {n}: records may have been cut off the end"
+            )
+        end_no, end = ended
+        used.add(_signed(end_no, keys, end.get(SIG), end_message(end), "the export's end"))
+        _ends(end_no, end, n, prev, session)
+    return Verified(
+        records=n,
+        head=prev,
+        session=session,
+        elided=elided,
+        signed=signed,
+        ended=end,
+        keys=frozenset(used),
+    )
+
+
+def _as_sealed(line_no: int, record: Record, written: bytes) -> None:
+    """What a reader sees must be what was sealed: with a key given twice,
+    one parser shows the first and the hash (or signature) covers the
+    last. A line written otherwise, spaces and all, is still the record."""
+    if canonical(record) != written.strip() and _twice(written):
+        raise AuditBroken(line_no, "a key is given twice: the line is not as it was sealed")
+
+
+def _signed(line_no: int, keys: PublicKeys, sig: object, message: bytes, what: str) -> str:
+    """Check that ``sig`` (``{"key": id, "ed25519": base64}``) signs
+    ``message`` with one of ``keys``: the key's id; raises AuditBroken."""
+    if not isinstance(sig, dict) or not isinstance(sig.get("key"), str):
+        raise AuditBroken(line_no, f"{what}: no signature")
+    key = keys.get(sig["key"])
+    if key is None:
+        raise AuditBroken(
+            line_no,
+            f"{what} is signed by key {sig['key']!r}, which is not one given: "
+            "a forged signature, or a key to add with --public-key",
+        )
+    try:
+        key.verify(base64.b64decode(str(sig.get(ALGORITHM_FIELD)), validate=True), message)
+    except (InvalidSignature, binascii.Error, ValueError):
+        raise AuditBroken(
+            line_no,
+            f"{what}: the signature is not key {sig['key']!r}'s of it: it was altered "
+            "and rehashed, moved, or its signature forged",
+        ) from None
+    return str(sig["key"])
+
+
+def _ends(line_no: int, end: Record, n: int, head: str, session: str | None) -> None:
+    """Check that the export's (signed) end is this chain's: its session,
+    its count and its last hash; raises AuditBroken."""
+    said = end.get("records")
+    if session is not None and end.get("session") != session:
+        raise AuditBroken(line_no, "the export's end is another session's")
+    if isinstance(said, int) and said > n:
+        raise AuditBroken(
+            line_no,
+            f"record {n + 1} is missing: the export's end says {said} records, "
+            f"{said - n} were cut off the end",
+        )
+    if said != n or end.get("head") != head:
+        raise AuditBroken(line_no, f"the export's end is not of these {n} records")
 
 
 def _elided(line_no: int, record: Record) -> int:
@@ -273,6 +408,20 @@ async def export(store: ChannelStore, session: str) -> AsyncIterator[bytes]:
         after += len(page)
 
 
+async def signed_export(
+    store: ChannelStore, session: str, key: SigningKey, at: str
+) -> AsyncIterator[bytes]:
+    """:func:`export`, then the export's end (:func:`end_line`), exported
+    ``at``: what ``verify`` with keys requires, so that records cut off
+    the end are caught."""
+    records, last = 0, None
+    async for record in export(store, session):
+        yield record
+        records, last = records + 1, record
+    head = GENESIS if last is None else str(msgspec.json.decode(last).get("hash"))
+    yield end_line(session, records, head, at, key)
+
+
 # ─── Recording ───────────────────────────────────────────────────────────
 
 
@@ -307,6 +456,7 @@ class AuditTrail:
         store: ChannelStore,
         forms: FormRegistry,
         *,
+        keys: AuditKeys,
         now_ms: Callable[[], int],
         session_of: Callable[[str], str | None],
         values: AuditValues = "keep",
@@ -315,6 +465,8 @@ class AuditTrail:
     ) -> None:
         self.store = store
         self.forms = forms
+        self.keys = keys
+        """The key every record's head is signed with (server.core.audit_key)."""
         self.now_ms = now_ms
         self.session_of = session_of
         """The session of a chat this process holds (None: unknown)."""
@@ -357,6 +509,13 @@ class AuditTrail:
         if isinstance(action, ChatTruncated):
             decisive = self._truncation_kept(session, event.sender)
         return self.record(session, body, _form_of(event.uri, action), decisive=decisive)
+
+    async def export(self, session: str) -> AsyncIterator[bytes]:
+        """The session's records and the export's signed end, exported now
+        (:func:`signed_export`); raises StoreError."""
+        key = await self.keys.signing()
+        async for line in signed_export(self.store, session, key, iso_time(self.now_ms())):
+            yield line
 
     def _truncation_kept(self, session: str, sender: Identity | None) -> bool:
         """Whether a truncation is decisive: the agent's (or the server's)
@@ -523,7 +682,8 @@ class AuditTrail:
                 written = _marker(body, session, FULL)
             elif reserved and not opened:
                 written = _marker(body, session, "audit/reserve")
-            line, digest = seal({**written, "bytes": head.total}, head.n + 1, head.prev)
+            key = await self.keys.signing()
+            line, digest = seal({**written, "bytes": head.total}, head.n + 1, head.prev, key)
             what = written["what"]
             whole = written is body or not decisive or what == FULL
             pending.tried = (head.n + 1, line, whole)

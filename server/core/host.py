@@ -49,6 +49,7 @@ from reducers.limits import SizeLimits, limit_problem
 from reducers.validation import reject_reason, working_directories_problem
 from server.auth import Identity
 from server.core.audit import GONE_RECORDS, AuditTrail, AuditValues
+from server.core.audit_key import AuditKeys
 from server.core.channels import Applied, ChannelCore, ChannelView, Hook, Hooks, Riding, Validator
 from server.core.expiry import Expiries, Expiry, Family, expiry_problem
 from server.core.frozen_forms import Form, FormRegistry, chat_session, needs_session
@@ -92,6 +93,7 @@ class Host:
         audit_values: AuditValues = "keep",
         audit_max_records: int = 100_000,
         audit_max_bytes: int = 256 << 20,
+        audit_key: str | None = None,
         expiry_check_interval: float = 1.0,
     ) -> None:
         self.store = store
@@ -121,6 +123,7 @@ class Host:
         self.audit = AuditTrail(
             store,
             self.forms,
+            keys=AuditKeys(store, audit_key, now_ms=self.core.now_ms),
             now_ms=self.core.now_ms,
             session_of=self._session_of_cached,
             values=audit_values,

@@ -23,7 +23,7 @@ from typing import Final
 from protocol.status import SessionStatus
 from protocol.uris import channel_id
 from reducers.clock import iso_ms
-from server.core.audit import GONE_RECORDS, export
+from server.core.audit import GONE_RECORDS
 from server.core.host import Host
 from server.errors import ChannelGone, StoreError
 from server.periodic import Periodic
@@ -79,8 +79,8 @@ class Retention:
         if await store.claim("retire:" + session, self._owner, CLAIM_SECONDS) is not None:
             return False
         if self.audit_dir is not None:
-            lines = [line async for line in export(store, session)]
-            if lines:
+            lines = [line async for line in self.host.audit.export(session)]
+            if len(lines) > 1:  # records, not the export's end alone
                 await asyncio.to_thread(_write, self.audit_dir, channel_id(session), lines)
         if dispose:
             with contextlib.suppress(ChannelGone):

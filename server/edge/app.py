@@ -489,6 +489,12 @@ async def read_audit(request: Request, server: Server, grant: Grant) -> Response
     )
 
 
+async def read_audit_key(request: Request, server: Server, grant: Grant) -> Response:
+    """``GET /api/audit/key``: the public keys that sign the audit
+    (:meth:`Commands.audit_key`), for ``huddle audit verify --public-key``."""
+    return _json(await server.commands.audit_key(grant))
+
+
 async def set_expiry(request: Request, server: Server, grant: Grant) -> Response:
     """``POST /api/expiry``: an open wait's expiry (server.core.expiry), as the
     socket's ``huddle/expire``."""
@@ -777,6 +783,7 @@ def create_app(
         api("POST", "/api/sessions", create_session),
         api("GET", "/api/snapshot", read_snapshot, pays="snapshot"),
         api("GET", "/api/audit", read_audit, pays="audit"),
+        api("GET", "/api/audit/key", read_audit_key, pays="auditKey"),
         api("POST", "/api/expiry", set_expiry, pays="expire"),
         api("POST", "/api/dispatch", dispatch_action),
         api("GET", "/api/input/wait", wait_input, pays="waitInput"),

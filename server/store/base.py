@@ -218,6 +218,12 @@ class ChannelStore(ABC):
     async def get_record(self, kind: str, key: str) -> bytes | None: ...
 
     @abstractmethod
+    async def keep_record(self, kind: str, key: str, value: bytes) -> bytes:
+        """Set a small record unless it is set, atomically across processes;
+        the value it holds (``value`` or the one set first): processes that
+        start together agree on one (the audit's key)."""
+
+    @abstractmethod
     async def delete_record(self, kind: str, key: str) -> None: ...
 
     @abstractmethod

@@ -144,6 +144,9 @@ class MemoryStore(ChannelStore):
     async def get_record(self, kind: str, key: str) -> bytes | None:
         return self._records.get(kind, {}).get(key)
 
+    async def keep_record(self, kind: str, key: str, value: bytes) -> bytes:
+        return self._records.setdefault(kind, {}).setdefault(key, value)
+
     async def delete_record(self, kind: str, key: str) -> None:
         self._records.get(kind, {}).pop(key, None)
 

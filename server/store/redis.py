@@ -221,6 +221,13 @@ end
 return false
 """
 
+# KEYS: the records' hash.  ARGV: key, value.  Returns the value the key
+# holds (``value`` when it held none).
+KEEP = """
+redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('HGET', KEYS[1], ARGV[1])
+"""
+
 # KEYS: the count.  ARGV: size, most, ttl (ms).  Returns 0 when added, else
 # the milliseconds until the count is reset (server.store.base.tally).
 TALLY = """
@@ -282,7 +289,7 @@ return {appended, 1, reply}
 """
 
 _CREATE, _LOAD, _APPEND = Script(CREATE), Script(LOAD), Script(APPEND)
-_CLAIM, _AUDIT, _TALLY = Script(CLAIM), Script(AUDIT), Script(TALLY)
+_CLAIM, _AUDIT, _TALLY, _KEEP = Script(CLAIM), Script(AUDIT), Script(TALLY), Script(KEEP)
 _READ_LOG, _SNAPSHOT, _RESTORE = Script(READ_LOG), Script(SNAPSHOT), Script(RESTORE)
 
 
@@ -495,6 +502,9 @@ class RedisStore(ChannelStore):
     async def get_record(self, kind: str, key: str) -> bytes | None:
         value: Any = await self.link.call(self.client.hget(f"huddle:rec:{kind}", key))
         return None if value is None else bytes(value)
+
+    async def keep_record(self, kind: str, key: str, value: bytes) -> bytes:
+        return bytes(await self.link.run(_KEEP, [f"huddle:rec:{kind}"], [key, value]))
 
     async def delete_record(self, kind: str, key: str) -> None:
         name = f"huddle:rec:{kind}"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from msgspec.structs import replace
 
 from protocol.actions import (
@@ -43,10 +44,12 @@ from server.core.audit import (
     GENESIS,
     REDACTED,
     AuditBroken,
+    canonical,
     export,
     seal,
     verify,
 )
+from server.core.audit_key import key_id, read_public_keys
 from server.core.host import Host
 from server.errors import StoreUnavailable
 from server.runner.demo import agent as demo
@@ -880,3 +883,67 @@ async def test_a_record_the_store_refused_is_written_without_waiting_for_the_nex
         await host.stop()
 
     assert record["what"] == "chat/turnStarted"
+
+
+# ─── Signed by the server's key ──────────────────────────────────────────────
+
+
+def _rehashed(lines: list[bytes]) -> list[bytes]:
+    """What an editor with no key can do: renumber and rehash the records so
+    the plain chain holds again (the signatures stay as they were)."""
+    prev, out = GENESIS, []
+    for n, line in enumerate(lines, 1):
+        record = json.loads(line)
+        sig = record.pop("sig", None)
+        body = {key: value for key, value in record.items() if key not in {"n", "prev", "hash"}}
+        sealed, prev = seal(body, n, prev)
+        if sig is not None:
+            sealed = canonical({**json.loads(sealed), "sig": sig})
+        out.append(sealed)
+    return out
+
+
+async def test_a_signed_export_verifies_with_the_served_key_and_every_tamper_is_named(
+    huddle: RunningServer,
+) -> None:
+    chat = await asked(huddle)
+    lee = await huddle.client(name="Lee")
+    await lee.dispatch_and_wait(
+        chat,
+        ChatInputCompleted(request_id="access", response="accept", answers={"system": text("a")}),
+    )
+    await huddle.server.parts.host.audit.settled()
+    exported = await http("GET", f"{huddle.http}/api/audit?session={SESSION}", token=AGENT_TOKEN)
+    lines = exported.body.splitlines()
+    *body, end = lines
+    served = await http("GET", f"{huddle.http}/api/audit/key", token=AGENT_TOKEN)
+    assert served.status == 200, served.body
+    keys = read_public_keys(served.body.decode())
+    checked = verify(lines, keys)
+    assert (checked.records, checked.signed) == (len(body), len(body))
+    assert checked.ended is not None
+
+    who = [line.replace(b'"Lee"', b'"Eve"') for line in body]
+    assert who != body
+    with pytest.raises(AuditBroken) as renamed:
+        verify([*_rehashed(who), end], keys)
+    with pytest.raises(AuditBroken) as removed:
+        verify([*_rehashed(body[:-1]), end], keys)
+    with pytest.raises(AuditBroken) as cut:
+        verify(body[:-1], keys)
+    with pytest.raises(AuditBroken) as swapped:
+        verify([body[1], body[0], *body[2:], end], keys)
+    stranger = Ed25519PrivateKey.generate().public_key()
+    with pytest.raises(AuditBroken) as unknown:
+        verify(lines, {key_id(stranger): stranger})
+    # The plain chain alone is fooled by the rehash; the signatures are not.
+    assert verify(_rehashed(who)).records == len(body)
+    first_renamed = next(i for i, (a, b) in enumerate(zip(who, body, strict=True), 1) if a != b)
+    assert renamed.value.line == first_renamed
+    assert "altered and rehashed" in renamed.value.reason
+    assert removed.value.line == 3
+    assert "cut off the end" in removed.value.reason
+    assert cut.value.line == 3
+    assert "no signed end" in cut.value.reason
+    assert (swapped.value.line, unknown.value.line) == (1, 1)
+    assert "not one given" in unknown.value.reason

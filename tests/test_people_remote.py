@@ -14,7 +14,8 @@ from protocol.chat import (
     ToolCallPart,
 )
 from server.mcp.people import RemoteChat
-from tests.conftest import RunningServer, user_message
+from server.runner.demo import agent as demo
+from tests.conftest import RunningServer, start_server, user_message
 from tests.people_kit import (
     WITHIN,
     approve,
@@ -152,3 +153,21 @@ async def test_a_question_credits_whoever_answered_it(huddle: RunningServer) -> 
     assert answered.answered_by is not None
     assert answered.answered_by.name == "dana"
     await turn_ended(room)
+
+
+async def test_the_sessions_own_agent_leaves_a_turn_an_outside_agent_opened_alone() -> None:
+    running = await start_server(agent=demo)
+    try:
+        room = await open_room(running, "ahp-session:/outside")
+        people = RemoteChat(room.agent, room.chat)
+        decision = asyncio.create_task(people.approve("refund", REFUND))
+        [call] = await calls_waiting(room)
+        await approve(room, call)
+        async with asyncio.timeout(WITHIN):
+            await decision
+        state = await turn_ended(room)
+        [turn] = state.turns
+        # Only the outside agent's call: the demo agent never answered its turn.
+        assert [type(part).__name__ for part in turn.response_parts] == ["ToolCallPart"]
+    finally:
+        await running.stop()

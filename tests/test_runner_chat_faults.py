@@ -505,11 +505,9 @@ async def test_a_start_that_never_landed_leaves_no_record_after_the_sweep() -> N
         alice = await huddle.client(name="alice")
         chat, _ = await watched_chat(alice, "ahp-session:/faults", title="Faults")
         store = huddle.server.parts.store
-        record = json.dumps({"chat": chat, "turn": "t9", "at": 0.0}).encode()
-        await store.put_record(STARTS, f"{chat}:t9", record)
-        await store.put_record(
-            STARTS, "gone", json.dumps({**json.loads(record), "chat": "ahp-chat:/gone"}).encode()
-        )
+        record = json.dumps({"turn": "t9", "at": 0.0}).encode()
+        await store.put_record(STARTS, chat, record)
+        await store.put_record(STARTS, "ahp-chat:/gone", record)
 
         assert await service.bridge.reconcile() == 0
         assert await store.records(STARTS) == {}

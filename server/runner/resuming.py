@@ -90,10 +90,11 @@ log = logging.getLogger("huddle.runner.bridge")
 EXPIRY_AUDIT = {"by": None, "role": None, "clientId": None, "via": "expiry"}
 """Who resumed a turn whose wait expired: nobody; the expiry did."""
 STARTS = "turn-starts"
-"""The store's records of chat turns people are starting (by the runner's
-turn id that will show them), written ahead of the ``chat/turnStarted``
-append and removed once the runner's turn exists: what a crash between the
-two left undone is found there by the sweep (server.runner.sweep)."""
+"""The store's records of chat turns people are starting (one per chat, by
+its URI), written ahead of the ``chat/turnStarted`` append and removed once
+the runner's turn exists: what a crash between the two left undone is found
+there by the sweep (server.runner.sweep). One per chat bounds them by the
+chats, whatever a client sends."""
 READ_AHEAD = 256
 """Turns read ahead (waiting for the people of a chat) kept in memory."""
 
@@ -215,7 +216,7 @@ class ChatResuming:
         """The host's write ahead (server.core.host.WriteAhead): a person's
         ``chat/turnStarted`` is recorded as starting before it is appended,
         so that a crash before its runner's turn exists leaves the sweep a
-        record of it. One record per chat turn, for a chat with no turn
+        record of it: the chat's one record, written for a chat with no turn
         active here (one that has is refused anyway); the sweep drops a
         record whose start never landed."""
         if not isinstance(action, ChatTurnStarted) or action.message.origin.kind == "agent":
@@ -223,9 +224,8 @@ class ChatResuming:
         held = self.host.core.cached(uri)
         if held is not None and isinstance(held.state, ChatState) and held.state.active_turn:
             return None
-        record = {"chat": uri, "turn": action.turn_id, "at": self.runner.clock()}
-        key = runner_turn_id(uri, action.turn_id)
-        return self.host.store.put_record(STARTS, key, json.dumps(record).encode())
+        record = {"turn": action.turn_id, "at": self.runner.clock()}
+        return self.host.store.put_record(STARTS, uri, json.dumps(record).encode())
 
     def rider_for(self, uri: str, result: Step, sender: Identity | None) -> Rider | None:
         """The core's riding hook (server.core.channels.Riding): a person's answer
@@ -305,9 +305,17 @@ class ChatResuming:
         try:
             await self._start_turn(uri, action)
         except TurnExists:
-            await self.host.store.delete_record(STARTS, runner_turn_id(uri, action.turn_id))
+            await self.drop_start(uri, action.turn_id)
             raise
-        await self.host.store.delete_record(STARTS, runner_turn_id(uri, action.turn_id))
+        await self.drop_start(uri, action.turn_id)
+
+    async def drop_start(self, uri: str, chat_turn: str) -> None:
+        """Drop chat ``uri``'s record of starting ``chat_turn`` (not that of
+        a later turn, which only a turn of ``chat_turn``'s ending lets in)."""
+        store = self.host.store
+        record = await store.get_record(STARTS, uri)
+        if record is not None and json.loads(record).get("turn") == chat_turn:
+            await store.delete_record(STARTS, uri)
 
     async def start_again(self, uri: str, active: ActiveTurn) -> bool:
         """Start the agent's turn for chat ``uri``'s active turn ``active``,

@@ -86,11 +86,11 @@ class Sweep:
         """Start the chat turns people started that have no runner's turn
         (see the module docstring); returns how many."""
         started = 0
-        for key, value in (await self.host.store.records(STARTS)).items():
+        for chat, value in (await self.host.store.records(STARTS)).items():
             record = json.loads(value)
             if self.runner.clock() - float(record["at"]) < self.ask_again_after:
                 continue  # its process may be starting it right now
-            chat, chat_turn = str(record["chat"]), str(record["turn"])
+            chat_turn = str(record["turn"])
             try:
                 state = (await self.host.view(chat)).state
                 assert isinstance(state, ChatState)
@@ -105,7 +105,7 @@ class Sweep:
             except Exception:  # one chat's fault must not end the sweep for the others
                 log.exception("%s: the sweep could not start turn %s", chat, chat_turn)
                 continue
-            await self.host.store.delete_record(STARTS, key)
+            await self.resuming.drop_start(chat, chat_turn)
         return started
 
     async def _reconcile(self, turn_id: str, audit: dict[str, Any]) -> bool:

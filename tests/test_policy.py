@@ -60,7 +60,9 @@ AGENT, PARTICIPANT, OBSERVER = grant("agent"), grant("participant"), grant("obse
 SCOPED = grant("participant", {SESSION})
 
 
-def chat_running(contributor: ClientContributor | None) -> ChatState:
+def chat_running(contributor: ClientContributor | None, executor: str | None = None) -> ChatState:
+    """A chat whose tool call ``call-1`` runs, contributed by ``contributor``
+    and executed by the token ``executor`` (as the server recorded it)."""
     call = ToolCallRunning(
         tool_call_id="call-1",
         tool_name="open_browser",
@@ -68,6 +70,7 @@ def chat_running(contributor: ClientContributor | None) -> ChatState:
         invocation_message="Open it",
         confirmed="not-needed",
         contributor=contributor,
+        meta=None if executor is None else {"huddle": {"executor": executor}},
     )
     message = Message(text="hi", origin=MessageOrigin(kind="user"))
     active = ActiveTurn(
@@ -112,7 +115,7 @@ def forbidden(sentence: str) -> Rejection:
     return Rejection(RejectionCode.FORBIDDEN, sentence)
 
 
-OWN_CALL = chat_running(ClientContributor(client_id="laptop"))
+OWN_CALL = chat_running(ClientContributor(client_id="laptop"), "t-participant")
 NOT_EXECUTED = forbidden(
     "tool call 'call-1' is not executed by this client, so it may not complete or update it"
 )
@@ -231,9 +234,25 @@ REFUSED = [
         PARTICIPANT,
         CHAT,
         COMPLETE,
-        chat_running(ClientContributor(client_id="phone")),
+        chat_running(ClientContributor(client_id="phone"), "t-phone"),
         NOT_EXECUTED,
         id="completes-another-clients-call",
+    ),
+    pytest.param(
+        PARTICIPANT,
+        CHAT,
+        COMPLETE,
+        chat_running(ClientContributor(client_id="laptop"), "t-agent"),
+        NOT_EXECUTED,
+        id="completes-a-call-another-token-executes-under-its-client-id",
+    ),
+    pytest.param(
+        PARTICIPANT,
+        CHAT,
+        COMPLETE,
+        chat_running(ClientContributor(client_id="laptop")),
+        NOT_EXECUTED,
+        id="completes-a-call-under-its-client-id-that-nobody-executes",
     ),
     pytest.param(
         PARTICIPANT,

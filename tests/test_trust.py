@@ -165,8 +165,8 @@ async def test_a_participant_cannot_forge_another_clients_tool_result(
 
 async def test_the_executing_client_completes_its_own_tool_call(huddle: RunningServer) -> None:
     chat = await chat_of(huddle)
-    await call_run_by(huddle, chat, "laptop")
     alice = await Peer.ready(huddle.ws, huddle.token(name="alice"), "laptop")
+    await call_run_by(huddle, chat, "laptop")
     await alice.subscribe(chat)
 
     await alice.dispatch(chat, complete("Opened"))

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from protocol.codec import MalformedFrame
-from protocol.messages import ErrorCode
+from protocol.messages import CLIENT_ID_PATH, ErrorCode
 from protocol.wire import quoted
 from server.auth import ROLES, Grant, Role, TokenAuthority
 from server.core.host import Host
@@ -30,11 +30,6 @@ with an expiry holds its ids for its lifetime. Once the window passed, the
 id may go to another token: nothing is judged by it by then (a tool call's
 executor is a token, :func:`server.core.policy.executor`), and Huddle's
 clients start with a fresh id when theirs is taken (server.client)."""
-
-CLIENT_ID_PATH = "$.params.clientId"
-"""The ``data.path`` of the error refusing a client id another token holds
-(-32009): a client tells it from other refusals by it, and starts again
-with a fresh id (server.client)."""
 
 log = logging.getLogger("huddle.credentials")
 

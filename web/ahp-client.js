@@ -116,18 +116,8 @@ export function accessRefusal(status, body) {
  * `{kind: 'initialize', code, reason}`.
  */
 export function initializeRefusal(error) {
-  if (!(error instanceof RpcError) || TRY_AGAIN.has(error.code) || clientIdTaken(error)) return null;
+  if (!(error instanceof RpcError) || TRY_AGAIN.has(error.code)) return null;
   return { kind: 'initialize', code: error.code, reason: error.message };
-}
-
-/**
- * Whether an `initialize` error says another token holds this client's id
- * (-32009 whose `data.path` names the clientId): the client tries again with
- * a fresh random id. Ids are claimed per token, so one claimed first by
- * somebody else can only refuse this client, never take it over.
- */
-export function clientIdTaken(error) {
-  return error instanceof RpcError && error.code === -32009 && error.data?.path === '$.params.clientId';
 }
 
 export class AhpClient extends EventTarget {
@@ -243,7 +233,6 @@ export class AhpClient extends EventTarget {
       if (socket === this.socket) {
         // Only initialize's answer says whether this client is let in.
         if (!initialized) this.refusal = initializeRefusal(error);
-        if (!initialized && clientIdTaken(error)) this.clientId = `web-${randomId()}`;
         socket.close(4000, 'handshake failed');
       }
       return;

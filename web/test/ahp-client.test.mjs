@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { accessRefusal, accessUrlOf, clientIdTaken, initializeRefusal, RpcError } from '../ahp-client.js';
+import { accessRefusal, accessUrlOf, initializeRefusal, RpcError } from '../ahp-client.js';
 
 test('the access check asks for the root snapshot beside the socket, over the same scheme', () => {
   const root = '?channel=ahp-root%3A%2F%2F';
@@ -39,12 +39,7 @@ for (const [what, status, body, reason] of ANSWERS) {
 const INITIALIZE_ERRORS = [
   // [what went wrong, the error, refused]
   ['no protocol version in common', new RpcError({ code: -32005, message: 'no protocol version in common' }), true],
-  ['a permission denied', new RpcError({ code: -32009, message: 'not for this token' }), true],
-  [
-    'a client id held by another token',
-    new RpcError({ code: -32009, message: 'belongs to another token', data: { path: '$.params.clientId' } }),
-    false,
-  ],
+  ['a client id held by another token', new RpcError({ code: -32009, message: 'belongs to another token' }), true],
   ['params the server cannot take', new RpcError({ code: -32602, message: 'Expected `str`' }), true],
   ['a store out of reach', new RpcError({ code: -32603, message: 'the store is unavailable' }), false],
   ['too many new client ids lately', new RpcError({ code: -32011, message: 'this token started 30 client ids lately' }), false],
@@ -58,11 +53,3 @@ for (const [what, error, refused] of INITIALIZE_ERRORS) {
     else assert.deepEqual(refusal, { kind: 'initialize', code: error.code, reason: error.message });
   });
 }
-
-test('only a refusal naming the clientId says another token holds it', () => {
-  const taken = { code: -32009, message: 'belongs to another token', data: { path: '$.params.clientId' } };
-  assert.equal(clientIdTaken(new RpcError(taken)), true);
-  assert.equal(clientIdTaken(new RpcError({ ...taken, data: undefined })), false);
-  assert.equal(clientIdTaken(new RpcError({ ...taken, code: -32602 })), false);
-  assert.equal(clientIdTaken(new Error('the connection was lost')), false);
-});

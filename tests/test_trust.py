@@ -21,6 +21,7 @@ from protocol.actions import (
     ChatInputRequested,
     ChatPendingMessageSet,
     ChatToolCallComplete,
+    ChatToolCallContentChanged,
     ChatToolCallReady,
     ChatToolCallStart,
     ChatTruncated,
@@ -171,6 +172,28 @@ async def test_the_executing_client_completes_its_own_tool_call(huddle: RunningS
     await alice.dispatch(chat, complete("Opened"))
 
     assert "rejectionReason" not in await alice.envelope()
+
+
+async def test_the_executor_completes_its_call_after_an_update_that_replaced_its_meta(
+    huddle: RunningServer,
+) -> None:
+    # AHP: an action's _meta replaces the call's; the executor the server
+    # recorded there is carried on, or the update would lock its sender out.
+    chat = await chat_of(huddle)
+    alice = await Peer.ready(huddle.ws, huddle.token(name="alice"), "laptop")
+    await call_run_by(huddle, chat, "laptop")
+    await alice.subscribe(chat)
+    progress = ChatToolCallContentChanged(
+        turn_id="t1", tool_call_id="open", content=[], meta={"progress": 0.5}
+    )
+
+    await alice.dispatch(chat, progress)
+    await alice.dispatch(chat, complete("Opened"))
+
+    updated, completed = await alice.envelope(), await alice.envelope()
+    assert "rejectionReason" not in updated
+    assert "rejectionReason" not in completed
+    await alice.close()
 
 
 async def test_the_long_poll_credits_the_token_that_answered(huddle: RunningServer) -> None:

@@ -122,11 +122,17 @@ async def test_a_closed_agent_comes_back_within_its_window_and_nobody_takes_its_
     await mallory.close()
 
 
-async def forged_result(
+async def agents_chat(running: RunningServer) -> tuple[HuddleClient, str]:
+    """The agent's client and a chat of its with turn t1 active."""
+    agent = await running.client("agent")
+    return agent, await session_chat_with_turn(agent, "ahp-session:/refunds", TURN_STARTED)
+
+
+async def completion_echo(
     running: RunningServer, token: str, chat: str, client_id: str
 ) -> dict[str, object]:
-    """The echo of ``token``'s completion of tool call ``open`` under
-    ``client_id``."""
+    """The echo of ``token``'s completion of tool call ``open``, sent on a
+    socket of client id ``client_id``."""
     mallory = await Peer.ready(running.ws, token, client_id)
     await mallory.subscribe(chat)
     result = ToolCallResult(success=True, past_tense_message="Refunded (forged)")
@@ -164,14 +170,13 @@ async def test_a_forged_result_for_the_agents_tool_call_is_refused_under_the_age
     two: tuple[RunningServer, RunningServer], clock: WallClock
 ) -> None:
     a, b = two
-    agent = await a.client("agent")
-    chat = await session_chat_with_turn(agent, "ahp-session:/refunds", TURN_STARTED)
+    agent, chat = await agents_chat(a)
     tools = await Peer.ready(a.ws, AGENT_TOKEN, "agent-tools")  # the agent's own tools
     await start_call(agent, chat, "agent-tools")
     await tools.close()
     await pass_time(clock, DAY + HOUR, a, b)  # the id is free to be taken now
 
-    echo = await forged_result(b, person(b, clock, "mallory"), chat, "agent-tools")
+    echo = await completion_echo(b, person(b, clock, "mallory"), chat, "agent-tools")
 
     assert echo["rejectionReason"] == NOT_EXECUTED
     assert await still_running(a, chat)
@@ -181,11 +186,10 @@ async def test_a_forged_result_under_a_client_id_nobody_held_when_the_call_start
     two: tuple[RunningServer, RunningServer], clock: WallClock
 ) -> None:
     a, b = two
-    agent = await a.client("agent")
-    chat = await session_chat_with_turn(agent, "ahp-session:/refunds", TURN_STARTED)
+    agent, chat = await agents_chat(a)
     await start_call(agent, chat, "laptop")
 
-    echo = await forged_result(b, person(b, clock, "mallory"), chat, "laptop")
+    echo = await completion_echo(b, person(b, clock, "mallory"), chat, "laptop")
 
     assert echo["rejectionReason"] == NOT_EXECUTED
     assert await still_running(a, chat)
@@ -195,14 +199,13 @@ async def test_the_token_executing_a_call_completes_it_from_another_process(
     two: tuple[RunningServer, RunningServer], clock: WallClock
 ) -> None:
     a, b = two
-    agent = await a.client("agent")
-    chat = await session_chat_with_turn(agent, "ahp-session:/refunds", TURN_STARTED)
+    agent, chat = await agents_chat(a)
     alice_token = person(b, clock, "alice")
     laptop = await Peer.ready(b.ws, alice_token, "laptop")
     await start_call(agent, chat, "laptop")
     await laptop.close()
 
-    echo = await forged_result(b, alice_token, chat, "laptop")  # her phone, another socket
+    echo = await completion_echo(b, alice_token, chat, "phone")  # her phone: another id
 
     assert "rejectionReason" not in echo
     assert not await still_running(a, chat)

@@ -196,6 +196,27 @@ async def test_the_executor_completes_its_call_after_an_update_that_replaced_its
     await alice.close()
 
 
+async def test_the_token_executing_a_call_completes_it_over_http_and_no_other(
+    huddle: RunningServer,
+) -> None:
+    # Every door asks the same policy: over HTTP, with no client id at all,
+    # the executing token is the one that may complete its call.
+    chat = await chat_of(huddle)
+    alice = huddle.token(name="alice")
+    laptop = await Peer.ready(huddle.ws, alice, "laptop")
+    await call_run_by(huddle, chat, "laptop")
+    body = {"channel": chat, "action": json.loads(encode(complete("Opened")))}
+
+    forged = await http(
+        "POST", f"{huddle.http}/api/dispatch", token=huddle.token(name="mallory"), body=body
+    )
+    done = await http("POST", f"{huddle.http}/api/dispatch", token=alice, body=body)
+
+    assert forged.status == 403
+    assert done.status == 200, done
+    await laptop.close()
+
+
 async def test_the_long_poll_credits_the_token_that_answered(huddle: RunningServer) -> None:
     chat = await chat_of(huddle)
     agent = huddle.clients[0]

@@ -10,6 +10,7 @@ timer would call it).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,26 +20,29 @@ from protocol.actions import (
     ChatToolCallReady,
     ChatToolCallStart,
     ChatTurnStarted,
+    SessionTitleChanged,
 )
 from protocol.chat import ChatState, ClientContributor, ToolCallResult, ToolCallRunning
 from protocol.uris import ROOT_URI
 from reducers.chat import select_tool_call
-from server.client import HuddleClient
+from server.client import Disconnected, HuddleClient
 from server.config import Settings
 from server.store.redis import RedisStore
 from tests.conftest import (
     AGENT_TOKEN,
+    UNIT,
     RunningServer,
     WallClock,
     session_chat_with_turn,
     start_server,
     user_message,
 )
-from tests.edge import Peer, initialize_params
+from tests.edge import CuttingProxy, Peer, eventually, initialize_params
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 
+SESSION = "ahp-session:/refunds"
 HOUR = 3600.0
 DAY = 24 * HOUR
 TURN_STARTED = ChatTurnStarted(
@@ -125,7 +129,7 @@ async def test_a_closed_agent_comes_back_within_its_window_and_nobody_takes_its_
 async def agents_chat(running: RunningServer) -> tuple[HuddleClient, str]:
     """The agent's client and a chat of its with turn t1 active."""
     agent = await running.client("agent")
-    return agent, await session_chat_with_turn(agent, "ahp-session:/refunds", TURN_STARTED)
+    return agent, await session_chat_with_turn(agent, SESSION, TURN_STARTED)
 
 
 async def completion_echo(
@@ -219,8 +223,37 @@ async def test_huddles_client_starts_with_a_fresh_id_when_its_id_was_claimed_fir
 
     agent = await HuddleClient.connect(a.ws, AGENT_TOKEN, client_id="agent-main")
     a.clients.append(agent)
-    chat = await session_chat_with_turn(agent, "ahp-session:/refunds", TURN_STARTED)
+    chat = await session_chat_with_turn(agent, SESSION, TURN_STARTED)
 
     assert agent.client_id != "agent-main"
     assert agent.mirrors[chat].chat.active_turn is not None  # it works as itself
     await squatter.close()
+
+
+async def test_huddles_client_back_after_its_window_goes_on_with_a_fresh_id(
+    two: tuple[RunningServer, RunningServer], clock: WallClock
+) -> None:
+    a, b = two
+    proxy = await CuttingProxy(a.port).start()
+    agent = await HuddleClient.connect(proxy.url(), AGENT_TOKEN, client_id="agent-main")
+    a.clients.append(agent)
+    await session_chat_with_turn(agent, SESSION, TURN_STARTED)
+    proxy.hold_new_connections()
+    proxy.cut_at_next_send()  # the title never reaches the server
+    sending = asyncio.create_task(agent.dispatch_and_wait(SESSION, SessionTitleChanged(title="1")))
+    await eventually(lambda: all(r.client_id != "agent-main" for r in a.server.connections))
+    await pass_time(clock, DAY + HOUR, a, b)
+    squatter = await Peer.ready(b.ws, person(b, clock, "mallory"), "agent-main")
+
+    proxy.release()
+    async with asyncio.timeout(5 * UNIT):
+        with pytest.raises(Disconnected, match="id was taken"):
+            await sending  # sent again under a new id, it could be applied twice
+        await agent.connected.wait()
+    echo = await agent.dispatch_and_wait(SESSION, SessionTitleChanged(title="Refunds"))
+
+    assert agent.client_id != "agent-main"
+    assert echo.origin is not None
+    assert echo.origin.client_id == agent.client_id
+    await squatter.close()
+    await proxy.close()

@@ -1,0 +1,263 @@
+"""The LangGraph adapter: a real graph (no LLM) whose nodes interrupt, run
+by run_with_people, each interrupt answered by a person over the WebSocket
+of a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import sqlite3
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import START, StateGraph
+from langgraph.pregel import Pregel
+from langgraph.types import interrupt
+
+from protocol.actions import ChatInputCompleted
+from protocol.chat import InputAnswer, NumberValue, ToolCallPendingConfirmation
+from server.integrations.langgraph import run_with_people, run_with_people_sync
+from server.integrations.remote import people_of
+from server.mcp.people import RemoteChat
+from tests.conftest import RunningServer
+from tests.people_kit import (
+    WITHIN,
+    Room,
+    approve,
+    arguments_of,
+    calls_waiting,
+    deny,
+    fill,
+    open_room,
+    requests_open,
+    turn_ended,
+)
+
+REFUND = {"order": "A-17", "amount": 40}
+EVERYTHING = {"allow_accept": True, "allow_edit": True, "allow_respond": True, "allow_ignore": True}
+
+
+class State(TypedDict, total=False):
+    answers: Annotated[list[Any], operator.add]
+    done: Annotated[list[str], operator.add]
+
+
+def human_interrupt(action: str, args: dict[str, Any], **allow: bool) -> list[dict[str, Any]]:
+    """What an Agent Inbox graph asks: a list of one HumanInterrupt."""
+    request = {"action": action, "args": args}
+    return [{"action_request": request, "config": allow, "description": f"{action}?"}]
+
+
+@dataclass(frozen=True)
+class Asking:
+    """A node that interrupts with ``value`` and keeps what it got back; the
+    work after the interrupt is logged in ``done`` (to count runs)."""
+
+    name: str
+    value: Any
+
+    def __call__(self, state: State) -> State:
+        answer = interrupt(self.value)
+        return {"answers": [answer], "done": [self.name]}
+
+
+def graph_of(
+    *nodes: Asking, saver: BaseCheckpointSaver[Any] | None = None
+) -> Pregel[Any, Any, Any, Any]:
+    """The nodes side by side after START (one superstep: their interrupts
+    come at once)."""
+    builder = StateGraph(State)
+    for node in nodes:
+        builder.add_node(node.name, node)
+        builder.add_edge(START, node.name)
+    return builder.compile(checkpointer=saver or InMemorySaver())
+
+
+def thread(name: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": name}}
+
+
+def refund_node(**allow: bool) -> Asking:
+    return Asking("refund", human_interrupt("refund", REFUND, **allow))
+
+
+Person = Callable[[Room, ToolCallPendingConfirmation], Awaitable[None]]
+
+
+async def approves(room: Room, call: ToolCallPendingConfirmation) -> None:
+    await approve(room, call)
+
+
+async def edits(room: Room, call: ToolCallPendingConfirmation) -> None:
+    await approve(room, call, edited={"order": "A-17", "amount": 25})
+
+
+async def denies(room: Room, call: ToolCallPendingConfirmation) -> None:
+    await deny(room, call, "Not this month")
+
+
+DECISIONS = [
+    pytest.param(EVERYTHING, approves, {"type": "accept", "args": None}, id="accept"),
+    pytest.param(
+        EVERYTHING,
+        edits,
+        {"type": "edit", "args": {"action": "refund", "args": {"order": "A-17", "amount": 25}}},
+        id="edit",
+    ),
+    pytest.param(EVERYTHING, denies, {"type": "response", "args": "Not this month"}, id="respond"),
+    pytest.param(
+        {"allow_accept": True, "allow_ignore": True},
+        denies,
+        {"type": "ignore", "args": None},
+        id="ignore-when-respond-is-not-allowed",
+    ),
+    pytest.param(
+        {"allow_edit": True},
+        approves,
+        {"type": "edit", "args": {"action": "refund", "args": REFUND}},
+        id="edit-when-only-edit-is-allowed",
+    ),
+    pytest.param(
+        {"allow_accept": True, "allow_respond": True},
+        edits,
+        {
+            "type": "response",
+            "args": 'Approved only with these arguments: {"order": "A-17", "amount": 25}',
+        },
+        id="edit-when-edit-is-not-allowed",
+    ),
+]
+
+
+@pytest.mark.parametrize(("allow", "person", "expected"), DECISIONS)
+async def test_a_human_interrupt_is_a_tool_approval_and_resumes_with_the_human_response(
+    huddle: RunningServer, allow: dict[str, bool], person: Person, expected: dict[str, Any]
+) -> None:
+    room = await open_room(huddle, "ahp-session:/graph")
+    graph = graph_of(refund_node(**allow))
+    people = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(run_with_people(graph, {}, thread("t"), people=people))
+    [call] = await calls_waiting(room)
+    assert (call.tool_name, arguments_of(call), call.confirmation_title) == (
+        "refund",
+        REFUND,
+        "refund?",
+    )
+    await person(room, call)
+    async with asyncio.timeout(WITHIN):
+        state = await run
+    assert state["answers"] == [[{**expected, "answered_by": "dana"}]]
+    assert state["done"] == ["refund"]
+
+
+async def test_an_interrupt_that_allows_only_a_response_is_a_text_question(
+    huddle: RunningServer,
+) -> None:
+    room = await open_room(huddle, "ahp-session:/respond")
+    graph = graph_of(refund_node(allow_respond=True, allow_ignore=True))
+    people = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(run_with_people(graph, {}, thread("t"), people=people))
+    [request] = await requests_open(room)
+    assert request.request.message == "LangGraph asks: refund?"
+    await fill(room, request, response="Only half")
+    async with asyncio.timeout(WITHIN):
+        state = await run
+    assert state["answers"] == [[{"type": "response", "args": "Only half", "answered_by": "dana"}]]
+
+
+async def submit(room: Room, request_id: str, **numbers: int) -> None:
+    answers = {
+        key: InputAnswer(state="submitted", value=NumberValue(value=value))
+        for key, value in numbers.items()
+    }
+    action = ChatInputCompleted(request_id=request_id, response="accept", answers=answers)
+    await room.person.dispatch_and_wait(room.chat, action)
+
+
+FORM = {
+    "message": "How much should we refund?",
+    "schema": {
+        "type": "object",
+        "properties": {"amount": {"type": "integer", "minimum": 1}, "note": {"type": "string"}},
+        "required": ["amount"],
+    },
+}
+
+
+async def test_a_huddle_form_resumes_with_the_content_typed_as_the_schema_says(
+    huddle: RunningServer,
+) -> None:
+    room = await open_room(huddle, "ahp-session:/form")
+    graph = graph_of(Asking("amount", FORM))
+    people = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(run_with_people(graph, {}, thread("t"), people=people))
+    [request] = await requests_open(room)
+    assert [q.id for q in request.request.questions or []] == ["amount", "note"]
+    await submit(room, request.request.id, amount=25)
+    async with asyncio.timeout(WITHIN):
+        state = await run
+    assert state["answers"] == [
+        {"action": "accept", "content": {"amount": 25}, "answered_by": "dana"}
+    ]
+    await turn_ended(room)
+
+
+async def test_two_interrupts_at_once_each_get_their_own_request(huddle: RunningServer) -> None:
+    room = await open_room(huddle, "ahp-session:/two")
+    graph = graph_of(refund_node(**EVERYTHING), Asking("amount", FORM))
+    people = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(run_with_people(graph, {}, thread("t"), people=people))
+    [call] = await calls_waiting(room)
+    [request] = await requests_open(room)
+    await submit(room, request.request.id, amount=7)
+    await deny(room, call, "No")
+    async with asyncio.timeout(WITHIN):
+        state = await run
+    assert sorted(state["done"]) == ["amount", "refund"]
+    assert {"action": "accept", "content": {"amount": 7}, "answered_by": "dana"} in state["answers"]
+    assert [{"type": "response", "args": "No", "answered_by": "dana"}] in state["answers"]
+
+
+async def test_a_process_started_again_finds_the_request_and_resumes_the_graph_once(
+    huddle: RunningServer,
+) -> None:
+    room = await open_room(huddle, "ahp-session:/restart")
+    saver = InMemorySaver()  # what outlives the process: the checkpoints, and the chat
+    before = graph_of(refund_node(**EVERYTHING), saver=saver)
+    dying = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(run_with_people(before, {}, thread("t"), people=dying))
+    [call] = await calls_waiting(room)
+    run.cancel()  # the agent's process dies while people think
+    await room.agent.close()
+    await approve(room, call)
+    after = graph_of(refund_node(**EVERYTHING), saver=saver)
+    again = RemoteChat(await huddle.client("agent"), room.chat)
+    async with asyncio.timeout(WITHIN):
+        state = await run_with_people(after, {}, thread("t"), people=again)
+    assert state["answers"] == [[{"type": "accept", "args": None, "answered_by": "dana"}]]
+    assert state["done"] == ["refund"]  # resumed once
+    ended = await turn_ended(room)
+    assert sum(len(turn.response_parts) for turn in ended.turns) == 1  # asked once
+
+
+async def test_the_sync_entry_point_runs_a_graph_on_a_sync_checkpointer(
+    huddle: RunningServer,
+) -> None:
+    room = await open_room(huddle, "ahp-session:/sync")
+    saver = SqliteSaver(sqlite3.connect(":memory:", check_same_thread=False))
+    graph = graph_of(refund_node(**EVERYTHING), saver=saver)
+    people = people_of(huddle.ws, huddle.token("agent"), room.chat)
+    run = asyncio.create_task(
+        asyncio.to_thread(run_with_people_sync, graph, {}, thread("t"), people=people)
+    )
+    [call] = await calls_waiting(room)
+    await approve(room, call)
+    async with asyncio.timeout(WITHIN):
+        state = await run
+    assert state["answers"] == [[{"type": "accept", "args": None, "answered_by": "dana"}]]

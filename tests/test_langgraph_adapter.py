@@ -34,9 +34,11 @@ from tests.people_kit import (
     calls_waiting,
     deny,
     fill,
+    open_requests,
     open_room,
     requests_open,
     turn_ended,
+    wait_for,
 )
 
 REFUND = {"order": "A-17", "amount": 40}
@@ -261,3 +263,35 @@ async def test_the_sync_entry_point_runs_a_graph_on_a_sync_checkpointer(
     async with asyncio.timeout(WITHIN):
         state = await run
     assert state["answers"] == [[{"type": "accept", "args": None, "answered_by": "dana"}]]
+
+
+@dataclass(frozen=True)
+class Twice:
+    """A node that asks the form twice: the second interrupt of a node is a
+    request of its own, not the first one found again."""
+
+    name: str = "twice"
+
+    def __call__(self, state: State) -> State:
+        return {"answers": [interrupt(FORM), interrupt(FORM)], "done": [self.name]}
+
+
+async def test_a_node_that_asks_twice_gets_each_answer(huddle: RunningServer) -> None:
+    room = await open_room(huddle, "ahp-session:/twice")
+    builder = StateGraph(State)
+    builder.add_node("twice", Twice())
+    builder.add_edge(START, "twice")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    people = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(run_with_people(graph, {}, thread("t"), people=people))
+    [first] = await requests_open(room)
+    await submit(room, first.request.id, amount=1)
+    state = await wait_for(
+        room.mirror,
+        lambda s: len(open_requests(s)) == 1 and open_requests(s)[0].request.id != first.request.id,
+    )
+    [second] = open_requests(state)
+    await submit(room, second.request.id, amount=2)
+    async with asyncio.timeout(WITHIN):
+        done = await run
+    assert [answer["content"] for answer in done["answers"]] == [{"amount": 1}, {"amount": 2}]

@@ -1,0 +1,229 @@
+"""The OpenAI Agents SDK adapter: the SDK's real Runner with a scripted
+Model (it calls a tool that needs approval, then says what came of it), each
+approval decided by a person over the WebSocket of a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from agents import (
+    Agent,
+    Model,
+    ModelResponse,
+    ModelSettings,
+    ModelTracing,
+    RunConfig,
+    RunState,
+    Tool,
+    ToolApprovalItem,
+    Usage,
+    function_tool,
+)
+from agents.agent_output import AgentOutputSchemaBase
+from agents.handoffs import Handoff
+from agents.items import TResponseInputItem, TResponseStreamEvent
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+
+from server.integrations.openai_agents import run_with_people, tool_of
+from server.mcp.people import Decision, RemoteChat
+from tests.conftest import RunningServer
+from tests.people_kit import (
+    WITHIN,
+    approve,
+    arguments_of,
+    calls_waiting,
+    deny,
+    open_room,
+    turn_ended,
+)
+
+REFUND = {"order": "A-17", "amount": 40}
+QUIET = RunConfig(tracing_disabled=True)
+"""No traces sent anywhere (there is no OpenAI key here)."""
+
+
+class Scripted(Model):
+    """A model that first calls ``refund`` with REFUND (call id ``call_id``),
+    then answers with the tool's output as the final message."""
+
+    def __init__(self, call_id: str) -> None:
+        self.call_id = call_id
+
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Tool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: Any,
+    ) -> ModelResponse:
+        outputs = [
+            item.get("output")
+            for item in (input if isinstance(input, list) else [])
+            if isinstance(item, dict) and item.get("type") == "function_call_output"
+        ]
+        if not outputs:
+            call = ResponseFunctionToolCall(
+                type="function_call",
+                name="refund",
+                call_id=self.call_id,
+                arguments=json.dumps(REFUND),
+                id=f"fc-{self.call_id}",
+            )
+            return ModelResponse(output=[call], usage=Usage(), response_id=None)
+        text = ResponseOutputText(annotations=[], text=str(outputs[-1]), type="output_text")
+        message = ResponseOutputMessage(
+            id="msg", content=[text], role="assistant", status="completed", type="message"
+        )
+        return ModelResponse(output=[message], usage=Usage(), response_id=None)
+
+    def stream_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Tool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: Any,
+    ) -> AsyncIterator[TResponseStreamEvent]:
+        raise NotImplementedError("these tests run the agent unstreamed")
+
+
+def refunding_agent(call_id: str, refunds: list[dict[str, Any]]) -> Agent[Any]:
+    """An agent whose ``refund`` tool needs approval; each run of it is
+    appended to ``refunds``."""
+
+    @function_tool(needs_approval=True)
+    def refund(order: str, amount: int) -> str:
+        """Refund an order."""
+        refunds.append({"order": order, "amount": amount})
+        return f"refunded {amount} on {order}"
+
+    return Agent(name="Billing", model=Scripted(call_id), tools=[refund])
+
+
+async def test_an_approved_call_runs_the_tool_and_the_run_goes_on(huddle: RunningServer) -> None:
+    room = await open_room(huddle, "ahp-session:/agents-approve")
+    refunds: list[dict[str, Any]] = []
+    agent = refunding_agent("call-1", refunds)
+    decisions: list[Decision] = []
+    people = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(
+        run_with_people(
+            agent,
+            "Refund A-17",
+            people=people,
+            run_config=QUIET,
+            told=lambda _item, decision: decisions.append(decision),
+        )
+    )
+    [call] = await calls_waiting(room)
+    assert (call.tool_name, arguments_of(call)) == ("refund", REFUND)
+    assert call.confirmation_title == "Billing wants to run refund"
+    await approve(room, call)
+    async with asyncio.timeout(WITHIN):
+        result = await run
+    assert result.interruptions == []
+    assert result.final_output == "refunded 40 on A-17"
+    assert refunds == [REFUND]
+    [decision] = decisions
+    assert decision.decided_by is not None
+    assert (decision.decision, decision.decided_by.name) == ("approved", "dana")
+    await turn_ended(room)
+
+
+async def test_a_denied_call_is_rejected_with_the_persons_reason(huddle: RunningServer) -> None:
+    room = await open_room(huddle, "ahp-session:/agents-deny")
+    refunds: list[dict[str, Any]] = []
+    agent = refunding_agent("call-1", refunds)
+    people = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(
+        run_with_people(agent, "Refund A-17", people=people, run_config=QUIET)
+    )
+    [call] = await calls_waiting(room)
+    await deny(room, call, "Not this month")
+    async with asyncio.timeout(WITHIN):
+        result = await run
+    assert refunds == []
+    assert result.final_output == "dana denied this call: Not this month"
+
+
+async def test_an_edited_approval_tells_the_model_the_arguments_it_may_run_with(
+    huddle: RunningServer,
+) -> None:
+    room = await open_room(huddle, "ahp-session:/agents-edit")
+    refunds: list[dict[str, Any]] = []
+    agent = refunding_agent("call-1", refunds)
+    people = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(
+        run_with_people(agent, "Refund A-17", people=people, run_config=QUIET)
+    )
+    [call] = await calls_waiting(room)
+    await approve(room, call, edited={"order": "A-17", "amount": 25})
+    async with asyncio.timeout(WITHIN):
+        result = await run
+    assert refunds == []  # not with the arguments nobody approved
+    assert result.final_output == (
+        'dana approved this call only with these arguments: {"order": "A-17", "amount": 25}'
+    )
+
+
+async def test_a_run_started_again_from_its_kept_state_finds_the_call_and_runs_the_tool_once(
+    huddle: RunningServer,
+) -> None:
+    room = await open_room(huddle, "ahp-session:/agents-restart")
+    refunds: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+
+    async def keep(state: dict[str, Any]) -> None:
+        kept.append(json.loads(json.dumps(state)))  # as a file would hold it
+
+    dying = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(
+        run_with_people(
+            refunding_agent("call-1", refunds),
+            "Refund A-17",
+            people=dying,
+            keep=keep,
+            run_config=QUIET,
+        )
+    )
+    [call] = await calls_waiting(room)
+    run.cancel()  # the agent's process dies while people think
+    await room.agent.close()
+    await approve(room, call)
+    agent = refunding_agent("call-1", refunds)
+    state = await RunState.from_json(agent, kept[-1])
+    again = RemoteChat(await huddle.client("agent"), room.chat)
+    async with asyncio.timeout(WITHIN):
+        result = await run_with_people(agent, state, people=again, run_config=QUIET)
+    assert result.final_output == "refunded 40 on A-17"
+    assert refunds == [REFUND]
+    ended = await turn_ended(room)
+    assert sum(len(turn.response_parts) for turn in ended.turns) == 1  # asked once
+
+
+def test_an_approval_item_names_its_tool_and_arguments() -> None:
+    agent = refunding_agent("call-1", [])
+    raw = ResponseFunctionToolCall(
+        type="function_call", name="refund", call_id="c", arguments="[1, 2]"
+    )
+    assert tool_of(ToolApprovalItem(agent=agent, raw_item=raw)) == ("refund", {"input": [1, 2]})

@@ -295,3 +295,36 @@ async def test_a_node_that_asks_twice_gets_each_answer(huddle: RunningServer) ->
     async with asyncio.timeout(WITHIN):
         done = await run
     assert [answer["content"] for answer in done["answers"]] == [{"amount": 1}, {"amount": 2}]
+
+
+CODE_FORM = {
+    "message": "Which code?",
+    "schema": {
+        "type": "object",
+        "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}},
+        "required": ["code"],
+    },
+}
+
+
+async def test_answers_that_do_not_fit_the_schema_are_asked_again_never_returned(
+    huddle: RunningServer,
+) -> None:
+    room = await open_room(huddle, "ahp-session:/misfit")
+    graph = graph_of(Asking("code", CODE_FORM))
+    people = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(run_with_people(graph, {}, thread("t"), people=people))
+    [first] = await requests_open(room)
+    await fill(room, first, code="lower")  # the pattern is the schema's alone: the chat takes it
+    state = await wait_for(
+        room.mirror,
+        lambda s: any(part.request.id != first.request.id for part in open_requests(s)),
+    )
+    [again] = open_requests(state)
+    assert "did not fit" in (again.request.message or "")
+    await fill(room, again, code="UPPER")
+    async with asyncio.timeout(WITHIN):
+        done = await run
+    assert done["answers"] == [
+        {"action": "accept", "content": {"code": "UPPER"}, "answered_by": "dana"}
+    ]

@@ -50,11 +50,12 @@ QUIET = RunConfig(tracing_disabled=True)
 
 
 class Scripted(Model):
-    """A model that first calls ``refund`` with REFUND (call id ``call_id``),
-    then answers with the tool's output as the final message."""
+    """A model that first calls ``refund`` once for each of ``calls`` (call
+    id: arguments), all at once, then answers with the tools' outputs as the
+    final message."""
 
-    def __init__(self, call_id: str) -> None:
-        self.call_id = call_id
+    def __init__(self, calls: dict[str, dict[str, Any]]) -> None:
+        self.calls = calls
 
     async def get_response(
         self,
@@ -76,15 +77,19 @@ class Scripted(Model):
             if isinstance(item, dict) and item.get("type") == "function_call_output"
         ]
         if not outputs:
-            call = ResponseFunctionToolCall(
-                type="function_call",
-                name="refund",
-                call_id=self.call_id,
-                arguments=json.dumps(REFUND),
-                id=f"fc-{self.call_id}",
-            )
-            return ModelResponse(output=[call], usage=Usage(), response_id=None)
-        text = ResponseOutputText(annotations=[], text=str(outputs[-1]), type="output_text")
+            calls = [
+                ResponseFunctionToolCall(
+                    type="function_call",
+                    name="refund",
+                    call_id=call_id,
+                    arguments=json.dumps(arguments),
+                    id=f"fc-{call_id}",
+                )
+                for call_id, arguments in self.calls.items()
+            ]
+            return ModelResponse(output=list(calls), usage=Usage(), response_id=None)
+        said = "; ".join(str(output) for output in outputs)
+        text = ResponseOutputText(annotations=[], text=said, type="output_text")
         message = ResponseOutputMessage(
             id="msg", content=[text], role="assistant", status="completed", type="message"
         )
@@ -94,9 +99,12 @@ class Scripted(Model):
         raise NotImplementedError("these tests run the agent unstreamed")
 
 
-def refunding_agent(call_id: str, refunds: list[dict[str, Any]]) -> Agent[Any]:
-    """An agent whose ``refund`` tool needs approval; each run of it is
-    appended to ``refunds``."""
+def refunding_agent(
+    refunds: list[dict[str, Any]], calls: dict[str, dict[str, Any]] | None = None
+) -> Agent[Any]:
+    """An agent whose ``refund`` tool needs approval, called as ``calls``
+    say (one call of REFUND by default); each run of it is appended to
+    ``refunds``."""
 
     @function_tool(needs_approval=True)
     def refund(order: str, amount: int) -> str:
@@ -104,13 +112,13 @@ def refunding_agent(call_id: str, refunds: list[dict[str, Any]]) -> Agent[Any]:
         refunds.append({"order": order, "amount": amount})
         return f"refunded {amount} on {order}"
 
-    return Agent(name="Billing", model=Scripted(call_id), tools=[refund])
+    return Agent(name="Billing", model=Scripted(calls or {"call-1": REFUND}), tools=[refund])
 
 
 async def test_an_approved_call_runs_the_tool_and_the_run_goes_on(huddle: RunningServer) -> None:
     room = await open_room(huddle, "ahp-session:/agents-approve")
     refunds: list[dict[str, Any]] = []
-    agent = refunding_agent("call-1", refunds)
+    agent = refunding_agent(refunds)
     decisions: list[Decision] = []
     people = RemoteChat(room.agent, room.chat)
     run = asyncio.create_task(
@@ -140,7 +148,7 @@ async def test_an_approved_call_runs_the_tool_and_the_run_goes_on(huddle: Runnin
 async def test_a_denied_call_is_rejected_with_the_persons_reason(huddle: RunningServer) -> None:
     room = await open_room(huddle, "ahp-session:/agents-deny")
     refunds: list[dict[str, Any]] = []
-    agent = refunding_agent("call-1", refunds)
+    agent = refunding_agent(refunds)
     people = RemoteChat(room.agent, room.chat)
     run = asyncio.create_task(
         run_with_people(agent, "Refund A-17", people=people, run_config=QUIET)
@@ -158,7 +166,7 @@ async def test_an_edited_approval_tells_the_model_the_arguments_it_may_run_with(
 ) -> None:
     room = await open_room(huddle, "ahp-session:/agents-edit")
     refunds: list[dict[str, Any]] = []
-    agent = refunding_agent("call-1", refunds)
+    agent = refunding_agent(refunds)
     people = RemoteChat(room.agent, room.chat)
     run = asyncio.create_task(
         run_with_people(agent, "Refund A-17", people=people, run_config=QUIET)
@@ -171,6 +179,24 @@ async def test_an_edited_approval_tells_the_model_the_arguments_it_may_run_with(
     assert result.final_output == (
         'dana approved this call only with these arguments: {"order": "A-17", "amount": 25}'
     )
+
+
+async def test_two_calls_at_once_each_get_their_own_approval(huddle: RunningServer) -> None:
+    room = await open_room(huddle, "ahp-session:/agents-two")
+    refunds: list[dict[str, Any]] = []
+    other = {"order": "B-2", "amount": 5}
+    agent = refunding_agent(refunds, {"call-a": REFUND, "call-b": other})
+    people = RemoteChat(room.agent, room.chat)
+    run = asyncio.create_task(
+        run_with_people(agent, "Refund both", people=people, run_config=QUIET)
+    )
+    calls = {arguments_of(call)["order"]: call for call in await calls_waiting(room, 2)}
+    await deny(room, calls["A-17"], "Too much")
+    await approve(room, calls["B-2"])
+    async with asyncio.timeout(WITHIN):
+        result = await run
+    assert refunds == [other]
+    assert result.final_output == "dana denied this call: Too much; refunded 5 on B-2"
 
 
 async def test_a_run_started_again_from_its_kept_state_finds_the_call_and_runs_the_tool_once(
@@ -186,7 +212,7 @@ async def test_a_run_started_again_from_its_kept_state_finds_the_call_and_runs_t
     dying = RemoteChat(room.agent, room.chat)
     run = asyncio.create_task(
         run_with_people(
-            refunding_agent("call-1", refunds),
+            refunding_agent(refunds),
             "Refund A-17",
             people=dying,
             keep=keep,
@@ -197,7 +223,7 @@ async def test_a_run_started_again_from_its_kept_state_finds_the_call_and_runs_t
     run.cancel()  # the agent's process dies while people think
     await room.agent.close()
     await approve(room, call)
-    agent = refunding_agent("call-1", refunds)
+    agent = refunding_agent(refunds)
     state = await RunState.from_json(agent, kept[-1])
     again = RemoteChat(await huddle.client("agent"), room.chat)
     async with asyncio.timeout(WITHIN):
@@ -209,7 +235,7 @@ async def test_a_run_started_again_from_its_kept_state_finds_the_call_and_runs_t
 
 
 def test_an_approval_item_names_its_tool_and_arguments() -> None:
-    agent = refunding_agent("call-1", [])
+    agent = refunding_agent([])
     raw = ResponseFunctionToolCall(
         type="function_call", name="refund", call_id="c", arguments="[1, 2]"
     )

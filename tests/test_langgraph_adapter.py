@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import sqlite3
+from asyncio import Task
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
@@ -85,6 +86,16 @@ def thread(name: str) -> RunnableConfig:
     return {"configurable": {"thread_id": name}}
 
 
+async def running(huddle: RunningServer, session: str, *nodes: Asking) -> tuple[Room, Task[Any]]:
+    """A room in ``session``, and the graph of ``nodes`` running with its
+    people on thread ``t``."""
+    room = await open_room(huddle, session)
+    people = RemoteChat(room.agent, room.chat)
+    return room, asyncio.create_task(
+        run_with_people(graph_of(*nodes), {}, thread("t"), people=people)
+    )
+
+
 def refund_node(**allow: bool) -> Asking:
     return Asking("refund", human_interrupt("refund", REFUND, **allow))
 
@@ -141,10 +152,7 @@ DECISIONS = [
 async def test_a_human_interrupt_is_a_tool_approval_and_resumes_with_the_human_response(
     huddle: RunningServer, allow: dict[str, bool], person: Person, expected: dict[str, Any]
 ) -> None:
-    room = await open_room(huddle, "ahp-session:/graph")
-    graph = graph_of(refund_node(**allow))
-    people = RemoteChat(room.agent, room.chat)
-    run = asyncio.create_task(run_with_people(graph, {}, thread("t"), people=people))
+    room, run = await running(huddle, "ahp-session:/graph", refund_node(**allow))
     [call] = await calls_waiting(room)
     assert (call.tool_name, arguments_of(call), call.confirmation_title) == (
         "refund",
@@ -161,10 +169,9 @@ async def test_a_human_interrupt_is_a_tool_approval_and_resumes_with_the_human_r
 async def test_an_interrupt_that_allows_only_a_response_is_a_text_question(
     huddle: RunningServer,
 ) -> None:
-    room = await open_room(huddle, "ahp-session:/respond")
-    graph = graph_of(refund_node(allow_respond=True, allow_ignore=True))
-    people = RemoteChat(room.agent, room.chat)
-    run = asyncio.create_task(run_with_people(graph, {}, thread("t"), people=people))
+    room, run = await running(
+        huddle, "ahp-session:/respond", refund_node(allow_respond=True, allow_ignore=True)
+    )
     [request] = await requests_open(room)
     assert request.request.message == "LangGraph asks: refund?"
     await fill(room, request, response="Only half")
@@ -195,10 +202,7 @@ FORM = {
 async def test_a_huddle_form_resumes_with_the_content_typed_as_the_schema_says(
     huddle: RunningServer,
 ) -> None:
-    room = await open_room(huddle, "ahp-session:/form")
-    graph = graph_of(Asking("amount", FORM))
-    people = RemoteChat(room.agent, room.chat)
-    run = asyncio.create_task(run_with_people(graph, {}, thread("t"), people=people))
+    room, run = await running(huddle, "ahp-session:/form", Asking("amount", FORM))
     [request] = await requests_open(room)
     assert [q.id for q in request.request.questions or []] == ["amount", "note"]
     await submit(room, request.request.id, amount=25)
@@ -211,10 +215,9 @@ async def test_a_huddle_form_resumes_with_the_content_typed_as_the_schema_says(
 
 
 async def test_two_interrupts_at_once_each_get_their_own_request(huddle: RunningServer) -> None:
-    room = await open_room(huddle, "ahp-session:/two")
-    graph = graph_of(refund_node(**EVERYTHING), Asking("amount", FORM))
-    people = RemoteChat(room.agent, room.chat)
-    run = asyncio.create_task(run_with_people(graph, {}, thread("t"), people=people))
+    room, run = await running(
+        huddle, "ahp-session:/two", refund_node(**EVERYTHING), Asking("amount", FORM)
+    )
     [call] = await calls_waiting(room)
     [request] = await requests_open(room)
     await submit(room, request.request.id, amount=7)
@@ -310,10 +313,7 @@ CODE_FORM = {
 async def test_answers_that_do_not_fit_the_schema_are_asked_again_never_returned(
     huddle: RunningServer,
 ) -> None:
-    room = await open_room(huddle, "ahp-session:/misfit")
-    graph = graph_of(Asking("code", CODE_FORM))
-    people = RemoteChat(room.agent, room.chat)
-    run = asyncio.create_task(run_with_people(graph, {}, thread("t"), people=people))
+    room, run = await running(huddle, "ahp-session:/misfit", Asking("code", CODE_FORM))
     [first] = await requests_open(room)
     await fill(room, first, code="lower")  # the pattern is the schema's alone: the chat takes it
     state = await wait_for(

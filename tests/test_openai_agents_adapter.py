@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from asyncio import Task
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from agents import (
     ModelSettings,
     ModelTracing,
     RunConfig,
+    RunResult,
     RunState,
     Tool,
     ToolApprovalItem,
@@ -36,6 +38,7 @@ from server.mcp.people import Decision, RemoteChat
 from tests.conftest import RunningServer
 from tests.people_kit import (
     WITHIN,
+    Room,
     approve,
     arguments_of,
     calls_waiting,
@@ -115,20 +118,31 @@ def refunding_agent(
     return Agent(name="Billing", model=Scripted(calls or {"call-1": REFUND}), tools=[refund])
 
 
-async def test_an_approved_call_runs_the_tool_and_the_run_goes_on(huddle: RunningServer) -> None:
-    room = await open_room(huddle, "ahp-session:/agents-approve")
+async def running(
+    huddle: RunningServer,
+    session: str,
+    asked: str,
+    calls: dict[str, dict[str, Any]] | None = None,
+    **options: Any,
+) -> tuple[Room, list[dict[str, Any]], Task[RunResult]]:
+    """A room in ``session``, the refunds made, and the agent (calling as
+    ``calls`` say) running on ``asked`` with the room's people."""
+    room = await open_room(huddle, session)
     refunds: list[dict[str, Any]] = []
-    agent = refunding_agent(refunds)
-    decisions: list[Decision] = []
     people = RemoteChat(room.agent, room.chat)
-    run = asyncio.create_task(
-        run_with_people(
-            agent,
-            "Refund A-17",
-            people=people,
-            run_config=QUIET,
-            told=lambda _item, decision: decisions.append(decision),
-        )
+    run = run_with_people(
+        refunding_agent(refunds, calls), asked, people=people, run_config=QUIET, **options
+    )
+    return room, refunds, asyncio.create_task(run)
+
+
+async def test_an_approved_call_runs_the_tool_and_the_run_goes_on(huddle: RunningServer) -> None:
+    decisions: list[Decision] = []
+    room, refunds, run = await running(
+        huddle,
+        "ahp-session:/agents-approve",
+        "Refund A-17",
+        told=lambda _item, decision: decisions.append(decision),
     )
     [call] = await calls_waiting(room)
     assert (call.tool_name, arguments_of(call)) == ("refund", REFUND)
@@ -146,13 +160,7 @@ async def test_an_approved_call_runs_the_tool_and_the_run_goes_on(huddle: Runnin
 
 
 async def test_a_denied_call_is_rejected_with_the_persons_reason(huddle: RunningServer) -> None:
-    room = await open_room(huddle, "ahp-session:/agents-deny")
-    refunds: list[dict[str, Any]] = []
-    agent = refunding_agent(refunds)
-    people = RemoteChat(room.agent, room.chat)
-    run = asyncio.create_task(
-        run_with_people(agent, "Refund A-17", people=people, run_config=QUIET)
-    )
+    room, refunds, run = await running(huddle, "ahp-session:/agents-deny", "Refund A-17")
     [call] = await calls_waiting(room)
     await deny(room, call, "Not this month")
     async with asyncio.timeout(WITHIN):
@@ -164,13 +172,7 @@ async def test_a_denied_call_is_rejected_with_the_persons_reason(huddle: Running
 async def test_an_edited_approval_tells_the_model_the_arguments_it_may_run_with(
     huddle: RunningServer,
 ) -> None:
-    room = await open_room(huddle, "ahp-session:/agents-edit")
-    refunds: list[dict[str, Any]] = []
-    agent = refunding_agent(refunds)
-    people = RemoteChat(room.agent, room.chat)
-    run = asyncio.create_task(
-        run_with_people(agent, "Refund A-17", people=people, run_config=QUIET)
-    )
+    room, refunds, run = await running(huddle, "ahp-session:/agents-edit", "Refund A-17")
     [call] = await calls_waiting(room)
     await approve(room, call, edited={"order": "A-17", "amount": 25})
     async with asyncio.timeout(WITHIN):
@@ -182,13 +184,9 @@ async def test_an_edited_approval_tells_the_model_the_arguments_it_may_run_with(
 
 
 async def test_two_calls_at_once_each_get_their_own_approval(huddle: RunningServer) -> None:
-    room = await open_room(huddle, "ahp-session:/agents-two")
-    refunds: list[dict[str, Any]] = []
     other = {"order": "B-2", "amount": 5}
-    agent = refunding_agent(refunds, {"call-a": REFUND, "call-b": other})
-    people = RemoteChat(room.agent, room.chat)
-    run = asyncio.create_task(
-        run_with_people(agent, "Refund both", people=people, run_config=QUIET)
+    room, refunds, run = await running(
+        huddle, "ahp-session:/agents-two", "Refund both", {"call-a": REFUND, "call-b": other}
     )
     calls = {arguments_of(call)["order"]: call for call in await calls_waiting(room, 2)}
     await deny(room, calls["A-17"], "Too much")

@@ -23,21 +23,24 @@ from langgraph.types import interrupt
 
 from protocol.actions import ChatInputCompleted
 from protocol.chat import InputAnswer, NumberValue, ToolCallPendingConfirmation
+from server.core.expiry import Expiry
 from server.integrations.langgraph import run_with_people, run_with_people_sync
 from server.integrations.remote import people_of
 from server.mcp.people import RemoteChat
-from tests.conftest import RunningServer
+from tests.conftest import RunningServer, WallClock
 from tests.people_kit import (
     WITHIN,
     Room,
     approve,
     arguments_of,
     calls_waiting,
+    clocked_server,
     deny,
     fill,
     open_requests,
     open_room,
     requests_open,
+    time_passes,
     turn_ended,
     wait_for,
 )
@@ -328,3 +331,19 @@ async def test_answers_that_do_not_fit_the_schema_are_asked_again_never_returned
     assert done["answers"] == [
         {"action": "accept", "content": {"code": "UPPER"}, "answered_by": "dana"}
     ]
+
+
+async def test_an_approval_nobody_gives_in_time_resumes_with_ignore(clock: WallClock) -> None:
+    async with clocked_server(clock) as huddle:
+        room = await open_room(huddle, "ahp-session:/late")
+        graph = graph_of(refund_node(**EVERYTHING))
+        people = RemoteChat(room.agent, room.chat)
+        expiry = Expiry(60, "decline")
+        run = asyncio.create_task(
+            run_with_people(graph, {}, thread("t"), people=people, expiry=expiry)
+        )
+        await calls_waiting(room)
+        await time_passes(huddle, clock, 61)
+        async with asyncio.timeout(WITHIN):
+            state = await run
+    assert state["answers"] == [[{"type": "ignore", "args": None, "answered_by": None}]]

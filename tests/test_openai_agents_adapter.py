@@ -33,17 +33,20 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
+from server.core.expiry import Expiry
 from server.integrations.openai_agents import run_with_people, tool_of
 from server.mcp.people import Decision, RemoteChat
-from tests.conftest import RunningServer
+from tests.conftest import RunningServer, WallClock
 from tests.people_kit import (
     WITHIN,
     Room,
     approve,
     arguments_of,
     calls_waiting,
+    clocked_server,
     deny,
     open_room,
+    time_passes,
     turn_ended,
 )
 
@@ -238,3 +241,16 @@ def test_an_approval_item_names_its_tool_and_arguments() -> None:
         type="function_call", name="refund", call_id="c", arguments="[1, 2]"
     )
     assert tool_of(ToolApprovalItem(agent=agent, raw_item=raw)) == ("refund", {"input": [1, 2]})
+
+
+async def test_a_call_nobody_approves_in_time_is_rejected_as_such(clock: WallClock) -> None:
+    async with clocked_server(clock) as huddle:
+        room, refunds, run = await running(
+            huddle, "ahp-session:/agents-late", "Refund A-17", expiry=Expiry(60, "decline")
+        )
+        await calls_waiting(room)
+        await time_passes(huddle, clock, 61)
+        async with asyncio.timeout(WITHIN):
+            result = await run
+    assert refunds == []
+    assert result.final_output == "Nobody approved this call in time; it did not run"

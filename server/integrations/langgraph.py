@@ -135,7 +135,7 @@ def human_response(asked: HumanInterrupt, decision: Decision) -> dict[str, Any]:
     """The HumanResponse for people's ``decision`` on ``asked`` (the table
     in the module docstring)."""
     by = decision.decided_by.name if decision.decided_by is not None else None
-    reason = decision.reason
+    reason = decision.reason if decision.decision == "denied" else None
     if decision.decision == "approved":
         edited = decision.arguments != asked.args
         if not edited and "accept" in asked.allows:

@@ -18,6 +18,7 @@ How a decision reaches the run::
                                     again with them, which is asked again)
     denied                          state.reject, the message who denied it and why
     expired, or the turn ended      state.reject, the message that nobody decided
+                                    (in time, or before the turn ended)
 
 Restarts: ``keep`` is given the run's state (``RunState.to_json()``) each time
 it waits for people, before they are asked; keep it where the process
@@ -80,8 +81,10 @@ def settle(
         )
     elif decision.decision == "denied":
         message = f"{who} denied this call" + (f": {decision.reason}" if decision.reason else "")
-    else:
+    elif decision.decision == "expired":
         message = "Nobody approved this call in time; it did not run"
+    else:
+        message = "Nobody decided on this call before the chat's turn ended; it did not run"
     state.reject(item, rejection_message=message)
 
 

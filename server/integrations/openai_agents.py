@@ -27,7 +27,10 @@ with ``await RunState.from_json(agent, kept)`` and pass that state as
 ``input``: its pending approvals are asked under the same ids (made from the
 tool call's id, :func:`~server.runner.ids.adapter_id`), which finds the
 chat's calls (waited on while open, decided ones return their decision),
-and the run goes on once.
+and the run goes on once. The ids take the model's call ids to be unique in
+the chat, as the OpenAI API's are: a model that numbers its calls from 1 in
+every run would find an earlier run's decision. A process that dies after a
+tool ran, before the run waited again, runs it again from the kept state.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ from langgraph.types import interrupt
 from protocol.actions import ChatInputCompleted
 from protocol.chat import InputAnswer, NumberValue, ToolCallPendingConfirmation
 from server.core.expiry import Expiry
-from server.integrations.langgraph import run_with_people, run_with_people_sync
+from server.integrations.langgraph import parse_interrupt, run_with_people, run_with_people_sync
 from server.integrations.remote import people_of
+from server.mcp.errors import Unaskable
 from server.mcp.people import RemoteChat
 from tests.conftest import RunningServer, WallClock
 from tests.people_kit import (
@@ -347,3 +348,25 @@ async def test_an_approval_nobody_gives_in_time_resumes_with_ignore(clock: WallC
         async with asyncio.timeout(WITHIN):
             state = await run
     assert state["answers"] == [[{"type": "ignore", "args": None, "answered_by": None}]]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("Approve?", id="a-string"),
+        pytest.param({"question": "Approve?"}, id="neither-shape"),
+        pytest.param({"action_request": {"args": {}}}, id="no-action"),
+        pytest.param({"action_request": {"action": "x", "args": [1]}}, id="args-not-a-mapping"),
+        pytest.param(human_interrupt("a", {}) * 2, id="a-list-of-two"),
+    ],
+)
+def test_an_interrupt_of_no_known_shape_is_unaskable(value: Any) -> None:
+    with pytest.raises(Unaskable):
+        parse_interrupt(value)
+
+
+async def test_a_graph_run_without_a_thread_is_refused(huddle: RunningServer) -> None:
+    room = await open_room(huddle, "ahp-session:/nothread")
+    people = RemoteChat(room.agent, room.chat)
+    with pytest.raises(ValueError, match="thread_id"):
+        await run_with_people(graph_of(refund_node(**EVERYTHING)), {}, {}, people=people)

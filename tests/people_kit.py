@@ -5,9 +5,8 @@ WebSocket, and what that person does with what the agent puts to them."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,29 +22,15 @@ from protocol.chat import (
 from protocol.messages import ChannelState
 from protocol.session import SessionState
 from server.client import HuddleClient, Mirror
-from server.config import Settings
-from tests.conftest import UNIT, RunningServer, WallClock, start_server
+from tests.conftest import UNIT, RunningServer, WallClock
 
 WITHIN = 10 * UNIT
 """How long a test waits for something that must happen."""
 
 
-UNSWEPT = Settings(port=0, expiry_check_interval=3600.0)
-"""The expiry sweeper never runs by itself: :func:`time_passes` sweeps."""
-
-
-@contextlib.asynccontextmanager
-async def clocked_server(clock: WallClock) -> AsyncIterator[RunningServer]:
-    """A server on ``clock``, whose expiries wait for :func:`time_passes`."""
-    running = await start_server(UNSWEPT, clock=clock)
-    try:
-        yield running
-    finally:
-        await running.stop()
-
-
 async def time_passes(huddle: RunningServer, clock: WallClock, seconds: float) -> None:
-    """``seconds`` go by on the server's clock, and it expires what is due."""
+    """``seconds`` go by on the clock of a
+    :func:`~tests.conftest.clocked_server`, and it expires what is due."""
     clock.now += seconds
     await huddle.server.parts.host.expiries.sweep()
 

@@ -28,14 +28,13 @@ from server.integrations.langgraph import parse_interrupt, run_with_people, run_
 from server.integrations.remote import people_of
 from server.mcp.errors import Unaskable
 from server.mcp.people import RemoteChat
-from tests.conftest import RunningServer, WallClock
+from tests.conftest import RunningServer, WallClock, clocked_server
 from tests.people_kit import (
     WITHIN,
     Room,
     approve,
     arguments_of,
     calls_waiting,
-    clocked_server,
     deny,
     fill,
     open_requests,

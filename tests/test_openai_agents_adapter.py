@@ -36,14 +36,13 @@ from openai.types.responses import (
 from server.core.expiry import Expiry
 from server.integrations.openai_agents import run_with_people, tool_of
 from server.mcp.people import Decision, RemoteChat
-from tests.conftest import RunningServer, WallClock
+from tests.conftest import RunningServer, WallClock, clocked_server
 from tests.people_kit import (
     WITHIN,
     Room,
     approve,
     arguments_of,
     calls_waiting,
-    clocked_server,
     deny,
     open_room,
     time_passes,

@@ -622,8 +622,9 @@ class Commands:
                 raise ActionRejected.of(refusal)
             who = sender or grant.identity
             action = _as_sent_by(grant, who, action)
+            payer = None if grant.role == "agent" else grant.budget_key
             return await self.host.dispatch(
-                uri, action, origin=origin, seq_scope=seq_scope, sender=who
+                uri, action, origin=origin, seq_scope=seq_scope, sender=who, payer=payer
             )
         except (ActionRejected, StoreUnavailable):
             self.metrics.rejected(action_type(action))

@@ -58,6 +58,18 @@ carry), so that nobody can fill an audit to keep the answers out of it. A
 participant's truncations count as decisive only ``TRUNCATIONS_PER_SESSION``
 times a session.
 
+Shares: a person's decisions (a request completed, a tool call decided)
+are charged to them before they are accepted (:meth:`AuditTrail.charged`),
+two records each, their own and the runner's resume it makes; the count
+is the store's, so every process gives a person the same share. A payer
+is a token, a shared link's browsers together. One takes at most a
+``SENDER_SHARE``-th of the reserve over the session's life, and people
+together never the reserve's last ``HOUSE_SHARE``-th, the agent's and the
+server's own: past either, a person's decision is refused
+(``audit-share-used``, ``audit-full``), so one person cannot fill the
+reserve to keep the others' decisions out of it, and no decision is ever
+accepted without its record.
+
 Records of one process are appended in the order it accepted the actions;
 the store's compare-and-set orders processes.
 """
@@ -67,6 +79,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import logging
@@ -96,6 +109,7 @@ from protocol.actions import (
     action_type,
 )
 from protocol.chat import ChatState, ToolCallPendingConfirmation
+from protocol.rejections import RejectionCode
 from reducers.chat import select_open_input_part, select_tool_call, select_truncated
 from reducers.clock import iso_time
 from server.auth import Identity
@@ -103,7 +117,7 @@ from server.cache import Lru
 from server.core.audit_key import AuditKeys, SigningKey
 from server.core.channels import Applied
 from server.core.frozen_forms import FormRegistry, chat_session
-from server.errors import SeqConflict, StoreError, StoreUnavailable
+from server.errors import ActionRejected, AlreadyApplied, SeqConflict, StoreError, StoreUnavailable
 from server.store.base import ChannelStore
 
 log = logging.getLogger("huddle.audit")
@@ -131,6 +145,15 @@ completion, and everything else, is recorded whatever drafting came first."""
 MAX_BYTES: Final = 256 << 20
 """Bytes of records a session's audit holds at most (its last tenth, as of
 its records, is the reserve)."""
+SENDER_SHARE: Final = 10
+"""A person's decisions (their records and the resumes they make) take
+at most a tenth of the reserve's records, wherever they land."""
+HOUSE_SHARE: Final = 2
+"""The reserve's last half is the agent's and the server's: people's
+decisions are refused once the audit holds all but it."""
+CHARGED: Final = 2
+"""Records a person's decision is charged: its own, and the runner's
+resume it makes."""
 TRUNCATIONS_PER_SESSION: Final = 100
 """A participant's truncations one session's audit keeps in its reserve (in
 one process's lifetime): each is recorded until the reserve opens, the
@@ -517,6 +540,45 @@ class AuditTrail:
         async for line in signed_export(self.store, session, key, iso_time(self.now_ms())):
             yield line
 
+    @contextlib.asynccontextmanager
+    async def charged(
+        self, session: str | None, payer: str | None, action: StateAction
+    ) -> AsyncIterator[None]:
+        """Around accepting ``action`` of ``payer`` (a person: their token,
+        or their shared link's; None for the agent and the server) in
+        ``session``: a decision is charged first (CHARGED records, see the
+        module docstring), and given back should it not be accepted
+        (rejected, or applied already). Raises ActionRejected when the
+        payer's share is used up or the audit has no room left for people,
+        and StoreError."""
+        if session is None or payer is None or not isinstance(action, DECIDING):
+            yield
+            return
+        reserve = self.max_records // RESERVED_SHARE
+        share = reserve // SENDER_SHARE
+        room = self.max_records - reserve // HOUSE_SHARE
+        charge = await self.store.charge_audit(session, payer, CHARGED, share, room)
+        if charge == "share":
+            raise ActionRejected(
+                RejectionCode.AUDIT_SHARE_USED,
+                f"your share of this session's audit is used up: a token's decisions take "
+                f"at most {share} of its records, {CHARGED} each; the others' still land",
+            )
+        if charge == "full":
+            raise ActionRejected(
+                RejectionCode.AUDIT_FULL,
+                "this session's audit has no room left for decisions: none is accepted "
+                "without its record",
+            )
+        try:
+            yield
+        except (ActionRejected, AlreadyApplied):
+            try:
+                await self.store.charge_audit(session, payer, -CHARGED, share, room)
+            except StoreError as error:  # what it took stays taken: bounded all the same
+                log.warning("audit of %s: a charge could not be given back: %s", session, error)
+            raise
+
     def _truncation_kept(self, session: str, sender: Identity | None) -> bool:
         """Whether a truncation is decisive: the agent's (or the server's)
         always, a participant's while the session has had fewer than
@@ -749,6 +811,8 @@ class AuditTrail:
         return True
 
 
+DECIDING: Final = (ChatInputCompleted, ChatToolCallConfirmed)
+"""A person's actions the reserve is kept for, charged to their share."""
 DECISIVE: Final = frozenset(
     {"chat/inputCompleted", "chat/toolCallConfirmed", "runner/resumed", "chat/truncated"}
 )

@@ -232,11 +232,15 @@ class Host:
         origin: ActionOrigin | None = None,
         seq_scope: str | None = None,
         sender: Identity | None = None,
+        payer: str | None = None,
         validate: bool = True,
         provided: Callable[[ChannelState], Rejection | None] | None = None,
     ) -> ActionEnvelope:
         """Validate, reduce, append and broadcast ``action`` on ``uri``, then
         run its side effects. ``sender`` is who sent it (None: the server);
+        ``payer``, whose share of the session's audit a person's decision
+        is charged to (server.core.audit.AuditTrail.charged; None: the
+        agent's or the server's own);
         ``seq_scope``, what ``origin``'s clientSeq is numbered within beyond
         its clientId (server.core.channels.origin_key);
         ``provided``, a condition on the channel's state checked with the
@@ -249,13 +253,15 @@ class Host:
             self.core.write, uri, action, origin=origin, seq_scope=seq_scope, sender=sender
         )
         validator = await self._validator(uri, action, provided) if validate else None
-        try:
-            event = await write(validate=validator)
-        except _FormUnread:
-            # The request opened after we looked (an append of another
-            # process this one caught up on): read its form, check again.
-            validator = await self._validator(uri, action, provided, read_form=True)
-            event = await write(validate=validator)
+        session = await self.session_of(uri) if payer is not None else None
+        async with self.audit.charged(session, payer, action):
+            try:
+                event = await write(validate=validator)
+            except _FormUnread:
+                # The request opened after we looked (an append of another
+                # process this one caught up on): read its form, check again.
+                validator = await self._validator(uri, action, provided, read_form=True)
+                event = await write(validate=validator)
         return event.envelope
 
     async def check(self, uri: str, action: StateAction, state: ChannelState) -> Rejection | None:

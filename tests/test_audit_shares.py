@@ -5,26 +5,41 @@ every process alike, and every decision accepted is on record."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
+import pytest
 from msgspec.structs import replace
 
-from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed, ChatTurnStarted
-from protocol.chat import InputAnswer, SelectedValue, TextValue
+from protocol.actions import (
+    ChatInputCompleted,
+    ChatInputRequested,
+    ChatToolCallConfirmed,
+    ChatTurnStarted,
+)
+from protocol.chat import InputAnswer, InputRequest, SelectedValue, TextValue
 from protocol.rejections import RejectionCode
+from server.auth import TokenAuthority
+from server.cli import main
 from server.client import HuddleClient, Mirror
 from server.config import Limits, Settings
-from server.core.audit import CHARGED, verify
+from server.core.audit import CHARGED, export, verify
 from server.errors import ActionRejected
 from server.runner.demo import agent as demo
 from tests.conftest import (
     AGENT_TOKEN,
+    session_chat_with_turn,
     start_server,
     user_message,
     watched_chat,
 )
+from tests.redis_server import RedisServer
 from tests.test_audit import audit_of, records
 from tests.test_runner_demo import open_request, pending_call, wait
+from tests.test_serve_cli import TOKEN, Served, start
+from tests.test_trust import TURN
 
 SESSION = "ahp-session:/shared-out"
 MAX_RECORDS = 400
@@ -40,32 +55,51 @@ def turn(n: int) -> ChatTurnStarted:
     )
 
 
+class Requests:
+    """Requests to decline: one that ``ask`` opens (given a number, 0, 1,
+    ...), asked anew once the one before was answered; one refused stays
+    open for the next to answer."""
+
+    def __init__(self, ask: Callable[[int], Awaitable[str]]) -> None:
+        self.ask = ask
+        self.asked = 0
+        self.open: str | None = None
+
+    async def next(self) -> str:
+        if self.open is None:
+            self.open = await self.ask(self.asked)
+            self.asked += 1
+        return self.open
+
+
 async def decline_until_refused(
-    client: HuddleClient, chat: str, opened: AsyncIterator[str], most: int
+    client: HuddleClient, chat: str, requests: Requests, most: int
 ) -> tuple[int, ActionRejected | None]:
-    """Decline each request ``opened`` yields until one is refused (at most
-    ``most``): how many were accepted, and the refusal."""
+    """Decline the open request until one is refused (at most ``most``
+    times): how many were accepted, and the refusal."""
     for accepted in range(most):
-        request = await anext(opened)
+        request = await requests.next()
         try:
             await client.dispatch_and_wait(
                 chat, ChatInputCompleted(request_id=request, response="decline")
             )
         except ActionRejected as refused:
             return accepted, refused
+        requests.open = None
     return most, None
 
 
-async def demo_requests(client: HuddleClient, chat: str, mirror: Mirror) -> AsyncIterator[str]:
-    """The demo agent's form, asked anew in each turn ``client`` starts."""
-    n = 0
-    while True:
+def demo_requests(client: HuddleClient, chat: str, mirror: Mirror) -> Requests:
+    """The demo agent's form, asked in each turn ``client`` starts."""
+
+    async def ask(n: int) -> str:
         await wait(mirror, lambda s: s.active_turn is None)
         await client.dispatch_and_wait(chat, turn(n))
         part = open_request(await wait(mirror, lambda s: open_request(s) is not None))
         assert part is not None
-        yield part.request.id
-        n += 1
+        return part.request.id
+
+    return Requests(ask)
 
 
 async def test_declining_the_demo_form_in_a_loop_is_refused_and_the_others_approval_lands() -> None:
@@ -138,3 +172,141 @@ async def test_declining_the_demo_form_in_a_loop_is_refused_and_the_others_appro
     assert any(r["what"] == "chat/toolCallComplete" for r in after)
     assert kept[-1]["what"] == "chat/turnComplete"
     assert "audit/full" not in {r["what"] for r in kept}
+
+
+def agent_requests(agent: HuddleClient, chat: str, mirror: Mirror) -> Requests:
+    """Requests the agent opens in its turn."""
+
+    async def ask(n: int) -> str:
+        request = InputRequest(id=f"r{n}", message="Go on?")
+        await agent.dispatch_and_wait(chat, ChatInputRequested(request=request))
+        await wait(mirror, lambda s: _open_id(s) == request.id)
+        return request.id
+
+    return Requests(ask)
+
+
+def _open_id(state: object) -> str | None:
+    part = open_request(state)
+    return None if part is None else part.request.id
+
+
+async def test_a_shared_links_browsers_spend_one_share() -> None:
+    huddle = await start_server(Settings(port=0, audit_max_records=MAX_RECORDS))
+    try:
+        agent = await huddle.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        expires = time.time() + 600
+        link = huddle.authority.mint("participant", expires_at=expires, shared=True)
+        link_id = huddle.authority.verify(link, 0).token_id
+        first, second = [
+            await HuddleClient.connect(
+                huddle.ws,
+                huddle.authority.mint("participant", expires_at=expires, shared=True, link=link_id),
+            )
+            for _ in range(2)
+        ]
+        alice = await huddle.client(name="Alice")
+        opened = agent_requests(agent, chat, await alice.subscribe(chat))
+        accepted, _ = await decline_until_refused(first, chat, opened, DECISIONS)
+        # The link's other browser (its own token id) finds the link's share used.
+        _, refused = await decline_until_refused(second, chat, opened, 1)
+        # Alice's own is whole.
+        alice_accepted, alice_refused = await decline_until_refused(alice, chat, opened, 1)
+        for client in (first, second):
+            await client.close()
+    finally:
+        await huddle.stop()
+
+    assert accepted == DECISIONS
+    assert refused is not None
+    assert refused.code == RejectionCode.AUDIT_SHARE_USED
+    assert (alice_accepted, alice_refused) == (1, None)
+
+
+async def test_an_audit_without_room_for_people_refuses_their_decisions_not_the_agents() -> None:
+    huddle = await start_server(Settings(port=0, audit_max_records=MAX_RECORDS))
+    try:
+        audit = huddle.server.parts.host.audit
+        agent = await huddle.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        await agent.dispatch_and_wait(
+            chat, ChatInputRequested(request=InputRequest(id="r", message="Go on?"))
+        )
+        held = 2  # the turn started, the request
+        resumed = {"at": "2026-12-01T10:00:00.000Z", "session": SESSION, "who": {"role": "server"}}
+        # All but the reserve's last half, the agent's and the server's own
+        # (an audit/reserve marker among them).
+        for _ in range(MAX_RECORDS - MAX_RECORDS // 10 // 2 - held - 1):
+            await audit.record(SESSION, {**resumed, "what": "runner/resumed"})
+        alice = await huddle.client(name="Alice")
+        await alice.subscribe(chat)
+        with pytest.raises(ActionRejected) as refused:
+            await alice.dispatch_and_wait(
+                chat, ChatInputCompleted(request_id="r", response="accept")
+            )
+        await agent.dispatch_and_wait(chat, ChatInputCompleted(request_id="r", response="cancel"))
+        await audit.settled()
+        lines = [line async for line in export(huddle.server.parts.store, SESSION)]
+    finally:
+        await huddle.stop()
+
+    assert refused.value.code == RejectionCode.AUDIT_FULL
+    kept = records(lines)
+    assert len(kept) == MAX_RECORDS - MAX_RECORDS // 10 // 2 + 1
+    assert kept[-1]["what"] == "chat/inputCompleted"
+    assert kept[-1]["who"]["role"] == "agent"
+
+
+@pytest.fixture
+async def two_servers(redis_server: RedisServer) -> AsyncIterator[tuple[Served, Served]]:
+    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": redis_server.url, "HUDDLE_AGENT": "none"}
+    flags = ("--audit-max-records", str(MAX_RECORDS))
+    first, second = await asyncio.gather(start(*flags, env=env), start(*flags, env=env))
+    try:
+        yield first, second
+    finally:
+        for served in (first, second):
+            if served.process.returncode is None:
+                served.process.terminate()
+                await served.process.wait()
+
+
+@pytest.mark.redis
+async def test_a_flood_split_over_two_processes_spends_one_share(
+    two_servers: tuple[Served, Served], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    a, b = (f"ws://127.0.0.1:{served.port}/ahp" for served in two_servers)
+    mint = TokenAuthority(TOKEN).mint
+    expires = time.time() + 600
+    mallory_token = mint("participant", name="Mallory", expires_at=expires)
+    agent = await HuddleClient.connect(a, TOKEN)
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    on_a, on_b = [await HuddleClient.connect(url, mallory_token) for url in (a, b)]
+    dana = await HuddleClient.connect(b, mint("participant", name="Dana", expires_at=expires))
+    opened = agent_requests(agent, chat, await dana.subscribe(chat))
+    taken: list[tuple[int, ActionRejected | None]] = []
+    for _ in range(DECISIONS + 1):  # one decline more than the share, on each process
+        for mallory in (on_a, on_b):
+            taken.append(await decline_until_refused(mallory, chat, opened, 1))
+    dana_taken = await decline_until_refused(dana, chat, opened, 1)
+    for client in (agent, on_a, on_b, dana):
+        await client.close()
+    for served in two_servers:
+        served.process.terminate()  # a clean stop writes what is queued
+        await served.process.wait()
+    out = tmp_path / "audit.jsonl"
+    code = await asyncio.to_thread(
+        main, ["audit", "export", SESSION, "--store", redis_server.url, "--out", str(out)]
+    )
+
+    assert code == 0
+    assert sum(accepted for accepted, _ in taken) == DECISIONS
+    refusals = [refused for _, refused in taken if refused is not None]
+    assert {refused.code for refused in refusals} == {RejectionCode.AUDIT_SHARE_USED}
+    assert len(refusals) == len(taken) - DECISIONS  # on both processes
+    assert dana_taken == (1, None)
+    *lines, _ = out.read_bytes().splitlines()  # and the export's signed end
+    assert verify(lines).records == len(lines)
+    completed = [r["who"]["name"] for r in records(lines) if r["what"] == "chat/inputCompleted"]
+    assert completed == ["Mallory"] * DECISIONS + ["Dana"]

@@ -30,13 +30,16 @@ from server.errors import ActionRejected
 from server.runner.demo import agent as demo
 from tests.conftest import (
     AGENT_TOKEN,
+    RunningServer,
     session_chat_with_turn,
     start_server,
     user_message,
     watched_chat,
 )
+from tests.edge import Frame, Peer
 from tests.redis_server import RedisServer
 from tests.test_audit import audit_of, records
+from tests.test_once import again
 from tests.test_runner_demo import open_request, pending_call, wait
 from tests.test_serve_cli import TOKEN, Served, start
 from tests.test_trust import TURN
@@ -222,6 +225,45 @@ async def test_a_shared_links_browsers_spend_one_share() -> None:
     assert refused is not None
     assert refused.code == RejectionCode.AUDIT_SHARE_USED
     assert (alice_accepted, alice_refused) == (1, None)
+
+
+async def test_a_decision_sent_again_after_it_took_the_last_of_the_share_is_applied_once(
+    huddle: RunningServer,
+) -> None:
+    huddle.server.parts.host.audit.max_records = MAX_RECORDS
+    agent = await huddle.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    requests = agent_requests(agent, chat, agent.mirrors[chat])
+    peer = await Peer.ready(huddle.ws, huddle.token(name="Lee"), "lee-browser")
+    await peer.subscribe(chat)
+    echoes, sent = [], {}
+    for client_seq in (*range(1, DECISIONS + 1), DECISIONS, DECISIONS + 1):
+        if client_seq not in sent:
+            sent[client_seq] = ChatInputCompleted(
+                request_id=await requests.next(), response="decline"
+            )
+        await peer.send(again(chat, client_seq, sent[client_seq]))
+        echo = await echo_of(peer, client_seq)
+        if "rejectionReason" not in echo:
+            requests.open = None
+        echoes.append(echo)
+    await peer.close()
+
+    *taken, sent_again, refused = echoes
+    assert ["rejectionReason" in echo for echo in taken] == [False] * DECISIONS
+    # Said to be applied (it was), not refused for the share it took.
+    assert "rejectionReason" not in sent_again
+    assert sent_again["serverSeq"] == taken[-1]["serverSeq"]
+    assert refused["rejectionReason"].startswith("audit-share-used: your share")
+
+
+async def echo_of(peer: Peer, client_seq: int) -> Frame:
+    """The echo of the peer's action numbered ``client_seq`` (past the
+    others' actions)."""
+    while True:
+        envelope = await peer.envelope()
+        if (envelope.get("origin") or {}).get("clientSeq") == client_seq:
+            return envelope
 
 
 async def test_an_audit_without_room_for_people_refuses_their_decisions_not_the_agents() -> None:

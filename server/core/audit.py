@@ -109,7 +109,7 @@ from protocol.actions import (
     action_type,
 )
 from protocol.chat import ChatState, ToolCallPendingConfirmation
-from protocol.rejections import RejectionCode
+from protocol.rejections import Rejection, RejectionCode
 from reducers.chat import select_open_input_part, select_tool_call, select_truncated
 from reducers.clock import iso_time
 from server.auth import Identity
@@ -543,35 +543,40 @@ class AuditTrail:
     @contextlib.asynccontextmanager
     async def charged(
         self, session: str | None, payer: str | None, action: StateAction
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[Rejection | None]:
         """Around accepting ``action`` of ``payer`` (a person: their token,
         or their shared link's; None for the agent and the server) in
         ``session``: a decision is charged first (CHARGED records, see the
         module docstring), and given back should it not be accepted
-        (rejected, or applied already). Raises ActionRejected when the
-        payer's share is used up or the audit has no room left for people,
-        and StoreError."""
+        (rejected, or applied already). Yields the rejection it gets when
+        the payer's share is used up or the audit has no room left for
+        people (None: charged, or nothing to charge), for the caller to
+        check with the rules under the channel's lock: a copy re-sent of
+        an action applied already is said to be applied, and an invalid
+        one gets the rule it breaks. Raises StoreError."""
         if session is None or payer is None or not isinstance(action, DECIDING):
-            yield
+            yield None
             return
         reserve = self.max_records // RESERVED_SHARE
         share = reserve // SENDER_SHARE
         room = self.max_records - reserve // HOUSE_SHARE
         charge = await self.store.charge_audit(session, payer, CHARGED, share, room)
         if charge == "share":
-            raise ActionRejected(
+            yield Rejection(
                 RejectionCode.AUDIT_SHARE_USED,
                 f"your share of this session's audit is used up: a token's decisions take "
                 f"at most {share} of its records, {CHARGED} each; the others' still land",
             )
+            return
         if charge == "full":
-            raise ActionRejected(
+            yield Rejection(
                 RejectionCode.AUDIT_FULL,
-                "this session's audit has no room left for decisions: none is accepted "
-                "without its record",
+                "this session's audit has no room left for people's decisions: none is "
+                "accepted without its record",
             )
+            return
         try:
-            yield
+            yield None
         except (ActionRejected, AlreadyApplied):
             try:
                 await self.store.charge_audit(session, payer, -CHARGED, share, room)

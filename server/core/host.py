@@ -254,14 +254,14 @@ class Host:
         )
         validator = await self._validator(uri, action, provided) if validate else None
         session = await self.session_of(uri) if payer is not None else None
-        async with self.audit.charged(session, payer, action):
+        async with self.audit.charged(session, payer, action) as unrecorded:
             try:
-                event = await write(validate=validator)
+                event = await write(validate=_then(validator, unrecorded))
             except _FormUnread:
                 # The request opened after we looked (an append of another
                 # process this one caught up on): read its form, check again.
                 validator = await self._validator(uri, action, provided, read_form=True)
-                event = await write(validate=validator)
+                event = await write(validate=_then(validator, unrecorded))
         return event.envelope
 
     async def check(self, uri: str, action: StateAction, state: ChannelState) -> Rejection | None:
@@ -479,6 +479,19 @@ class Host:
         """The data ``answers`` give for the request's frozen form (with the
         schema's types), or None when the request had no form."""
         return await self.forms.data(chat, request_id, answers)
+
+
+def _then(validator: Validator | None, rejection: Rejection | None) -> Validator | None:
+    """``validator``, and ``rejection`` for an action it passes: checked
+    where the rules are, so that the core says a copy re-sent of an action
+    applied already is applied (server.core.channels.ChannelCore.write)."""
+    if rejection is None:
+        return validator
+
+    def validate(view: ChannelView, action: StateAction) -> Rejection | None:
+        return (validator and validator(view, action)) or rejection
+
+    return validate
 
 
 class _FormUnread(Exception):

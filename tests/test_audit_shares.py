@@ -20,6 +20,7 @@ from protocol.actions import (
     ChatTurnStarted,
 )
 from protocol.chat import InputAnswer, InputRequest, SelectedValue, TextValue
+from protocol.codec import encode
 from protocol.rejections import RejectionCode
 from server.auth import TokenAuthority
 from server.cli import main
@@ -36,7 +37,7 @@ from tests.conftest import (
     user_message,
     watched_chat,
 )
-from tests.edge import Frame, Peer
+from tests.edge import Frame, Peer, http
 from tests.redis_server import RedisServer
 from tests.test_audit import audit_of, records
 from tests.test_once import again
@@ -264,6 +265,24 @@ async def echo_of(peer: Peer, client_seq: int) -> Frame:
         envelope = await peer.envelope()
         if (envelope.get("origin") or {}).get("clientSeq") == client_seq:
             return envelope
+
+
+async def test_a_share_spent_over_the_socket_is_spent_over_http_too(huddle: RunningServer) -> None:
+    huddle.server.parts.host.audit.max_records = MAX_RECORDS
+    agent = await huddle.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    requests = agent_requests(agent, chat, agent.mirrors[chat])
+    token = huddle.token(name="Lee")
+    lee = await HuddleClient.connect(huddle.ws, token)
+    accepted, _ = await decline_until_refused(lee, chat, requests, DECISIONS)
+    decline = ChatInputCompleted(request_id=await requests.next(), response="decline")
+    body = encode({"channel": chat, "action": decline})
+    reply = await http("POST", f"{huddle.http}/api/dispatch", token=token, data=body)
+    await lee.close()
+
+    assert accepted == DECISIONS
+    assert reply.status == 409
+    assert reply.json()["code"] == RejectionCode.AUDIT_SHARE_USED
 
 
 async def test_an_audit_without_room_for_people_refuses_their_decisions_not_the_agents() -> None:

@@ -6,6 +6,7 @@ processes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import time
@@ -656,8 +657,15 @@ async def test_exporting_needs_the_agent_token_and_a_real_store(
 
 @pytest.fixture
 async def two_servers(redis_server: RedisServer) -> AsyncIterator[tuple[Served, Served]]:
-    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": redis_server.url, "HUDDLE_AGENT": "none"}
-    first, second = await asyncio.gather(start(env=env), start(env=env))
+    async with served_twice(redis_server) as both:
+        yield both
+
+
+@contextlib.asynccontextmanager
+async def served_twice(redis: RedisServer, *flags: str) -> AsyncIterator[tuple[Served, Served]]:
+    """Two ``huddle serve`` processes on ``redis`` (with ``flags``), no agent."""
+    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": redis.url, "HUDDLE_AGENT": "none"}
+    first, second = await asyncio.gather(start(*flags, env=env), start(*flags, env=env))
     try:
         yield first, second
     finally:
@@ -710,17 +718,9 @@ async def test_two_processes_writing_one_session_keep_one_chain(
     await asking
     for client in (agent, lee, dana):
         await client.close()
-    for served in two_servers:
-        served.process.terminate()  # a clean stop writes what is queued
-        await served.process.wait()
-    out = tmp_path / "audit.jsonl"
 
-    code = await asyncio.to_thread(
-        main, ["audit", "export", SESSION, "--store", redis_server.url, "--out", str(out)]
-    )
+    lines = await exported_once_stopped(two_servers, redis_server, tmp_path, SESSION)
 
-    assert code == 0
-    lines = out.read_bytes().splitlines()
     checked = verify(lines)
     kept = records(lines)
     assert checked.records == 2 + 40 + 1
@@ -728,6 +728,23 @@ async def test_two_processes_writing_one_session_keep_one_chain(
         "Lee",
         "Dana",
     }
+
+
+async def exported_once_stopped(
+    servers: tuple[Served, ...], redis: RedisServer, tmp_path: Path, session: str
+) -> list[bytes]:
+    """The session's audit as ``huddle audit export`` writes it from
+    ``redis`` once ``servers`` stopped (a clean stop writes what is
+    queued): its lines, the signed end last."""
+    for served in servers:
+        served.process.terminate()
+        await served.process.wait()
+    out = tmp_path / "audit.jsonl"
+    code = await asyncio.to_thread(
+        main, ["audit", "export", session, "--store", redis.url, "--out", str(out)]
+    )
+    assert code == 0
+    return out.read_bytes().splitlines()
 
 
 class LostAuditReply(MemoryStore):

@@ -5,7 +5,6 @@ every process alike, and every decision accepted is on record."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,11 +18,10 @@ from protocol.actions import (
     ChatToolCallConfirmed,
     ChatTurnStarted,
 )
-from protocol.chat import InputAnswer, InputRequest, SelectedValue, TextValue
+from protocol.chat import InputRequest
 from protocol.codec import encode
 from protocol.rejections import RejectionCode
 from server.auth import TokenAuthority
-from server.cli import main
 from server.client import HuddleClient, Mirror
 from server.config import Limits, Settings
 from server.core.audit import CHARGED, export, verify
@@ -39,10 +37,10 @@ from tests.conftest import (
 )
 from tests.edge import Frame, Peer, http
 from tests.redis_server import RedisServer
-from tests.test_audit import audit_of, records
+from tests.test_audit import audit_of, exported_once_stopped, records, served_twice
 from tests.test_once import again
-from tests.test_runner_demo import open_request, pending_call, wait
-from tests.test_serve_cli import TOKEN, Served, start
+from tests.test_runner_demo import TICKET_DETAILS, open_request, pending_call, wait
+from tests.test_serve_cli import TOKEN, Served
 from tests.test_trust import TURN
 
 SESSION = "ahp-session:/shared-out"
@@ -133,12 +131,7 @@ async def test_declining_the_demo_form_in_a_loop_is_refused_and_the_others_appro
             ChatInputCompleted(
                 request_id=part.request.id,
                 response="accept",
-                answers={
-                    "affectedSystem": InputAnswer(state="submitted", value=TextValue(value="SSO")),
-                    "impactScope": InputAnswer(
-                        state="submitted", value=SelectedValue(value="ALL_USERS")
-                    ),
-                },
+                answers=TICKET_DETAILS,
             ),
         )
         call = pending_call(await wait(seen, lambda s: pending_call(s) is not None))
@@ -321,16 +314,8 @@ async def test_an_audit_without_room_for_people_refuses_their_decisions_not_the_
 
 @pytest.fixture
 async def two_servers(redis_server: RedisServer) -> AsyncIterator[tuple[Served, Served]]:
-    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": redis_server.url, "HUDDLE_AGENT": "none"}
-    flags = ("--audit-max-records", str(MAX_RECORDS))
-    first, second = await asyncio.gather(start(*flags, env=env), start(*flags, env=env))
-    try:
-        yield first, second
-    finally:
-        for served in (first, second):
-            if served.process.returncode is None:
-                served.process.terminate()
-                await served.process.wait()
+    async with served_twice(redis_server, "--audit-max-records", str(MAX_RECORDS)) as both:
+        yield both
 
 
 @pytest.mark.redis
@@ -353,21 +338,13 @@ async def test_a_flood_split_over_two_processes_spends_one_share(
     dana_taken = await decline_until_refused(dana, chat, opened, 1)
     for client in (agent, on_a, on_b, dana):
         await client.close()
-    for served in two_servers:
-        served.process.terminate()  # a clean stop writes what is queued
-        await served.process.wait()
-    out = tmp_path / "audit.jsonl"
-    code = await asyncio.to_thread(
-        main, ["audit", "export", SESSION, "--store", redis_server.url, "--out", str(out)]
-    )
+    *lines, _ = await exported_once_stopped(two_servers, redis_server, tmp_path, SESSION)
 
-    assert code == 0
     assert sum(accepted for accepted, _ in taken) == DECISIONS
     refusals = [refused for _, refused in taken if refused is not None]
     assert {refused.code for refused in refusals} == {RejectionCode.AUDIT_SHARE_USED}
     assert len(refusals) == len(taken) - DECISIONS  # on both processes
     assert dana_taken == (1, None)
-    *lines, _ = out.read_bytes().splitlines()  # and the export's signed end
     assert verify(lines).records == len(lines)
     completed = [r["who"]["name"] for r in records(lines) if r["what"] == "chat/inputCompleted"]
     assert completed == ["Mallory"] * DECISIONS + ["Dana"]

@@ -52,7 +52,7 @@ from server.core.audit import (
 )
 from server.core.audit_key import key_id, read_public_keys
 from server.core.host import Host
-from server.errors import StoreUnavailable
+from server.errors import ActionRejected, StoreUnavailable
 from server.runner.demo import agent as demo
 from server.store.memory import MemoryStore
 from tests.conftest import (
@@ -481,7 +481,9 @@ async def test_truncation_is_on_record_with_the_turns_it_removed(huddle: Running
     assert truncated["removed"] == {"turns": ["t1"], "activeTurn": "t2"}
 
 
-async def test_a_participants_truncations_stay_out_of_the_reserve_beyond_a_hundred() -> None:
+async def test_a_participants_truncations_are_refused_past_their_share_and_the_agents_land() -> (
+    None
+):
     limits = Limits(action_burst=1000)
     huddle = await start_server(Settings(port=0, audit_max_records=290, limits=limits))
     try:
@@ -489,25 +491,30 @@ async def test_a_participants_truncations_stay_out_of_the_reserve_beyond_a_hundr
         chat = await session_chat_with_turn(agent, SESSION, TURN)
         await agent.dispatch_and_wait(chat, ChatTurnCancelled(turn_id="t1", duration=1))
         lee = await huddle.client(name="Lee")
+        truncated, refused = 0, None
         for i in range(120):  # a turn, cancelled, truncated away: 3 records each
             turn = ChatTurnStarted(
                 turn_id=f"l{i}", started_at="2026-12-01T10:00:00.000Z", message=user_message("x")
             )
             await lee.dispatch_and_wait(chat, turn)
             await lee.dispatch_and_wait(chat, ChatTurnCancelled(turn_id=f"l{i}", duration=1))
-            await lee.dispatch_and_wait(chat, ChatTruncated(turn_id="t1"))  # Lee's own away
-        await huddle.server.parts.host.audit.settled()
+            try:
+                await lee.dispatch_and_wait(chat, ChatTruncated(turn_id="t1"))  # Lee's own away
+            except ActionRejected as error:
+                refused = error
+                break
+            truncated += 1
         await agent.dispatch_and_wait(chat, ChatTruncated())
-        lines = [line async for line in export(huddle.server.parts.store, SESSION)]
+        lines = await audit_of(huddle, AGENT_TOKEN)
     finally:
         await huddle.stop()
 
+    # A reserve of 29 records, a tenth of it Lee's: two truncations.
+    assert truncated == 2
+    assert refused is not None
+    assert refused.code == "audit-share-used"
     whats = [r["what"] for r in records(lines)]
-    # The reserve (its last tenth, 29 records, open from Lee's 87th) is not
-    # spent by a person's truncations past the session's hundredth.
-    assert whats[-1] != "audit/full"
-    assert "audit/reserve" in whats
-    assert whats[-1] == "chat/truncated"
+    assert whats.count("chat/truncated") == 3
     assert records(lines)[-1]["who"]["role"] == "agent"
 
 

@@ -48,6 +48,9 @@ class RejectionCode(StrEnum):
     CLIENT_SEQ_REUSED = "client-seq-reused"
     EXPIRED = "expired"
     INVALID_ACTION = "invalid-action"
+    # The audit's shares (server.core.audit).
+    AUDIT_SHARE_USED = "audit-share-used"
+    AUDIT_FULL = "audit-full"
     # The authorisation policy (server.core.policy).
     FORBIDDEN = "forbidden"
     WRONG_CHANNEL = "wrong-channel"

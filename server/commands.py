@@ -625,8 +625,9 @@ class Commands:
             who = sender or grant.identity
             holder = await self._executor_of(action)
             action = keeping_executor(_as_sent_by(grant, who, action), state, holder)
+            payer = None if grant.role == "agent" else grant.budget_key
             return await self.host.dispatch(
-                uri, action, origin=origin, seq_scope=seq_scope, sender=who
+                uri, action, origin=origin, seq_scope=seq_scope, sender=who, payer=payer
             )
         except (ActionRejected, StoreUnavailable):
             self.metrics.rejected(action_type(action))

@@ -6,6 +6,7 @@ processes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import time
@@ -51,7 +52,7 @@ from server.core.audit import (
 )
 from server.core.audit_key import key_id, read_public_keys
 from server.core.host import Host
-from server.errors import StoreUnavailable
+from server.errors import ActionRejected, StoreUnavailable
 from server.runner.demo import agent as demo
 from server.store.memory import MemoryStore
 from tests.conftest import (
@@ -480,7 +481,9 @@ async def test_truncation_is_on_record_with_the_turns_it_removed(huddle: Running
     assert truncated["removed"] == {"turns": ["t1"], "activeTurn": "t2"}
 
 
-async def test_a_participants_truncations_stay_out_of_the_reserve_beyond_a_hundred() -> None:
+async def test_a_participants_truncations_are_refused_past_their_share_and_the_agents_land() -> (
+    None
+):
     limits = Limits(action_burst=1000)
     huddle = await start_server(Settings(port=0, audit_max_records=290, limits=limits))
     try:
@@ -488,25 +491,30 @@ async def test_a_participants_truncations_stay_out_of_the_reserve_beyond_a_hundr
         chat = await session_chat_with_turn(agent, SESSION, TURN)
         await agent.dispatch_and_wait(chat, ChatTurnCancelled(turn_id="t1", duration=1))
         lee = await huddle.client(name="Lee")
+        truncated, refused = 0, None
         for i in range(120):  # a turn, cancelled, truncated away: 3 records each
             turn = ChatTurnStarted(
                 turn_id=f"l{i}", started_at="2026-12-01T10:00:00.000Z", message=user_message("x")
             )
             await lee.dispatch_and_wait(chat, turn)
             await lee.dispatch_and_wait(chat, ChatTurnCancelled(turn_id=f"l{i}", duration=1))
-            await lee.dispatch_and_wait(chat, ChatTruncated(turn_id="t1"))  # Lee's own away
-        await huddle.server.parts.host.audit.settled()
+            try:
+                await lee.dispatch_and_wait(chat, ChatTruncated(turn_id="t1"))  # Lee's own away
+            except ActionRejected as error:
+                refused = error
+                break
+            truncated += 1
         await agent.dispatch_and_wait(chat, ChatTruncated())
-        lines = [line async for line in export(huddle.server.parts.store, SESSION)]
+        lines = await audit_of(huddle, AGENT_TOKEN)
     finally:
         await huddle.stop()
 
+    # A reserve of 29 records, a tenth of it Lee's: two truncations.
+    assert truncated == 2
+    assert refused is not None
+    assert refused.code == "audit-share-used"
     whats = [r["what"] for r in records(lines)]
-    # The reserve (its last tenth, 29 records, open from Lee's 87th) is not
-    # spent by a person's truncations past the session's hundredth.
-    assert whats[-1] != "audit/full"
-    assert "audit/reserve" in whats
-    assert whats[-1] == "chat/truncated"
+    assert whats.count("chat/truncated") == 3
     assert records(lines)[-1]["who"]["role"] == "agent"
 
 
@@ -656,8 +664,15 @@ async def test_exporting_needs_the_agent_token_and_a_real_store(
 
 @pytest.fixture
 async def two_servers(redis_server: RedisServer) -> AsyncIterator[tuple[Served, Served]]:
-    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": redis_server.url, "HUDDLE_AGENT": "none"}
-    first, second = await asyncio.gather(start(env=env), start(env=env))
+    async with served_twice(redis_server) as both:
+        yield both
+
+
+@contextlib.asynccontextmanager
+async def served_twice(redis: RedisServer, *flags: str) -> AsyncIterator[tuple[Served, Served]]:
+    """Two ``huddle serve`` processes on ``redis`` (with ``flags``), no agent."""
+    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": redis.url, "HUDDLE_AGENT": "none"}
+    first, second = await asyncio.gather(start(*flags, env=env), start(*flags, env=env))
     try:
         yield first, second
     finally:
@@ -710,17 +725,9 @@ async def test_two_processes_writing_one_session_keep_one_chain(
     await asking
     for client in (agent, lee, dana):
         await client.close()
-    for served in two_servers:
-        served.process.terminate()  # a clean stop writes what is queued
-        await served.process.wait()
-    out = tmp_path / "audit.jsonl"
 
-    code = await asyncio.to_thread(
-        main, ["audit", "export", SESSION, "--store", redis_server.url, "--out", str(out)]
-    )
+    lines = await exported_once_stopped(two_servers, redis_server, tmp_path, SESSION)
 
-    assert code == 0
-    lines = out.read_bytes().splitlines()
     checked = verify(lines)
     kept = records(lines)
     assert checked.records == 2 + 40 + 1
@@ -728,6 +735,23 @@ async def test_two_processes_writing_one_session_keep_one_chain(
         "Lee",
         "Dana",
     }
+
+
+async def exported_once_stopped(
+    servers: tuple[Served, ...], redis: RedisServer, tmp_path: Path, session: str
+) -> list[bytes]:
+    """The session's audit as ``huddle audit export`` writes it from
+    ``redis`` once ``servers`` stopped (a clean stop writes what is
+    queued): its lines, the signed end last."""
+    for served in servers:
+        served.process.terminate()
+        await served.process.wait()
+    out = tmp_path / "audit.jsonl"
+    code = await asyncio.to_thread(
+        main, ["audit", "export", session, "--store", redis.url, "--out", str(out)]
+    )
+    assert code == 0
+    return out.read_bytes().splitlines()
 
 
 class LostAuditReply(MemoryStore):

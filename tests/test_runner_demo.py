@@ -42,6 +42,13 @@ async def with_demo() -> AsyncIterator[RunningServer]:
         await running.stop()
 
 
+TICKET_DETAILS = {
+    "affectedSystem": InputAnswer(state="submitted", value=TextValue(value="SSO")),
+    "impactScope": InputAnswer(state="submitted", value=SelectedValue(value="ALL_USERS")),
+}
+"""The demo agent's form, filled in."""
+
+
 def open_request(state: object) -> InputRequestPart | None:
     assert isinstance(state, ChatState)
     if state.active_turn is None:
@@ -103,12 +110,7 @@ async def test_the_demo_agent_asks_waits_for_approval_and_reports_the_ticket(
         ChatInputCompleted(
             request_id=request.request.id,
             response="accept",
-            answers={
-                "affectedSystem": InputAnswer(state="submitted", value=TextValue(value="SSO")),
-                "impactScope": InputAnswer(
-                    state="submitted", value=SelectedValue(value="ALL_USERS")
-                ),
-            },
+            answers=TICKET_DETAILS,
         ),
     )
     state = await wait(mirror, lambda s: pending_call(s) is not None)

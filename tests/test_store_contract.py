@@ -294,3 +294,19 @@ async def test_an_audit_is_appended_in_order_and_read_in_pages(store: ChannelSto
     await store.delete_audit(session)
     assert await store.read_audit(session, 0, 10) == []
     assert await store.last_audit(session) is None
+
+
+async def test_an_audits_charges_stay_within_the_share_and_the_room_and_go_with_it(
+    store: ChannelStore,
+) -> None:
+    session = "ahp-session:/charged"
+    await store.append_audit(session, 1, b"one")
+    assert await store.charge_audit(session, "t-1", 2, 4, 4) == "charged"
+    assert await store.charge_audit(session, "t-1", 2, 4, 2) == "full"  # 1 held and 2 more
+    assert await store.charge_audit(session, "t-1", 2, 4, 4) == "charged"
+    assert await store.charge_audit(session, "t-1", 2, 4, 4) == "share"
+    assert await store.charge_audit(session, "t-2", 2, 4, 4) == "charged"  # each their own
+    assert await store.charge_audit(session, "t-1", -2, 4, 4) == "charged"  # given back
+    assert await store.charge_audit(session, "t-1", 2, 4, 4) == "charged"
+    await store.delete_audit(session)
+    assert await store.charge_audit(session, "t-1", 4, 4, 4) == "charged"  # counted anew

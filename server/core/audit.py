@@ -54,9 +54,19 @@ what it decided on, as the chat showed it; the runner's resume; a
 truncation, with ``removed``: the turns it took away), not what people can
 make as often as they like (drafts, turns started or cancelled, and what
 the agent does in each, its questions among them, which the decisions
-carry), so that nobody can fill an audit to keep the answers out of it. A
-participant's truncations count as decisive only ``TRUNCATIONS_PER_SESSION``
-times a session.
+carry), so that nobody can fill an audit to keep the answers out of it.
+
+Shares: what a person makes of the decisive records (a request completed
+or a tool call decided, two records each, their own and the runner's
+resume it makes; a truncation, one) is charged to them before it is
+accepted (:meth:`AuditTrail.charged`); the count is the store's, so every
+process gives a person the same share. A payer is a token, a shared
+link's browsers together. One takes at most a ``SENDER_SHARE``-th of the
+reserve over the session's life, and people together never the reserve's
+last ``HOUSE_SHARE``-th, the agent's and the server's own: past either, a
+person's action is refused (``audit-share-used``, ``audit-full``), so one
+person cannot fill the reserve to keep the others' decisions out of it,
+and no decisive action is ever accepted without its record.
 
 Records of one process are appended in the order it accepted the actions;
 the store's compare-and-set orders processes.
@@ -67,6 +77,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import logging
@@ -96,6 +107,7 @@ from protocol.actions import (
     action_type,
 )
 from protocol.chat import ChatState, ToolCallPendingConfirmation
+from protocol.rejections import Rejection, RejectionCode
 from reducers.chat import select_open_input_part, select_tool_call, select_truncated
 from reducers.clock import iso_time
 from server.auth import Identity
@@ -103,7 +115,7 @@ from server.cache import Lru
 from server.core.audit_key import AuditKeys, SigningKey
 from server.core.channels import Applied
 from server.core.frozen_forms import FormRegistry, chat_session
-from server.errors import SeqConflict, StoreError, StoreUnavailable
+from server.errors import ActionRejected, AlreadyApplied, SeqConflict, StoreError, StoreUnavailable
 from server.store.base import ChannelStore
 
 log = logging.getLogger("huddle.audit")
@@ -131,10 +143,15 @@ completion, and everything else, is recorded whatever drafting came first."""
 MAX_BYTES: Final = 256 << 20
 """Bytes of records a session's audit holds at most (its last tenth, as of
 its records, is the reserve)."""
-TRUNCATIONS_PER_SESSION: Final = 100
-"""A participant's truncations one session's audit keeps in its reserve (in
-one process's lifetime): each is recorded until the reserve opens, the
-agent's always."""
+SENDER_SHARE: Final = 10
+"""A person's decisive records (and the resumes they make) take at most a
+tenth of the reserve's records, wherever they land."""
+HOUSE_SHARE: Final = 2
+"""The reserve's last half is the agent's and the server's: people's
+decisive actions are refused once the audit holds all but it."""
+CHARGED: Final = 2
+"""Records a person's decision is charged: its own, and the runner's
+resume it makes (a truncation resumes nothing: one)."""
 FIELD_BYTES: Final = 1024
 """A string of a record longer than this (UTF-8) is kept as its digest."""
 RECORD_BYTES: Final = 16 << 10
@@ -477,7 +494,6 @@ class AuditTrail:
         self._drafts: Lru[tuple[str, str, str], tuple[object, ...]] = Lru(4096)
         self._drafted: Lru[tuple[str, str], int] = Lru(4096)
         self.drafts_per_request = DRAFTS_PER_REQUEST
-        self._truncations: Lru[str, int] = Lru(4096)
         self.max_bytes = max_bytes
         self._tasks: set[asyncio.Task[None]] = set()
         self._retrying: dict[str, asyncio.Task[None]] = {}
@@ -505,10 +521,7 @@ class AuditTrail:
             body["origin"] = msgspec.to_builtins(event.envelope.origin)
         if isinstance(event.before, ChatState):
             body.update(_context(event.before, action))
-        decisive = None
-        if isinstance(action, ChatTruncated):
-            decisive = self._truncation_kept(session, event.sender)
-        return self.record(session, body, _form_of(event.uri, action), decisive=decisive)
+        return self.record(session, body, _form_of(event.uri, action))
 
     async def export(self, session: str) -> AsyncIterator[bytes]:
         """The session's records and the export's signed end, exported now
@@ -517,16 +530,50 @@ class AuditTrail:
         async for line in signed_export(self.store, session, key, iso_time(self.now_ms())):
             yield line
 
-    def _truncation_kept(self, session: str, sender: Identity | None) -> bool:
-        """Whether a truncation is decisive: the agent's (or the server's)
-        always, a participant's while the session has had fewer than
-        ``TRUNCATIONS_PER_SESSION`` (a person can start, cancel and truncate
-        turns at will; the reserve must not fill with that)."""
-        if sender is None or sender.role == "agent":
-            return True
-        made = self._truncations.get(session) or 0
-        self._truncations.put(session, made + 1)
-        return made < TRUNCATIONS_PER_SESSION
+    @contextlib.asynccontextmanager
+    async def charged(
+        self, session: str | None, payer: str | None, action: StateAction
+    ) -> AsyncIterator[Rejection | None]:
+        """Around accepting ``action`` of ``payer`` (a person: their token,
+        or their shared link's; None for the agent and the server) in
+        ``session``: a decisive one is charged first (see the module
+        docstring and :func:`charge_of`), and given back should it not be accepted
+        (rejected, or applied already). Yields the rejection it gets when
+        the payer's share is used up or the audit has no room left for
+        people (None: charged, or nothing to charge), for the caller to
+        check with the rules under the channel's lock: a copy re-sent of
+        an action applied already is said to be applied, and an invalid
+        one gets the rule it breaks. Raises StoreError."""
+        records = charge_of(action)
+        if session is None or payer is None or not records:
+            yield None
+            return
+        reserve = self.max_records // RESERVED_SHARE
+        share = reserve // SENDER_SHARE
+        room = self.max_records - reserve // HOUSE_SHARE
+        charge = await self.store.charge_audit(session, payer, records, share, room)
+        if charge == "share":
+            yield Rejection(
+                RejectionCode.AUDIT_SHARE_USED,
+                f"your share of this session's audit is used up: a token's decisions and "
+                f"truncations take at most {share} of its records; the others' still land",
+            )
+            return
+        if charge == "full":
+            yield Rejection(
+                RejectionCode.AUDIT_FULL,
+                "this session's audit has no room left for people's decisions: none is "
+                "accepted without its record",
+            )
+            return
+        try:
+            yield None
+        except (ActionRejected, AlreadyApplied):
+            try:
+                await self.store.charge_audit(session, payer, -records, share, room)
+            except StoreError as error:  # what it took stays taken: bounded all the same
+                log.warning("audit of %s: a charge could not be given back: %s", session, error)
+            raise
 
     def runner_resumed(self, chat: str, turn_id: str, resume: object) -> None:
         """Record that the runner took ``resume`` for turn ``turn_id``, shown
@@ -598,18 +645,13 @@ class AuditTrail:
             log.exception("an audit record could not be written yet")
 
     def record(
-        self,
-        session: str,
-        body: Record,
-        form: tuple[str, str] | None = None,
-        *,
-        decisive: bool | None = None,
+        self, session: str, body: Record, form: tuple[str, str] | None = None
     ) -> Awaitable[None]:
         """Queue ``body`` as the session's next record (now, in this order);
-        the awaitable ends once it is in the store. ``decisive`` says
-        whether the reserve is kept for it (None: by its ``what``)."""
+        the awaitable ends once it is in the store. The reserve is kept for
+        it by its ``what`` (DECISIVE)."""
         chain = self._chains.setdefault(session, _Chain())
-        pending = _Pending(body, form, _decisive(body) if decisive is None else decisive)
+        pending = _Pending(body, form, _decisive(body))
         if len(chain.queue) >= MAX_QUEUED:
             log.error("audit of %s: a record was dropped, the store is not keeping up", session)
             pending.done.set_result(None)
@@ -754,8 +796,23 @@ DECISIVE: Final = frozenset(
 )
 """What the reserve is kept for: a request completed, a tool call decided
 (each carrying what it decided on, ``asked``), the resume they made, and
-turns truncated away (a participant's only so often:
-``TRUNCATIONS_PER_SESSION``)."""
+turns truncated away (a person's each charged to their share: see
+:func:`charge_of`)."""
+
+
+def charge_of(action: StateAction) -> int:
+    """The records a person's ``action`` is charged of their share of the
+    audit (the decisive ones it makes): a decision CHARGED, a truncation
+    one, anything else none (what people can make as often as they like,
+    which the reserve does not take)."""
+    match action:
+        case ChatInputCompleted() | ChatToolCallConfirmed():
+            return CHARGED
+        case ChatTruncated():
+            return 1
+    return 0
+
+
 FULL: Final = "audit/full"
 
 

@@ -245,11 +245,15 @@ class Host:
         origin: ActionOrigin | None = None,
         seq_scope: str | None = None,
         sender: Identity | None = None,
+        payer: str | None = None,
         validate: bool = True,
         provided: Callable[[ChannelState], Rejection | None] | None = None,
     ) -> ActionEnvelope:
         """Validate, reduce, append and broadcast ``action`` on ``uri``, then
         run its side effects. ``sender`` is who sent it (None: the server);
+        ``payer``, whose share of the session's audit a person's decision
+        is charged to (server.core.audit.AuditTrail.charged; None: the
+        agent's or the server's own);
         ``seq_scope``, what ``origin``'s clientSeq is numbered within beyond
         its clientId (server.core.channels.origin_key);
         ``provided``, a condition on the channel's state checked with the
@@ -267,13 +271,15 @@ class Host:
                 written = ahead(uri, action, sender)
                 if written is not None:
                     await written
-        try:
-            event = await write(validate=validator)
-        except _FormUnread:
-            # The request opened after we looked (an append of another
-            # process this one caught up on): read its form, check again.
-            validator = await self._validator(uri, action, provided, read_form=True)
-            event = await write(validate=validator)
+        session = await self.session_of(uri) if payer is not None else None
+        async with self.audit.charged(session, payer, action) as unrecorded:
+            try:
+                event = await write(validate=_then(validator, unrecorded))
+            except _FormUnread:
+                # The request opened after we looked (an append of another
+                # process this one caught up on): read its form, check again.
+                validator = await self._validator(uri, action, provided, read_form=True)
+                event = await write(validate=_then(validator, unrecorded))
         return event.envelope
 
     async def check(self, uri: str, action: StateAction, state: ChannelState) -> Rejection | None:
@@ -491,6 +497,19 @@ class Host:
         """The data ``answers`` give for the request's frozen form (with the
         schema's types), or None when the request had no form."""
         return await self.forms.data(chat, request_id, answers)
+
+
+def _then(validator: Validator | None, rejection: Rejection | None) -> Validator | None:
+    """``validator``, and ``rejection`` for an action it passes: checked
+    where the rules are, so that the core says a copy re-sent of an action
+    applied already is applied (server.core.channels.ChannelCore.write)."""
+    if rejection is None:
+        return validator
+
+    def validate(view: ChannelView, action: StateAction) -> Rejection | None:
+        return (validator and validator(view, action)) or rejection
+
+    return validate
 
 
 class _FormUnread(Exception):

@@ -33,7 +33,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -112,6 +112,11 @@ class Listener(ABC):
     def store_reconnected(self) -> None:
         """The store's link to other processes is back: hints may have been
         lost meanwhile, so compare with the store now."""
+
+
+AuditCharge = Literal["charged", "share", "full"]
+"""What :meth:`ChannelStore.charge_audit` made of a charge: added, refused
+for the payer's share, refused for the audit's room."""
 
 
 @dataclass(eq=False, slots=True)
@@ -277,6 +282,17 @@ class ChannelStore(ABC):
         not hold ``n - 1`` records. The audit is never trimmed."""
 
     @abstractmethod
+    async def charge_audit(
+        self, session: str, payer: str, records: int, share: int, room: int
+    ) -> AuditCharge:
+        """Charge ``records`` records of the session's audit to ``payer``,
+        atomically across processes: ``charged`` (added to the payer's
+        count) when that count stays at most ``share`` and the audit, with
+        them, holds at most ``room`` records; else ``share`` or ``full``
+        (nothing added). A negative ``records`` (a charge given back) is
+        always added. The counts go with the audit (:meth:`delete_audit`)."""
+
+    @abstractmethod
     async def read_audit(self, session: str, after: int, limit: int) -> list[bytes]:
         """At most ``limit`` records of the session's audit from record
         ``after + 1`` on, in order ([] past the end, or for none)."""
@@ -287,7 +303,7 @@ class ChannelStore(ABC):
 
     @abstractmethod
     async def delete_audit(self, session: str) -> None:
-        """Remove the session's audit (no error if absent)."""
+        """Remove the session's audit and its charges (no error if absent)."""
 
     # ─── Other processes ─────────────────────────────────────────────────
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.errors import AlreadyApplied, ChannelGone, SeqConflict
-from server.store.base import ChannelStore, Listener, StoredChannel
+from server.store.base import AuditCharge, ChannelStore, Listener, StoredChannel
 
 KEPT_BYTES = 32 << 20
 """What :meth:`MemoryStore.remember` keeps at most, all keys together: the
@@ -57,6 +57,7 @@ class MemoryStore(ChannelStore):
         """Expired claims are swept when the map doubles past this."""
         self._kept: dict[str, tuple[bytes, float]] = {}
         self._audits: dict[str, list[bytes]] = {}
+        self._charges: dict[str, dict[str, int]] = {}
         self._kept_bytes = 0
 
     def _get(self, channel: str) -> _Channel:
@@ -224,6 +225,22 @@ class MemoryStore(ChannelStore):
             raise SeqConflict(session, n - 1, len(records))
         records.append(record)
 
+    async def charge_audit(
+        self, session: str, payer: str, records: int, share: int, room: int
+    ) -> AuditCharge:
+        charges = self._charges.setdefault(session, {})
+        held = charges.get(payer, 0)
+        if records > 0:
+            if held + records > share:
+                return "share"
+            if len(self._audits.get(session, [])) + records > room:
+                return "full"
+        if held + records > 0:
+            charges[payer] = held + records
+        else:
+            charges.pop(payer, None)
+        return "charged"
+
     async def read_audit(self, session: str, after: int, limit: int) -> list[bytes]:
         return self._audits.get(session, [])[max(0, after) : max(0, after) + limit]
 
@@ -233,6 +250,7 @@ class MemoryStore(ChannelStore):
 
     async def delete_audit(self, session: str) -> None:
         self._audits.pop(session, None)
+        self._charges.pop(session, None)
 
     async def publish(self, topic: str, payload: bytes) -> None:
         for listener in list(self._listeners):

@@ -81,7 +81,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from server.errors import AlreadyApplied, ChannelGone, SeqConflict, StoreError, StoreUnavailable
-from server.store.base import ChannelStore, Listener, Rider, StoredChannel
+from server.store.base import AuditCharge, ChannelStore, Listener, Rider, StoredChannel
 from server.store.redis_link import RedisLink, Script
 from server.store.redis_topics import Topics
 
@@ -265,6 +265,24 @@ redis.call('RPUSH', KEYS[1], ARGV[2])
 return -1
 """
 
+# KEYS: the audit list, its charges (a hash, by payer).  ARGV: payer, records,
+# share, room.  Returns 0 when charged, 1 past the payer's share, 2 past the
+# audit's room (server.store.base.ChannelStore.charge_audit).
+CHARGE = """
+local records = tonumber(ARGV[2])
+local held = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if records > 0 then
+  if held + records > tonumber(ARGV[3]) then return 1 end
+  if redis.call('LLEN', KEYS[1]) + records > tonumber(ARGV[4]) then return 2 end
+end
+if held + records > 0 then
+  redis.call('HSET', KEYS[2], ARGV[1], held + records)
+else
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
+return 0
+"""
+
 # APPEND, and a rider (server.store.base.Rider) once the entry landed, as one
 # script: KEYS and ARGV are APPEND's three and five, then the rider's. Each
 # body runs as a function of its own KEYS and ARGV. Returns {APPEND's reply}
@@ -299,6 +317,7 @@ return {appended, 1, reply}
 
 _CREATE, _LOAD, _APPEND = Script(CREATE), Script(LOAD), Script(APPEND)
 _CLAIM, _AUDIT, _TALLY, _KEEP = Script(CLAIM), Script(AUDIT), Script(TALLY), Script(KEEP)
+_CHARGE = Script(CHARGE)
 _READ_LOG, _SNAPSHOT, _RESTORE = Script(READ_LOG), Script(SNAPSHOT), Script(RESTORE)
 
 
@@ -320,6 +339,15 @@ def _audit(session: str) -> str:
     """The session's audit: a list of records, never trimmed."""
     return "huddle:audit:{" + session + "}"
 
+
+def _charges(session: str) -> str:
+    """What each payer's records took of the session's audit: a hash, by
+    payer, in the audit's slot."""
+    return _audit(session) + ":charges"
+
+
+_CHARGED: tuple[AuditCharge, ...] = ("charged", "share", "full")
+"""CHARGE's replies, in order."""
 
 _TOPIC_HEAD, _TOPIC_TAIL = "huddle:{", "}:news"
 
@@ -566,6 +594,13 @@ class RedisStore(ChannelStore):
         if held >= 0:
             raise SeqConflict(session, n - 1, held)
 
+    async def charge_audit(
+        self, session: str, payer: str, records: int, share: int, room: int
+    ) -> AuditCharge:
+        keys = [_audit(session), _charges(session)]
+        refused = int(await self.link.run(_CHARGE, keys, [payer, records, share, room]))
+        return _CHARGED[refused]
+
     async def read_audit(self, session: str, after: int, limit: int) -> list[bytes]:
         start = max(0, after)
         out: list[Any] = await self.link.call(
@@ -579,7 +614,7 @@ class RedisStore(ChannelStore):
 
     async def delete_audit(self, session: str) -> None:
         name = _audit(session)
-        await self.link.write(name, lambda pipe: pipe.delete(name))
+        await self.link.write(name, lambda pipe: pipe.delete(name, _charges(session)))
 
     # ─── Other processes ─────────────────────────────────────────────────
 

@@ -276,6 +276,11 @@ async def test_a_shared_link_asks_for_a_name_once_and_shows_it_marked(
     await shot(dana, "people-shared-link-asks-a-name")
     await dialog.get_by_role("button", name="Continue").click()  # nothing typed: asked again
     await expect(dialog.get_by_role("alert")).to_have_text("Type the name people know you by.")
+    await dialog.get_by_label("Your name").fill("\u202eanaD")  # would show as "Dana"
+    await dialog.get_by_role("button", name="Continue").click()  # refused here, not sent
+    await expect(dialog.get_by_role("alert")).to_have_text(
+        "A name cannot hold U+202E: it shows as nothing or reorders the text around it"
+    )
     await dialog.get_by_label("Your name").fill("  Dana  ")
     await dialog.get_by_role("button", name="Continue").click()
     await expect(dialog).to_be_hidden()

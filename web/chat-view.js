@@ -86,7 +86,7 @@ class NoticeView {
     const text = typeof content === 'string' ? content : content.markdown ?? '';
     if (text !== this.text) {
       this.text = text;
-      this.el.replaceChildren(typeof content === 'string' ? text : renderMarkdown(text));
+      this.el.replaceChildren(typeof content === 'string' ? visibleControls(text) : renderMarkdown(text));
     }
   }
 }
@@ -120,7 +120,7 @@ class TurnView {
       h(
         'div',
         { class: `message ${turn.message?.origin?.kind === 'agent' ? 'from-agent' : 'from-user'}` },
-        h('p', { class: 'bubble', dir: 'auto' }, turn.message?.text ?? ''),
+        h('p', { class: 'bubble', dir: 'auto' }, visibleControls(turn.message?.text)),
         time ? h('time', { datetime: turn.startedAt, class: 'meta' }, time) : null,
       ),
       this.response,
@@ -371,7 +371,7 @@ export class ChatView {
       this.list.replaceChildren();
       this.stickToBottom = true;
     }
-    this.title.textContent = session?.title ?? (view.missing ? 'Not found' : 'Loading…');
+    this.title.textContent = session?.title != null ? visibleControls(session.title) : view.missing ? 'Not found' : 'Loading…';
     document.title = session?.title ? `${visibleControls(session.title)} · Huddle` : 'Huddle';
     const activity = chat ? activityOf(chat.status) : null;
     this.status.hidden = !activity;
@@ -433,7 +433,7 @@ export class ChatView {
           'li',
           { class: `person${person.me ? ' me' : ''}` },
           h('span', { class: 'avatar', 'aria-hidden': 'true' }, initial(person.name)),
-          h('span', { class: 'person-name', dir: 'auto' }, person.name),
+          h('span', { class: 'person-name', dir: 'auto' }, visibleControls(person.name)),
           person.count > 1 ? h('span', { class: 'muted' }, ` ×${person.count}`) : null,
           person.me ? h('span', { class: 'muted' }, ' (you)') : null,
         ),
@@ -451,7 +451,7 @@ export class ChatView {
         return h(
           'a',
           { href: view.chatHref(summary.resource), class: 'tab', 'aria-current': summary.resource === view.uri ? 'page' : null },
-          h('bdi', null, summary.title),
+          h('bdi', null, visibleControls(summary.title)),
           activity === 'input' ? h('span', { class: 'dot input', title: 'Needs input' }, h('span', { class: 'visually-hidden' }, ' (needs input)')) : null,
         );
       }),

@@ -8,6 +8,7 @@
 // as the text it is.
 
 import { h } from './dom.js';
+import { visibleControls } from './format.js';
 
 /** The URL if it is an absolute http(s) URL, else null. */
 export function safeHref(href) {
@@ -29,7 +30,9 @@ const RULE = /^\s{0,3}([-*_])(\s*\1){2,}\s*$/;
 /** Render `source` into a DocumentFragment. */
 export function renderMarkdown(source) {
   const fragment = document.createDocumentFragment();
-  const lines = String(source ?? '').replace(/\r\n?/g, '\n').split('\n');
+  // Its bidi controls shown, not obeyed: an agent's text cannot reorder
+  // what is around it (nor a code block: "Trojan Source").
+  const lines = visibleControls(source).replace(/\r\n?/g, '\n').split('\n');
   let i = 0;
   while (i < lines.length) {
     const line = lines[i];

@@ -237,6 +237,13 @@ def test_invite_prints_a_link_with_a_token_of_that_name(capsys: pytest.CaptureFi
     )
 
 
+def test_invite_refuses_a_name_that_hides_or_reorders_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["invite", "Da\u200bna", "--token", AGENT_TOKEN]) == 2
+    assert "a name cannot hold U+200B" in capsys.readouterr().err
+
+
 def test_invite_needs_the_agent_token(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

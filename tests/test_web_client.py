@@ -30,7 +30,12 @@ from playwright.async_api import (
     expect,
 )
 
-from protocol.actions import ChatInputAnswerChanged, ChatInputRequested, ChatTurnStarted
+from protocol.actions import (
+    ChatInputAnswerChanged,
+    ChatInputRequested,
+    ChatResponsePart,
+    ChatTurnStarted,
+)
 from protocol.chat import (
     BooleanQuestion,
     ChatState,
@@ -39,6 +44,7 @@ from protocol.chat import (
     InputRequest,
     InputRequestPart,
     IntegerQuestion,
+    MarkdownPart,
     Message,
     MessageOrigin,
     MultiSelectQuestion,
@@ -415,9 +421,18 @@ async def test_a_message_with_bidi_and_zero_width_characters_shows_them_marked(
         "pay\u27e8U+200B\u27e9pal \u27e8U+2067\u27e9txt.exe\u27e8U+2069\u27e9 done"
     )
     await expect(bubble).to_have_attribute("dir", "auto")
-    state = await chat_state(plain_server, chat)
-    turn = state.active_turn or state.turns[-1]
+    turn = (await chat_state(plain_server, chat)).active_turn
+    assert turn is not None
     assert turn.message.text == "pay\u200bpal \u2067txt.exe\u2069 done"  # kept as sent
+
+    # The agent's Markdown too, inside emphasis and code.
+    reply = MarkdownPart(id="md", content="Open *\u202efdp.exe* or `\u202etxt.sh`")
+    await plain_server.server.parts.host.dispatch(
+        chat, ChatResponsePart(turn_id=turn.id, part=reply)
+    )
+    await expect(page.locator(".md").last).to_have_text(
+        "Open \u27e8U+202E\u27e9fdp.exe or \u27e8U+202E\u27e9txt.sh"
+    )
 
 
 async def test_question_text_that_looks_like_html_shows_as_text_and_runs_nothing(

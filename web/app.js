@@ -9,7 +9,7 @@
 import { AhpClient, randomId, RpcError } from './ahp-client.js';
 import { createChatParams, isChatFull, listsChat, madeBefore, mayCreateChats, newChatUri, watchesOnly } from './chats.js';
 import { ChatView } from './chat-view.js';
-import { h } from './dom.js';
+import { h, visibleControls } from './dom.js';
 import { isRead, reasonSentence, tooLateText } from './format.js';
 import { discardedAnswers, overtakenTexts, typedAnswer } from './overtaken.js';
 import { MAX_NAME, typedName } from './people.js';
@@ -315,7 +315,7 @@ function renderIdentity() {
   const identity = client.identity;
   identityBox.hidden = !identity;
   if (!identity) return;
-  const text = identity.display ?? identity.name;
+  const text = visibleControls(identity.display ?? identity.name);
   if (identityName.textContent !== text) identityName.textContent = text;
   renameButton.hidden = !identity.shared || watchesOnly(identity);
   renameButton.textContent = identity.declared ? 'Change name' : 'Set your name';

@@ -13,8 +13,8 @@
 // from the session's notes (people.js).
 
 import { fullChatText } from './chats.js';
-import { h, syncKeyed, uid } from './dom.js';
-import { ACTIVITY_LABEL, activityOf, clockTime, visibleControls } from './format.js';
+import { h, replaceChildren, syncKeyed, uid, visibleControls } from './dom.js';
+import { ACTIVITY_LABEL, activityOf, clockTime } from './format.js';
 import { InputRequestView } from './input-request.js';
 import { renderMarkdown } from './markdown.js';
 import { peopleOf, presentPeople, turnStampOf } from './people.js';
@@ -86,7 +86,7 @@ class NoticeView {
     const text = typeof content === 'string' ? content : content.markdown ?? '';
     if (text !== this.text) {
       this.text = text;
-      this.el.replaceChildren(typeof content === 'string' ? visibleControls(text) : renderMarkdown(text));
+      replaceChildren(this.el, typeof content === 'string' ? text : renderMarkdown(text));
     }
   }
 }
@@ -120,7 +120,7 @@ class TurnView {
       h(
         'div',
         { class: `message ${turn.message?.origin?.kind === 'agent' ? 'from-agent' : 'from-user'}` },
-        h('p', { class: 'bubble', dir: 'auto' }, visibleControls(turn.message?.text)),
+        h('p', { class: 'bubble', dir: 'auto' }, turn.message?.text ?? ''),
         time ? h('time', { datetime: turn.startedAt, class: 'meta' }, time) : null,
       ),
       this.response,
@@ -433,7 +433,7 @@ export class ChatView {
           'li',
           { class: `person${person.me ? ' me' : ''}` },
           h('span', { class: 'avatar', 'aria-hidden': 'true' }, initial(person.name)),
-          h('span', { class: 'person-name', dir: 'auto' }, visibleControls(person.name)),
+          h('span', { class: 'person-name', dir: 'auto' }, person.name),
           person.count > 1 ? h('span', { class: 'muted' }, ` ×${person.count}`) : null,
           person.me ? h('span', { class: 'muted' }, ' (you)') : null,
         ),
@@ -451,7 +451,7 @@ export class ChatView {
         return h(
           'a',
           { href: view.chatHref(summary.resource), class: 'tab', 'aria-current': summary.resource === view.uri ? 'page' : null },
-          h('bdi', null, visibleControls(summary.title)),
+          h('bdi', null, summary.title),
           activity === 'input' ? h('span', { class: 'dot input', title: 'Needs input' }, h('span', { class: 'visually-hidden' }, ' (needs input)')) : null,
         );
       }),

@@ -119,20 +119,3 @@ export function tooLateText(action, reason) {
   }
   return null;
 }
-
-// What reorders text or shows as nothing: the bidi controls (embeddings,
-// overrides, isolates, the marks U+200E/F and U+061C) and the zero-width
-// characters (spaces, word joiner, invisible operators, U+FEFF, U+180E). A
-// zero-width joiner or non-joiner between two letters, marks or emoji is
-// writing (Persian words, an emoji family) and stays as it is.
-const CONTROLS =
-  /[\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]|(?<![\p{L}\p{M}\p{Extended_Pictographic}\p{Emoji_Modifier}])[\u200c\u200d]|[\u200c\u200d](?![\p{L}\p{M}\p{Extended_Pictographic}\p{Emoji_Modifier}])/gu;
-
-/** Text as sent with each control shown as its code point (⟨U+202E⟩), for
- * the titles, names and messages of others: "Invoice \u202efdp.exe" reads as
- * sent, never as "Invoice exe.pdf". Shown in an element of its own direction
- * (dir="auto", <bdi>) too, so that it never reorders what is around it;
- * document.title, which holds no elements, has the markers alone. */
-export function visibleControls(text) {
-  return String(text ?? '').replace(CONTROLS, (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0')}⟩`);
-}

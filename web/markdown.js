@@ -7,8 +7,7 @@
 // http: or https: is shown as its text only. Raw HTML in the source is shown
 // as the text it is.
 
-import { h } from './dom.js';
-import { visibleControls } from './format.js';
+import { append, h } from './dom.js';
 
 /** The URL if it is an absolute http(s) URL, else null. */
 export function safeHref(href) {
@@ -30,9 +29,7 @@ const RULE = /^\s{0,3}([-*_])(\s*\1){2,}\s*$/;
 /** Render `source` into a DocumentFragment. */
 export function renderMarkdown(source) {
   const fragment = document.createDocumentFragment();
-  // Its bidi controls shown, not obeyed: an agent's text cannot reorder
-  // what is around it (nor a code block: "Trojan Source").
-  const lines = visibleControls(source).replace(/\r\n?/g, '\n').split('\n');
+  const lines = String(source ?? '').replace(/\r\n?/g, '\n').split('\n');
   let i = 0;
   while (i < lines.length) {
     const line = lines[i];
@@ -139,7 +136,7 @@ export function inline(el, text) {
   let last = 0;
   const source = String(text);
   for (const match of source.matchAll(INLINE)) {
-    if (match.index > last) el.append(document.createTextNode(source.slice(last, match.index)));
+    if (match.index > last) append(el, [source.slice(last, match.index)]);
     last = match.index + match[0].length;
     if (match[2] !== undefined) el.append(h('code', null, match[2]));
     else if (match[3] !== undefined || match[4] !== undefined) {
@@ -152,12 +149,12 @@ export function inline(el, text) {
       el.append(link(match[9], match[9]));
     }
   }
-  if (last < source.length) el.append(document.createTextNode(source.slice(last)));
+  if (last < source.length) append(el, [source.slice(last)]);
   return el;
 }
 
 function link(href, label) {
   const safe = safeHref(href);
-  if (safe === null) return document.createTextNode(label);
+  if (safe === null) return append(document.createDocumentFragment(), [label]);
   return h('a', { href: safe, target: '_blank', rel: 'noopener noreferrer nofollow' }, label);
 }

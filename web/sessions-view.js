@@ -3,7 +3,7 @@
 // the form that creates a session.
 
 import { h, syncKeyed, uid } from './dom.js';
-import { ACTIVITY_LABEL, activityOf, relativeTime, visibleControls } from './format.js';
+import { ACTIVITY_LABEL, activityOf, relativeTime } from './format.js';
 
 class SessionItem {
   constructor(item) {
@@ -27,7 +27,7 @@ class SessionItem {
       h(
         'span',
         { class: 'session-main' },
-        h('span', { class: 'session-title', dir: 'auto' }, visibleControls(summary.title) || 'Untitled session'),
+        h('span', { class: 'session-title', dir: 'auto' }, summary.title || 'Untitled session'),
         h(
           'span',
           { class: 'session-meta' },

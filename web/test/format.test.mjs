@@ -7,7 +7,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { tooLateText, visibleControls } from '../format.js';
+import { visibleControls } from '../dom.js';
+import { tooLateText } from '../format.js';
 
 const NOT_PENDING = "tool-call-not-pending: tool call 'c1' is not pending confirmation";
 const CLOSED = "no-open-input-request: the active turn has no open input request 'r1'";

@@ -58,15 +58,21 @@ def _is_space(c: str) -> bool:
     return c in SPACES or unicodedata.category(c) in ("Zs", "Zl", "Zp")
 
 
+HIDDEN = frozenset({"Cc", "Cf", "Cs", "Co"})
+"""Categories a name never holds: control, format (a right-to-left override,
+a zero-width space), surrogate and private-use characters. Unassigned code
+points (Cn) are let through: a newer Unicode than ours (the browser's) may
+have assigned one, a new emoji, and both sides must agree on a name."""
+
+
 def name_problem(typed: str) -> str | None:
     """Why a name typed in for a shared link is refused, or None: it holds
-    a character that shows as nothing or reorders the text around it (a
-    control or format character, such as a right-to-left override, a
-    zero-width space or NUL; one of :data:`INVISIBLE`; a private-use or
-    unassigned one). The sentence names it by its code point, so that the
+    a character that shows as nothing or reorders the text around it (one
+    of the :data:`HIDDEN` categories, other than spacing, or of
+    :data:`INVISIBLE`). The sentence names it by its code point, so that the
     person can see what to take out (web/people.js says the same)."""
     for c in unicodedata.normalize("NFC", typed):
-        if (unicodedata.category(c)[0] == "C" and not _is_space(c)) or c in INVISIBLE:
+        if (unicodedata.category(c) in HIDDEN and not _is_space(c)) or c in INVISIBLE:
             return (
                 f"a name cannot hold U+{ord(c):04X}: it shows as nothing or reorders the "
                 "text around it"

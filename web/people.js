@@ -28,7 +28,7 @@ export const MAX_NAME = 60; // server/auth.py MAX_DECLARED_NAME
 const MAX_MARKS = 3;
 const INVISIBLE = new Set('\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\u3164\uffa0\u2800\u{1d159}');
 const SPACE = /^[\t\n\v\f\r\p{Zs}\p{Zl}\p{Zp}]$/u;
-const HIDDEN = /^\p{C}$/u;
+const HIDDEN = /^[\p{Cc}\p{Cf}\p{Cs}\p{Co}]$/u; // not Cn: see server/auth.py HIDDEN
 const MARK = /^\p{M}$/u;
 
 /**

@@ -120,15 +120,23 @@ NAMES = json.loads((Path(__file__).parent / "fixtures/names/typed-names.json").r
 """Typed names and what becomes of them, shared with web/test/people.test.mjs."""
 
 
-async def initialize_as_typed(huddle: RunningServer, typed: str) -> Frame:
-    """``initialize`` by a shared link's holder who typed ``typed``: its answer."""
-    shared = huddle.authority.mint(
+def shared_link(huddle: RunningServer) -> str:
+    return huddle.authority.mint(
         "participant", name="participant", expires_at=time.time() + 60, shared=True
     )
-    peer = await Peer.open(huddle.ws, shared, "tab")
-    params = initialize_params("tab")
+
+
+async def initialize_as_typed(
+    huddle: RunningServer, typed: str, token: str | None = None, client_id: str = "tab"
+) -> Frame:
+    """``initialize`` by a shared link's holder who typed ``typed``: its answer."""
+    peer = await Peer.open(huddle.ws, token or shared_link(huddle), client_id)
+    params = initialize_params(client_id)
     params["capabilities"]["huddle.identity"] = {"name": typed}
-    return await peer.request("initialize", params)
+    try:
+        return await peer.request("initialize", params)
+    finally:
+        await peer.close()
 
 
 @pytest.mark.parametrize("case", NAMES["accepted"], ids=[c["id"] for c in NAMES["accepted"]])
@@ -150,6 +158,18 @@ async def test_a_typed_name_that_hides_or_reorders_text_is_refused_saying_which_
 
     assert reply["error"]["code"] == ErrorCode.INVALID_PARAMS
     assert reply["error"]["message"].startswith(case["reason"])
+    assert reply["error"]["data"]["path"] == '$.params.capabilities["huddle.identity"].name'
+
+
+async def test_a_refused_name_claims_no_client_id(huddle: RunningServer) -> None:
+    link = shared_link(huddle)
+    for n in range(40):  # more than the 30 new client ids a token may start at once
+        refused = await initialize_as_typed(huddle, "\u202eanaD", link, f"tab-{n}")
+        assert refused["error"]["code"] == ErrorCode.INVALID_PARAMS
+
+    named = await initialize_as_typed(huddle, "Dana", link, "tab-named")
+
+    assert named["result"]["_meta"]["huddle"]["identity"]["name"] == "Dana"
 
 
 async def test_the_long_poll_says_a_typed_in_name_is_declared(huddle: RunningServer) -> None:

@@ -21,6 +21,10 @@ a model reply's markdown part  ``<chatTurn>:md:<n>``, and       :func:`markdown_
                                its k-th retried attempt
 an MCP elicitation's request   ``mcp:<16 hex digits>``          :func:`mcp_request_id`
                                                                 :func:`parse_mcp_request_id`
+a framework adapter's request  ``<framework>:<32 hex digits>``,  :func:`adapter_id`
+or call for approval           a digest of what names it in     (not parsed: the
+                               the framework                    framework's own
+                                                                state names it)
 =============================  ===============================  ==========================
 
 A parser returns None for an id its builder could not have made (a foreign
@@ -38,6 +42,7 @@ chat and AHP turn, never parsed (an AHP turn id may hold any character).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from typing import NamedTuple
@@ -204,3 +209,16 @@ def parse_mcp_request_id(request_id: str) -> str | None:
     """The token of an MCP elicitation's request id; None for any other."""
     prefix, token = request_id[: len(_MCP)], request_id[len(_MCP) :]
     return token if prefix == _MCP and _MCP_TOKEN.fullmatch(token) else None
+
+
+# ─── Framework adapters ──────────────────────────────────────────────────────
+
+
+def adapter_id(framework: str, *names: str) -> str:
+    """The id of the request (or call for approval) a framework adapter puts
+    to a chat for what ``names`` name in ``framework`` (a thread, its
+    checkpoint and interrupt; a tool call): the same names give the same id,
+    so a process started again finds its request instead of asking twice.
+    A digest, so that the id stays short whatever the names hold."""
+    digest = hashlib.sha256("\x00".join(names).encode()).hexdigest()[:32]
+    return f"{framework}:{digest}"

@@ -90,13 +90,18 @@ async def test_each_answer_is_credited_to_the_token_that_wrote_it(huddle: Runnin
     assert note["completed"]["response"] == "accept"
 
 
+def shared_link(huddle: RunningServer) -> str:
+    """A shared link's token: its holders name themselves."""
+    return huddle.authority.mint(
+        "participant", name="participant", expires_at=time.time() + 60, shared=True
+    )
+
+
 async def test_a_shared_links_holder_goes_by_the_name_they_typed_marked_as_such(
     huddle: RunningServer,
 ) -> None:
     _, chat = await asked(huddle)
-    shared = huddle.authority.mint(
-        "participant", name="participant", expires_at=time.time() + 60, shared=True
-    )
+    shared = shared_link(huddle)
     peer = await Peer.open(huddle.ws, shared, "dana-tab")
     params = initialize_params("dana-tab")
     params["capabilities"]["huddle.identity"] = {"name": "  Dana  "}
@@ -118,12 +123,6 @@ async def test_a_shared_links_holder_goes_by_the_name_they_typed_marked_as_such(
 
 NAMES = json.loads((Path(__file__).parent / "fixtures/names/typed-names.json").read_text())
 """Typed names and what becomes of them, shared with web/test/people.test.mjs."""
-
-
-def shared_link(huddle: RunningServer) -> str:
-    return huddle.authority.mint(
-        "participant", name="participant", expires_at=time.time() + 60, shared=True
-    )
 
 
 async def initialize_as_typed(
@@ -182,9 +181,7 @@ async def test_the_long_poll_says_a_typed_in_name_is_declared(huddle: RunningSer
         )
     )
     await eventually(lambda: huddle.server.parts.host.waiters.waiting_on(chat) > 0)
-    shared = huddle.authority.mint(
-        "participant", name="participant", expires_at=time.time() + 60, shared=True
-    )
+    shared = shared_link(huddle)
     peer = await Peer.open(huddle.ws, shared, "dana-tab")
     params = initialize_params("dana-tab")
     params["capabilities"]["huddle.identity"] = {"name": "alice"}

@@ -25,6 +25,8 @@ from typing import Literal
 
 import msgspec
 
+from protocol.codec import MalformedFrame
+from protocol.messages import ErrorCode
 from server.errors import AuthError
 
 Role = Literal["agent", "participant", "observer"]
@@ -38,43 +40,63 @@ MAX_DECLARED_NAME = 60
 MAX_MARKS = 3
 """Combining marks a typed-in name keeps on one character (enough for any
 script's stacked vowel and tone marks; "Zalgo" text stacks dozens)."""
-BLANKS = frozenset("\u115f\u1160\u3164\uffa0\u2800\U0001d159")
-"""Characters that are letters or symbols to Unicode but show as nothing
-(the Hangul fillers, the blank Braille pattern, the musical null notehead):
-a name of them looks empty."""
-IGNORABLE = frozenset(
-    "\u034f\u17b4\u17b5\u180b\u180c\u180d\u180f"
-    + "".join(chr(c) for c in range(0xFE00, 0xFE10))
-    + "".join(chr(c) for c in range(0xE0100, 0xE01F0))
+INVISIBLE = frozenset(
+    "\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\u3164\uffa0\u2800\U0001d159"
 )
-"""Default-ignorable marks Unicode does not file as format characters (the
-grapheme joiner, Khmer inherent vowels, variation selectors): they show as
-nothing, so a name never keeps one."""
+"""Characters a name never holds although Unicode files them as letters,
+marks or symbols, not as format characters: they show as nothing (the
+grapheme joiner, the Hangul fillers, Khmer inherent vowels, Mongolian free
+variation selectors, the blank Braille pattern, the musical null notehead)."""
+SPACES = frozenset("\t\n\v\f\r")
+"""Control characters that are spacing, not hidden: a name's runs of them
+become one space, as of every space separator."""
+NAME_PATH = '$.capabilities["huddle.identity"].name'
+"""Where ``initialize`` carries a typed-in name."""
+
+
+def _is_space(c: str) -> bool:
+    return c in SPACES or unicodedata.category(c) in ("Zs", "Zl", "Zp")
+
+
+HIDDEN = frozenset({"Cc", "Cf", "Cs", "Co"})
+"""Categories a name never holds: control, format (a right-to-left override,
+a zero-width space), surrogate and private-use characters. Unassigned code
+points (Cn) are let through: a newer Unicode than ours (the browser's) may
+have assigned one, a new emoji, and both sides must agree on a name."""
+
+
+def name_problem(typed: str) -> str | None:
+    """Why a name typed in for a shared link is refused, or None: it holds
+    a character that shows as nothing or reorders the text around it (one
+    of the :data:`HIDDEN` categories, other than spacing, or of
+    :data:`INVISIBLE`). The sentence names it by its code point, so that the
+    person can see what to take out (web/people.js says the same)."""
+    for c in unicodedata.normalize("NFC", typed):
+        if (unicodedata.category(c) in HIDDEN and not _is_space(c)) or c in INVISIBLE:
+            return (
+                f"a name cannot hold U+{ord(c):04X}: it shows as nothing or reorders the "
+                "text around it"
+            )
+    return None
 
 
 def typed_name(typed: str) -> str:
-    """A name as someone typed it, made fit to show: composed (NFC), without
-    control, format, default-ignorable or blank-looking characters (a
-    right-to-left override, a zero-width space, NUL, a Hangul filler, a
-    grapheme joiner), at most :data:`MAX_MARKS`
-    combining marks on a character, runs of spaces made one, cut to
-    :data:`MAX_DECLARED_NAME` characters; empty when nothing visible is
-    left."""
+    """A name as someone typed it (that :func:`name_problem` lets through),
+    made fit to show: composed (NFC), at most :data:`MAX_MARKS` combining
+    marks on a character and none on a space or on nothing, runs of spaces
+    made one, cut to :data:`MAX_DECLARED_NAME` characters; empty when no
+    name was typed (only spaces and stray marks)."""
     kept: list[str] = []
     marks = 0
     for c in unicodedata.normalize("NFC", typed):
-        category = unicodedata.category(c)
-        if category[0] == "C" or c in BLANKS or c in IGNORABLE:
-            continue
-        if category[0] == "M":
+        if unicodedata.category(c)[0] == "M":
             marks += 1
-            if marks > MAX_MARKS or not kept or kept[-1].isspace():
+            if marks > MAX_MARKS or not kept or kept[-1] == " ":
                 continue
         else:
             marks = 0
-        kept.append(c)
-    name = " ".join("".join(kept).split())[:MAX_DECLARED_NAME]
-    return name if any(unicodedata.category(c)[0] in "LNPS" for c in name) else ""
+        kept.append(" " if _is_space(c) else c)
+    return " ".join("".join(kept).split())[:MAX_DECLARED_NAME].rstrip(" ")
 
 
 class Identity(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -130,8 +152,12 @@ class Grant:
     def identity_as(self, declared: str | None) -> Identity:
         """The identity of this token's holder: a shared token's holder goes
         by the name they typed in (``declared``), marked as such; any other
-        token by its own name, whatever was typed."""
+        token by its own name, whatever was typed. Raises MalformedFrame
+        (-32602) for a typed name :func:`name_problem` refuses: a name is
+        refused, not quietly changed into one its holder did not type."""
         if self.shared and declared:
+            if (problem := name_problem(declared)) is not None:
+                raise MalformedFrame(ErrorCode.INVALID_PARAMS, problem, NAME_PATH)
             name = typed_name(declared)  # what is shown is what was typed
             if name:
                 return Identity(role=self.role, name=name, token=self.token_id, declared=True)

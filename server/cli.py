@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from protocol.uris import SESSION_SCHEME, session_uri
 from reducers.clock import iso_time
-from server.auth import TokenAuthority
+from server.auth import TokenAuthority, name_problem
 from server.build import build, open_store
 from server.config import Settings, settings_from
 from server.core.audit import AuditBroken, PublicKeys, Verified, signed_export, verify
@@ -359,6 +359,8 @@ def invite(args: argparse.Namespace, settings: Settings) -> str:
     ttl = settings.participant_ttl if args.ttl is None else args.ttl
     if not 0 < ttl <= settings.max_token_ttl:
         raise ValueError(f"--ttl must be above 0 and at most {settings.max_token_ttl:.0f} seconds")
+    if (problem := name_problem(args.name)) is not None:
+        raise ValueError(problem)
     sessions = None
     if args.sessions:
         sessions = [s if s.startswith(SESSION_SCHEME) else session_uri(s) for s in args.sessions]

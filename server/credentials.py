@@ -15,7 +15,7 @@ from typing import Any
 from protocol.codec import MalformedFrame
 from protocol.messages import CLIENT_ID_PATH, ErrorCode
 from protocol.wire import quoted
-from server.auth import ROLES, Grant, Role, TokenAuthority
+from server.auth import ROLES, Grant, Role, TokenAuthority, name_problem
 from server.core.host import Host
 from server.core.policy import Command
 from server.errors import ActionRejected, CommandError, refused
@@ -145,6 +145,8 @@ class Credentials:
             raise MalformedFrame(
                 ErrorCode.INVALID_PARAMS, "sessions must be a list of URIs", "$.sessions"
             )
+        if isinstance(name, str) and (problem := name_problem(name)) is not None:
+            raise MalformedFrame(ErrorCode.INVALID_PARAMS, problem, "$.name")
         ttl = self.default_ttl if ttl is None else ttl
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= self.max_ttl:
             raise MalformedFrame(

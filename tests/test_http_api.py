@@ -435,6 +435,12 @@ BAD_BODIES: list[Any] = [
         id="token-ttl-infinite",
     ),
     pytest.param("/api/tokens", b'{"role": "participant", "ttl": NaN}', None, id="token-ttl-nan"),
+    pytest.param(
+        "/api/tokens",
+        {"role": "participant", "name": "\u202eecilA"},  # shows as "Alice"
+        "$.name",
+        id="token-name-with-a-right-to-left-override",
+    ),
     pytest.param("/api/sessions", {"id": "no spaces/here"}, "$.id", id="session-id-not-an-id"),
     pytest.param(
         "/api/dispatch",

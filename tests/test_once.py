@@ -579,19 +579,22 @@ async def two_sessions() -> AsyncIterator[tuple[RunningServer, str, str]]:
         await running.stop()
 
 
-async def test_a_token_that_fills_its_part_leaves_another_sessions_token_room(
-    two_sessions: tuple[RunningServer, str, str],
+@pytest.mark.parametrize("same_session", [False, True], ids=["another session", "same session"])
+async def test_a_token_that_fills_its_part_leaves_another_token_room(
+    two_sessions: tuple[RunningServer, str, str], same_session: bool
 ) -> None:
     running, chat, other = two_sessions
     mallory = running.token(sessions=[SESSION], name="mallory")
 
     statuses = await filled_by_one_token(running, mallory, chat)
-    draft = {"channel": other, "action": ChatDraftChanged(draft=user_message("mine"))}
-    victim = await keyed(running, running.token(sessions=[OTHER], name="v"), "mine", draft)
+    where, session = (chat, SESSION) if same_session else (other, OTHER)
+    # As large as each of mallory's: refused if mallory had taken the pool.
+    draft = {"channel": where, "action": ChatDraftChanged(draft=user_message("m" * 20_000))}
+    victim = await keyed(running, running.token(sessions=[session], name="v"), "mine", draft)
 
+    assert victim.status == 200
     assert statuses[-1] == 429
     assert len(statuses) <= 4  # its part (64 KiB), not people's pool (1 MiB)
-    assert victim.status == 200
 
 
 async def test_a_sessions_tokens_together_take_only_their_part(
@@ -648,9 +651,11 @@ async def test_a_tokens_part_is_counted_across_two_processes_on_one_redis(
     one, two = two_processes
     chats: list[str] = []
     tokens: list[str] = []
+    sessions: list[str] = []
     for name in ("a", "b"):
         created = await served_post(one, "/api/sessions", SERVE_TOKEN, {"id": name})
         chats.append(created.json()["chat"])
+        sessions.append(created.json()["session"])
         minted = await served_post(
             one,
             "/api/tokens",
@@ -664,10 +669,15 @@ async def test_a_tokens_part_is_counted_across_two_processes_on_one_redis(
         (await served_post(one, "/api/dispatch", tokens[0], big, f"k{n}")).status for n in range(3)
     ]
     on_two = await served_post(two, "/api/dispatch", tokens[0], big, "k3")
-    mine = {"channel": chats[1], "action": ChatDraftChanged(draft=user_message("mine"))}
-    victim = await served_post(two, "/api/dispatch", tokens[1], mine, "mine")
+    neighbour = await served_post(
+        one, "/api/tokens", SERVE_TOKEN, {"role": "participant", "sessions": sessions[:1]}
+    )
+    victims = [
+        await served_post(two, "/api/dispatch", token, {**big, "channel": chat}, "mine")
+        for token, chat in ((tokens[1], chats[1]), (neighbour.json()["token"], chats[0]))
+    ]
 
     assert on_one == [200, 200, 200]  # about 60 KiB of 64 KiB
     assert on_two.status == 429  # the three kept by the first process count
     assert "this token has" in on_two.json()["error"]
-    assert victim.status == 200
+    assert [v.status for v in victims] == [200, 200]  # another session's token, then its own

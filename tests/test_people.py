@@ -4,7 +4,9 @@ over a real server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,13 +18,14 @@ from protocol.actions import (
     SessionActiveClientSet,
 )
 from protocol.chat import InputAnswer, InputRequest, TextQuestion, TextValue
+from protocol.messages import ErrorCode
 from protocol.session import ActiveClient, SessionState
 from reducers import notes
 from server.auth import TokenAuthority
 from server.cli import main
 from server.core import presence
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, session_chat_with_turn
-from tests.edge import Peer, eventually, http, initialize_params
+from tests.edge import Frame, Peer, eventually, http, initialize_params
 from tests.test_trust import TURN
 
 SESSION = "ahp-session:/people"
@@ -87,13 +90,18 @@ async def test_each_answer_is_credited_to_the_token_that_wrote_it(huddle: Runnin
     assert note["completed"]["response"] == "accept"
 
 
+def shared_link(huddle: RunningServer) -> str:
+    """A shared link's token: its holders name themselves."""
+    return huddle.authority.mint(
+        "participant", name="participant", expires_at=time.time() + 60, shared=True
+    )
+
+
 async def test_a_shared_links_holder_goes_by_the_name_they_typed_marked_as_such(
     huddle: RunningServer,
 ) -> None:
     _, chat = await asked(huddle)
-    shared = huddle.authority.mint(
-        "participant", name="participant", expires_at=time.time() + 60, shared=True
-    )
+    shared = shared_link(huddle)
     peer = await Peer.open(huddle.ws, shared, "dana-tab")
     params = initialize_params("dana-tab")
     params["capabilities"]["huddle.identity"] = {"name": "  Dana  "}
@@ -113,49 +121,54 @@ async def test_a_shared_links_holder_goes_by_the_name_they_typed_marked_as_such(
     assert note["answers"]["system"]["by"]["token"] == huddle.authority.verify(shared, 0).token_id
 
 
-@pytest.mark.parametrize(
-    ("typed", "shown"),
-    [
-        ("\u202eecilA", "ecilA"),
-        ("Da\u200bna\x00\x07", "Dana"),
-        (" \t ", "participant"),
-        ("Z" + "\u0301" * 60 + "oe", "\u0179" + "\u0301" * 3 + "oe"),
-        ("Nguye\u0302\u0303n", "Nguy\u1ec5n"),
-        ("\u3164\u3164", "participant"),
-        ("\u2800 \u115f\u1160", "participant"),
-        ("\u0301\u0301", "participant"),
-        ("\U0001d159", "participant"),
-        ("A\u034fl\u17b4i\u17b5c\u180be\u180c\u180d", "Alice"),
-        ("\u2066Bo\u200fb\u2069\ufeff", "Bob"),
-    ],
-    ids=[
-        "right-to-left-override",
-        "zero-width-and-control",
-        "blank",
-        "stacked-marks",
-        "composed",
-        "hangul-fillers",
-        "braille-blank",
-        "marks-alone",
-        "null-notehead",
-        "default-ignorable-marks",
-        "isolates-and-byte-order-mark",
-    ],
-)
-async def test_a_typed_name_loses_control_characters_and_a_blank_one_is_the_tokens(
-    huddle: RunningServer, typed: str, shown: str
-) -> None:
-    shared = huddle.authority.mint(
-        "participant", name="participant", expires_at=time.time() + 60, shared=True
-    )
-    peer = await Peer.open(huddle.ws, shared, "tab")
-    params = initialize_params("tab")
+NAMES = json.loads((Path(__file__).parent / "fixtures/names/typed-names.json").read_text())
+"""Typed names and what becomes of them, shared with web/test/people.test.mjs."""
+
+
+async def initialize_as_typed(
+    huddle: RunningServer, typed: str, token: str | None = None, client_id: str = "tab"
+) -> Frame:
+    """``initialize`` by a shared link's holder who typed ``typed``: its answer."""
+    peer = await Peer.open(huddle.ws, token or shared_link(huddle), client_id)
+    params = initialize_params(client_id)
     params["capabilities"]["huddle.identity"] = {"name": typed}
+    try:
+        return await peer.request("initialize", params)
+    finally:
+        await peer.close()
 
-    identity = (await peer.request("initialize", params))["result"]["_meta"]["huddle"]["identity"]
 
-    assert identity["name"] == shown
-    assert identity.get("declared", False) is (shown != "participant")
+@pytest.mark.parametrize("case", NAMES["accepted"], ids=[c["id"] for c in NAMES["accepted"]])
+async def test_a_typed_name_is_shown_composed_and_a_blank_one_is_the_tokens(
+    huddle: RunningServer, case: dict[str, str]
+) -> None:
+    reply = await initialize_as_typed(huddle, case["typed"])
+
+    identity = reply["result"]["_meta"]["huddle"]["identity"]
+    assert identity["name"] == (case["name"] or "participant")
+    assert identity.get("declared", False) is bool(case["name"])
+
+
+@pytest.mark.parametrize("case", NAMES["refused"], ids=[c["id"] for c in NAMES["refused"]])
+async def test_a_typed_name_that_hides_or_reorders_text_is_refused_saying_which_character(
+    huddle: RunningServer, case: dict[str, str]
+) -> None:
+    reply = await initialize_as_typed(huddle, case["typed"])
+
+    assert reply["error"]["code"] == ErrorCode.INVALID_PARAMS
+    assert reply["error"]["message"].startswith(case["reason"])
+    assert reply["error"]["data"]["path"] == '$.params.capabilities["huddle.identity"].name'
+
+
+async def test_a_refused_name_claims_no_client_id(huddle: RunningServer) -> None:
+    link = shared_link(huddle)
+    for n in range(40):  # more than the 30 new client ids a token may start at once
+        refused = await initialize_as_typed(huddle, "\u202eanaD", link, f"tab-{n}")
+        assert refused["error"]["code"] == ErrorCode.INVALID_PARAMS
+
+    named = await initialize_as_typed(huddle, "Dana", link, "tab-named")
+
+    assert named["result"]["_meta"]["huddle"]["identity"]["name"] == "Dana"
 
 
 async def test_the_long_poll_says_a_typed_in_name_is_declared(huddle: RunningServer) -> None:
@@ -168,9 +181,7 @@ async def test_the_long_poll_says_a_typed_in_name_is_declared(huddle: RunningSer
         )
     )
     await eventually(lambda: huddle.server.parts.host.waiters.waiting_on(chat) > 0)
-    shared = huddle.authority.mint(
-        "participant", name="participant", expires_at=time.time() + 60, shared=True
-    )
+    shared = shared_link(huddle)
     peer = await Peer.open(huddle.ws, shared, "dana-tab")
     params = initialize_params("dana-tab")
     params["capabilities"]["huddle.identity"] = {"name": "alice"}
@@ -241,6 +252,13 @@ def test_invite_prints_a_link_with_a_token_of_that_name(capsys: pytest.CaptureFi
         frozenset({"ahp-session:/ticket-42"}),
         False,
     )
+
+
+def test_invite_refuses_a_name_that_hides_or_reorders_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["invite", "Da\u200bna", "--token", AGENT_TOKEN]) == 2
+    assert "a name cannot hold U+200B" in capsys.readouterr().err
 
 
 def test_invite_needs_the_agent_token(

@@ -23,13 +23,19 @@ from playwright.async_api import (
     Browser,
     BrowserContext,
     Dialog,
+    Locator,
     Page,
     WebSocket,
     async_playwright,
     expect,
 )
 
-from protocol.actions import ChatInputAnswerChanged, ChatInputRequested, ChatTurnStarted
+from protocol.actions import (
+    ChatInputAnswerChanged,
+    ChatInputRequested,
+    ChatResponsePart,
+    ChatTurnStarted,
+)
 from protocol.chat import (
     BooleanQuestion,
     ChatState,
@@ -38,6 +44,7 @@ from protocol.chat import (
     InputRequest,
     InputRequestPart,
     IntegerQuestion,
+    MarkdownPart,
     Message,
     MessageOrigin,
     MultiSelectQuestion,
@@ -361,19 +368,71 @@ async def test_stop_cancels_the_active_turn(browser: Browser, demo_server: Runni
 # ─── Safety ──────────────────────────────────────────────────────────────────
 
 
+async def left_of(place: Locator, first: str, then: str) -> bool:
+    """Whether ``first`` is laid out left of ``then`` in ``place``'s text (what
+    a reader sees, which a right-to-left override turns around)."""
+    result = await place.evaluate(
+        """(el, [first, then]) => {
+          const node = el.firstChild;
+          const x = (i) => {
+            const range = document.createRange();
+            range.setStart(node, i);
+            range.setEnd(node, i + 1);
+            return range.getBoundingClientRect().left;
+          };
+          const text = node.textContent;
+          return x(text.indexOf(first)) < x(text.indexOf(then));
+        }""",
+        [first, then],
+    )
+    assert isinstance(result, bool)
+    return result
+
+
 async def test_a_title_with_a_right_to_left_override_is_shown_isolated_and_made_visible(
     browser: Browser, demo_server: RunningServer
 ) -> None:
-    title = "Invoice \u202efdp.exe"
+    title = "Invoice \u202efdp.exe"  # obeyed, it reads "Invoice exe.pdf"
     session, _ = await create_session(demo_server.http, title)
     _, page = await open_client(browser, demo_server.http, demo_server.token(), session=session)
 
     shown = page.get_by_role("list", name="Sessions").locator(".session-title")
-    await expect(shown).to_have_text(title)
-    await expect(shown).to_have_attribute("dir", "auto")
-    await expect(page.locator("h2.chat-title")).to_have_attribute("dir", "auto")
-    await expect(page).to_have_title("Invoice <U+202E>fdp.exe · Huddle")
+    header = page.locator("h2.chat-title")
+    for place in (shown, header):
+        await expect(place).to_have_text("Invoice \u27e8U+202E\u27e9fdp.exe")
+        await expect(place).to_have_attribute("dir", "auto")
+    await expect(page).to_have_title("Invoice \u27e8U+202E\u27e9fdp.exe · Huddle")
     assert "\u202e" not in await page.title()
+    for place in (shown, header):  # laid out as sent: "fdp" left of ".exe"
+        assert await left_of(place, "fdp", ".exe")
+
+
+async def test_a_message_with_bidi_and_zero_width_characters_shows_them_marked(
+    browser: Browser, plain_server: RunningServer
+) -> None:
+    session, chat = await create_session(plain_server.http, "Marked")
+    _, page = await open_client(browser, plain_server.http, plain_server.token(), session=session)
+    composer = page.get_by_label("Message to the agent")
+    await composer.fill("pay\u200bpal \u2067txt.exe\u2069 done")
+    await composer.press("Enter")
+
+    bubble = page.locator(".bubble").last
+    await expect(bubble).to_have_text(
+        "pay\u27e8U+200B\u27e9pal \u27e8U+2067\u27e9txt.exe\u27e8U+2069\u27e9 done"
+    )
+    await expect(bubble).to_have_attribute("dir", "auto")
+    turn = (await chat_state(plain_server, chat)).active_turn
+    assert turn is not None
+    assert turn.message.text == "pay\u200bpal \u2067txt.exe\u2069 done"  # kept as sent
+
+    # The agent's Markdown too, inside emphasis and code.
+    reply = MarkdownPart(id="md", content="Open *\u202efdp.exe* or `\u202etxt.sh`")
+    await plain_server.server.parts.host.dispatch(
+        chat, ChatResponsePart(turn_id=turn.id, part=reply)
+    )
+    await expect(page.locator(".md").last).to_have_text(
+        "Open \u27e8U+202E\u27e9fdp.exe or \u27e8U+202E\u27e9txt.sh"
+    )
 
 
 async def test_question_text_that_looks_like_html_shows_as_text_and_runs_nothing(

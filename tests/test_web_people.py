@@ -243,6 +243,37 @@ async def test_answers_show_who_types_who_answered_who_submitted_and_who_approve
     assert (decided["by"]["name"], decided["approved"]) == ("Alice", True)
 
 
+async def test_a_draft_someone_else_skipped_shows_as_skipped_by_them(
+    browser: Browser, plain_server: RunningServer
+) -> None:
+    session, chat = await create_session(plain_server.http, "Skipped")
+    _, alice = await open_client(
+        browser, plain_server.http, plain_server.token(name="Alice"), session=session
+    )
+    optional = TextQuestion(id="system", title="Affected system", message="Which?")
+    await ask(
+        plain_server, chat, InputRequest(id="details", message="Which?", questions=[optional])
+    )
+    await alice.get_by_label("Affected system").press_sequentially("SSO", delay=15)
+    await alice.get_by_label("Affected system").press("Tab")
+    bob = await plain_server.client(name="Bob")  # completes it, skipping what Alice wrote
+
+    def by_alice(state: Any) -> bool:
+        note = notes.note_of(state.meta, "requests", chat, "details") or {}
+        return bool(note.get("answers", {}).get("system", {}).get("by", {}).get("name") == "Alice")
+
+    async with asyncio.timeout(5 * UNIT):
+        await (await bob.subscribe(session)).wait_for(by_alice)
+    skipped = InputAnswer(state="skipped", value=TextValue(value="SSO"))
+    await bob.dispatch_and_wait(
+        chat,
+        ChatInputCompleted(request_id="details", response="accept", answers={"system": skipped}),
+    )
+
+    answers = alice.locator("section.request .answers dd")
+    await expect(answers).to_have_text(["Skipped — skipped by Bob"])
+
+
 # ─── A shared link ───────────────────────────────────────────────────────────
 
 
@@ -276,6 +307,11 @@ async def test_a_shared_link_asks_for_a_name_once_and_shows_it_marked(
     await shot(dana, "people-shared-link-asks-a-name")
     await dialog.get_by_role("button", name="Continue").click()  # nothing typed: asked again
     await expect(dialog.get_by_role("alert")).to_have_text("Type the name people know you by.")
+    await dialog.get_by_label("Your name").fill("\u202eanaD")  # would show as "Dana"
+    await dialog.get_by_role("button", name="Continue").click()  # refused here, not sent
+    await expect(dialog.get_by_role("alert")).to_have_text(
+        "A name cannot hold U+202E: it shows as nothing or reorders the text around it"
+    )
     await dialog.get_by_label("Your name").fill("  Dana  ")
     await dialog.get_by_role("button", name="Continue").click()
     await expect(dialog).to_be_hidden()

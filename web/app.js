@@ -9,9 +9,10 @@
 import { AhpClient, randomId, RpcError } from './ahp-client.js';
 import { createChatParams, isChatFull, listsChat, madeBefore, mayCreateChats, newChatUri, watchesOnly } from './chats.js';
 import { ChatView } from './chat-view.js';
-import { h } from './dom.js';
+import { h, visibleControls } from './dom.js';
 import { isRead, reasonSentence, tooLateText } from './format.js';
 import { discardedAnswers, overtakenTexts, typedAnswer } from './overtaken.js';
+import { MAX_NAME, typedName } from './people.js';
 import { isoTime } from './reducers.js';
 import { SessionsView } from './sessions-view.js';
 import { rejectReason } from './validation.js';
@@ -23,7 +24,6 @@ const TURN_WINDOW = 50;
 const SUGGESTIONS = ['Open a high-priority ticket: users cannot log in'];
 const SEEN_KEY = 'huddle.seen';
 const NAME_KEY = 'huddle.name';
-const MAX_NAME = 60; // server/auth.py MAX_DECLARED_NAME
 const PRESENCE_TRIES = 3;
 
 const client = new AhpClient({
@@ -61,9 +61,11 @@ function loadSeen() {
   }
 }
 
+/** The name this browser went by, if the server takes it (one kept before
+ * names were checked may hold what it refuses: then none, and it is asked). */
 function loadName() {
   try {
-    return localStorage.getItem(NAME_KEY) ?? '';
+    return typedName(localStorage.getItem(NAME_KEY) ?? '').name ?? '';
   } catch {
     return '';
   }
@@ -291,9 +293,9 @@ function askName() {
 }
 
 function chooseName() {
-  const name = nameInput.value.split(/\s+/).filter(Boolean).join(' ').slice(0, MAX_NAME);
+  const { name, problem } = typedName(nameInput.value);
   if (!name) {
-    nameError.textContent = 'Type the name people know you by.';
+    nameError.textContent = problem ? reasonSentence(problem) : 'Type the name people know you by.';
     nameError.hidden = false;
     nameInput.focus();
     return;
@@ -313,7 +315,7 @@ function renderIdentity() {
   const identity = client.identity;
   identityBox.hidden = !identity;
   if (!identity) return;
-  const text = identity.display ?? identity.name;
+  const text = visibleControls(identity.display ?? identity.name);
   if (identityName.textContent !== text) identityName.textContent = text;
   renameButton.hidden = !identity.shared || watchesOnly(identity);
   renameButton.textContent = identity.declared ? 'Change name' : 'Set your name';

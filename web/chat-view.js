@@ -13,8 +13,8 @@
 // from the session's notes (people.js).
 
 import { fullChatText } from './chats.js';
-import { h, syncKeyed, uid } from './dom.js';
-import { ACTIVITY_LABEL, activityOf, clockTime, visibleControls } from './format.js';
+import { h, replaceChildren, syncKeyed, uid, visibleControls } from './dom.js';
+import { ACTIVITY_LABEL, activityOf, clockTime } from './format.js';
 import { InputRequestView } from './input-request.js';
 import { renderMarkdown } from './markdown.js';
 import { peopleOf, presentPeople, turnStampOf } from './people.js';
@@ -86,7 +86,7 @@ class NoticeView {
     const text = typeof content === 'string' ? content : content.markdown ?? '';
     if (text !== this.text) {
       this.text = text;
-      this.el.replaceChildren(typeof content === 'string' ? text : renderMarkdown(text));
+      replaceChildren(this.el, typeof content === 'string' ? text : renderMarkdown(text));
     }
   }
 }
@@ -371,7 +371,7 @@ export class ChatView {
       this.list.replaceChildren();
       this.stickToBottom = true;
     }
-    this.title.textContent = session?.title ?? (view.missing ? 'Not found' : 'Loading…');
+    this.title.textContent = session?.title != null ? visibleControls(session.title) : view.missing ? 'Not found' : 'Loading…';
     document.title = session?.title ? `${visibleControls(session.title)} · Huddle` : 'Huddle';
     const activity = chat ? activityOf(chat.status) : null;
     this.status.hidden = !activity;

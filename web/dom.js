@@ -1,6 +1,9 @@
 // DOM building without HTML strings. Every text goes in as a text node or
 // through textContent: nothing that comes from the wire is ever parsed as
-// markup (DESIGN: "Schema and question text are data").
+// markup (DESIGN: "Schema and question text are data"). Nor does any text
+// reorder or hide what is around it: its bidi controls and zero-width
+// characters are shown (visibleControls), whoever wrote it (a title, a
+// message, an answer, a name), and the text itself is kept as sent.
 
 const PROPERTIES = new Set([
   'value', 'checked', 'disabled', 'hidden', 'selected', 'readOnly', 'indeterminate', 'required',
@@ -23,13 +26,30 @@ export function h(tag, props, ...children) {
   return el;
 }
 
-/** Append children: strings become text nodes; null, false and undefined are skipped. */
+/** Append children: strings become text nodes (controls shown:
+ * visibleControls); null, false and undefined are skipped. */
 export function append(el, children) {
   for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
-    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    el.append(child instanceof Node ? child : document.createTextNode(visibleControls(child)));
   }
   return el;
+}
+
+// What reorders text or shows as nothing: the bidi controls (embeddings,
+// overrides, isolates, the marks U+200E/F and U+061C) and the zero-width
+// characters (spaces, word joiner, invisible operators, U+FEFF, U+180E). A
+// zero-width joiner or non-joiner between two letters, marks or emoji is
+// writing (Persian words, an emoji family) and stays as it is.
+const CONTROLS =
+  /[\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]|(?<![\p{L}\p{M}\p{Extended_Pictographic}\p{Emoji_Modifier}])[\u200c\u200d]|[\u200c\u200d](?![\p{L}\p{M}\p{Extended_Pictographic}\p{Emoji_Modifier}])/gu;
+
+/** Text as sent with each control shown as its code point (⟨U+202E⟩):
+ * "Invoice \u202efdp.exe" reads as sent, never as "Invoice exe.pdf". Every
+ * text `append` puts in is shown so; text set another way (textContent,
+ * document.title) goes through this by hand. */
+export function visibleControls(text) {
+  return String(text ?? '').replace(CONTROLS, (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0')}⟩`);
 }
 
 /** Replace every child of `el`. */

@@ -119,12 +119,3 @@ export function tooLateText(action, reason) {
   }
   return null;
 }
-
-const BIDI_CONTROLS = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
-
-/** Text for where no element can isolate it (document.title): each bidi
- * control shown as its code point, so "Invoice \u202efdp.exe" reads as sent
- * and cannot reorder what follows it. */
-export function visibleControls(text) {
-  return text.replace(BIDI_CONTROLS, (c) => `<U+${c.codePointAt(0).toString(16).toUpperCase()}>`);
-}

@@ -7,7 +7,7 @@
 // http: or https: is shown as its text only. Raw HTML in the source is shown
 // as the text it is.
 
-import { h } from './dom.js';
+import { append, h } from './dom.js';
 
 /** The URL if it is an absolute http(s) URL, else null. */
 export function safeHref(href) {
@@ -136,7 +136,7 @@ export function inline(el, text) {
   let last = 0;
   const source = String(text);
   for (const match of source.matchAll(INLINE)) {
-    if (match.index > last) el.append(document.createTextNode(source.slice(last, match.index)));
+    if (match.index > last) append(el, [source.slice(last, match.index)]);
     last = match.index + match[0].length;
     if (match[2] !== undefined) el.append(h('code', null, match[2]));
     else if (match[3] !== undefined || match[4] !== undefined) {
@@ -149,12 +149,12 @@ export function inline(el, text) {
       el.append(link(match[9], match[9]));
     }
   }
-  if (last < source.length) el.append(document.createTextNode(source.slice(last)));
+  if (last < source.length) append(el, [source.slice(last)]);
   return el;
 }
 
 function link(href, label) {
   const safe = safeHref(href);
-  if (safe === null) return document.createTextNode(label);
+  if (safe === null) return append(document.createDocumentFragment(), [label]);
   return h('a', { href: safe, target: '_blank', rel: 'noopener noreferrer nofollow' }, label);
 }

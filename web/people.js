@@ -22,6 +22,41 @@ export function displayOf(who) {
   return who.declared ? `${who.name} · shared link` : who.name;
 }
 
+// A name typed in for a shared link, as server/auth.py takes it (name_problem
+// and typed_name; both run tests/fixtures/names/typed-names.json).
+export const MAX_NAME = 60; // server/auth.py MAX_DECLARED_NAME
+const MAX_MARKS = 3;
+const INVISIBLE = new Set('\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\u3164\uffa0\u2800\u{1d159}');
+const SPACE = /^[\t\n\v\f\r\p{Zs}\p{Zl}\p{Zp}]$/u;
+const HIDDEN = /^[\p{Cc}\p{Cf}\p{Cs}\p{Co}]$/u; // not Cn: see server/auth.py HIDDEN
+const MARK = /^\p{M}$/u;
+
+/**
+ * What a typed name becomes: `{name}` fit to show ('' when only spaces and
+ * stray marks were typed: the token's own name is used), or `{problem}`, the
+ * server's sentence for a name holding a character that shows as nothing or
+ * reorders the text around it.
+ */
+export function typedName(typed) {
+  const chars = Array.from(typed.normalize('NFC'));
+  const bad = chars.find((c) => (HIDDEN.test(c) && !SPACE.test(c)) || INVISIBLE.has(c));
+  if (bad !== undefined) {
+    const point = bad.codePointAt(0).toString(16).toUpperCase().padStart(4, '0');
+    return { problem: `a name cannot hold U+${point}: it shows as nothing or reorders the text around it` };
+  }
+  const kept = [];
+  let marks = 0;
+  for (const c of chars) {
+    if (MARK.test(c)) {
+      marks += 1;
+      if (marks > MAX_MARKS || !kept.length || kept.at(-1) === ' ') continue;
+    } else marks = 0;
+    kept.push(SPACE.test(c) ? ' ' : c);
+  }
+  const words = kept.join('').split(' ').filter(Boolean).join(' ');
+  return { name: Array.from(words).slice(0, MAX_NAME).join('').replace(/ +$/, '') };
+}
+
 /** Is `who` (a note's author) this page's person? The same token and name:
  * the holders of one shared link differ by the names they typed. */
 export function isMe(who, me) {

@@ -15,7 +15,7 @@
 // and "answered by Dana" after, and the answer stays hers when someone
 // else submits the request (which carries only the answers it changes).
 
-import { h, uid } from './dom.js';
+import { h, uid, visibleControls } from './dom.js';
 import { fieldMessage } from './format.js';
 import { answerProblem } from './validation.js';
 
@@ -238,7 +238,8 @@ class Field {
 
   /** Say what someone else is doing with this answer ('' for nothing). */
   showAuthor(text) {
-    if (this.authorEl.textContent !== text) this.authorEl.textContent = text;
+    const shown = visibleControls(text);
+    if (this.authorEl.textContent !== shown) this.authorEl.textContent = shown;
     this.authorEl.hidden = !text;
   }
 

@@ -330,14 +330,16 @@ class Rpc:
                 {"supportedVersions": list(SUPPORTED_PROTOCOL_VERSIONS)},
             )
         self.commands.out_of_debt(self.grant)
-        await self.commands.credentials.claim_client(self.grant, params.client_id)
         capabilities = params.capabilities or {}
         asked = frozenset(capabilities.keys()) & EXTENSIONS.keys()
-        self._set_extensions(asked, self.clients.numbering_of(params.client_id))
-        if IDENTITY in asked:
+        identity = self.identity
+        if IDENTITY in asked:  # a name it refuses fails initialize before anything is claimed
             wanted_name = capabilities[IDENTITY]
             named = wanted_name.get("name") if isinstance(wanted_name, dict) else None
-            self.identity = self.grant.identity_as(named if isinstance(named, str) else None)
+            identity = self.grant.identity_as(named if isinstance(named, str) else None)
+        await self.commands.credentials.claim_client(self.grant, params.client_id)
+        self._set_extensions(asked, self.clients.numbering_of(params.client_id))
+        self.identity = identity
         # Beyond the limit, or once the answer is full, the rest is left out
         # unread (a frame may name 40,000 channels).
         wanted = list(dict.fromkeys(params.initial_subscriptions or []))

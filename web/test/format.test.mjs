@@ -7,7 +7,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { tooLateText, visibleControls } from '../format.js';
+import { visibleControls } from '../dom.js';
+import { tooLateText } from '../format.js';
 
 const NOT_PENDING = "tool-call-not-pending: tool call 'c1' is not pending confirmation";
 const CLOSED = "no-open-input-request: the active turn has no open input request 'r1'";
@@ -40,8 +41,17 @@ test('other rejections are not late: they say their own reason', () => {
   assert.equal(tooLateText({ type: 'chat/toolCallConfirmed', approved: true }, undefined), null);
 });
 
-test('a title for document.title shows its bidi controls instead of obeying them', () => {
-  assert.equal(visibleControls('Invoice \u202efdp.exe'), 'Invoice <U+202E>fdp.exe');
-  assert.equal(visibleControls('\u2066a\u2069\u200fb'), '<U+2066>a<U+2069><U+200F>b');
+test('bidi controls and zero-width characters are shown, not obeyed', () => {
+  assert.equal(visibleControls('Invoice \u202efdp.exe'), 'Invoice ⟨U+202E⟩fdp.exe');
+  assert.equal(visibleControls('\u2066a\u2069\u200fb\u061c'), '⟨U+2066⟩a⟨U+2069⟩⟨U+200F⟩b⟨U+061C⟩');
+  assert.equal(visibleControls('pay\u200bpal\u2060\ufeff'), 'pay⟨U+200B⟩pal⟨U+2060⟩⟨U+FEFF⟩');
+  assert.equal(visibleControls('\u200dlone\u200c'), '⟨U+200D⟩lone⟨U+200C⟩');
   assert.equal(visibleControls('Plain title'), 'Plain title');
+  assert.equal(visibleControls(undefined), '');
+});
+
+test('a joiner between letters or emoji is writing, not hidden text', () => {
+  for (const text of ['\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645', '👨\u200d👩\u200d👧', '👩🏽\u200d💻', '🏳️\u200d🌈']) {
+    assert.equal(visibleControls(text), text);
+  }
 });

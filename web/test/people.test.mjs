@@ -4,6 +4,7 @@
 //   node --test web/test/
 
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 
 import { sameAnswer } from '../questions.js';
@@ -21,7 +22,11 @@ import {
   requestNote,
   toolCallNote,
   turnStampOf,
+  typedName,
 } from '../people.js';
+
+/** Typed names and what becomes of them, shared with tests/test_people.py. */
+const NAMES = JSON.parse(readFileSync(new URL('../../tests/fixtures/names/typed-names.json', import.meta.url), 'utf8'));
 
 const CHAT = 'ahp-chat:/c';
 const DANA = { name: 'Dana', role: 'participant', token: 't-link', declared: true };
@@ -139,3 +144,15 @@ test('answers are the same whatever the order of their keys', () => {
   assert.ok(sameAnswer(null, undefined));
   assert.ok(sameAnswer({ state: 'skipped' }, { state: 'skipped' }));
 });
+
+for (const { id, typed, name } of NAMES.accepted) {
+  test(`a typed name is taken as the server shows it: ${id}`, () => {
+    assert.deepEqual(typedName(typed), { name });
+  });
+}
+
+for (const { id, typed, reason } of NAMES.refused) {
+  test(`a typed name is refused in the server's words: ${id}`, () => {
+    assert.deepEqual(typedName(typed), { problem: reason });
+  });
+}

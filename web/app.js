@@ -12,6 +12,7 @@ import { ChatView } from './chat-view.js';
 import { h, visibleControls } from './dom.js';
 import { isRead, reasonSentence, tooLateText } from './format.js';
 import { discardedAnswers, overtakenTexts, typedAnswer } from './overtaken.js';
+import { countedTitle, mayAsk, needing, newlyNeeding } from './notify.js';
 import { MAX_NAME, typedName } from './people.js';
 import { isoTime } from './reducers.js';
 import { SessionsView } from './sessions-view.js';
@@ -51,6 +52,11 @@ const app = {
   fullChats: new Map(),
   /** A chat this page just started, {chat, draft}, until it opens. */
   started: null,
+  /** The sessions that need someone, as last looked at (null: not yet). */
+  needing: null,
+  /** The title as the views set it, and as counted in front of it. */
+  titleBase: 'Huddle',
+  titled: 'Huddle',
 };
 
 function loadSeen() {
@@ -159,6 +165,7 @@ function render() {
   frame = 0;
   renderSessions();
   renderMain();
+  renderNeeds();
   renderConnection();
   renderIdentity();
   enter();
@@ -319,6 +326,51 @@ function renderIdentity() {
   if (identityName.textContent !== text) identityName.textContent = text;
   renameButton.hidden = !identity.shared || watchesOnly(identity);
   renameButton.textContent = identity.declared ? 'Change name' : 'Set your name';
+}
+
+// ─── Telling people they are needed ─────────────────────────────────────
+
+const notifyButton = h(
+  'button',
+  { type: 'button', class: 'ghost small', hidden: true, onclick: () => askToNotify() },
+  'Notify me',
+);
+document.querySelector('.topbar').append(notifyButton);
+
+/** Asked on the person's click only (notify.js): browsers refuse, or
+ * nag, a page that asks on load. */
+function askToNotify() {
+  window.Notification?.requestPermission().then(renderNeeds, renderNeeds);
+}
+
+/**
+ * The count of sessions that need someone in front of the tab's title,
+ * and a notification for each that came to need someone while the tab is
+ * hidden. Also run straight from the sessions' notices: a hidden tab gets
+ * no animation frames, so render() would wait until it is seen again.
+ */
+function renderNeeds() {
+  const now = needing(app.sessions.values());
+  if (app.loaded) {
+    for (const uri of newlyNeeding(app.needing, now)) notify(app.sessions.get(uri));
+    app.needing = now;
+  }
+  if (document.title !== app.titled) app.titleBase = document.title;
+  app.titled = countedTitle(app.titleBase, now.size);
+  document.title = app.titled;
+  notifyButton.hidden = !mayAsk(window.Notification);
+}
+
+function notify(summary) {
+  if (!document.hidden || window.Notification?.permission !== 'granted') return;
+  const title = summary.title ? visibleControls(summary.title) : 'Untitled session';
+  const body = summary.activity ? visibleControls(summary.activity) : 'A request waits for someone.';
+  const shown = new window.Notification(`Needed in ${title}`, { body, tag: summary.resource });
+  shown.onclick = () => {
+    window.focus();
+    location.hash = sessionHref(summary.resource);
+    shown.close();
+  };
 }
 
 // ─── Connection state ───────────────────────────────────────────────────
@@ -615,6 +667,7 @@ async function loadSessions() {
   } while (cursor);
   app.sessions = new Map(items.map((summary) => [summary.resource, summary]));
   app.loaded = true;
+  renderNeeds();
   scheduleRender();
 }
 
@@ -658,6 +711,7 @@ client.addEventListener('notice', ({ detail: { method, params } }) => {
     }
     app.sessions.set(params.session, next);
   } else return;
+  renderNeeds();
   scheduleRender();
 });
 

@@ -21,6 +21,12 @@ a model reply's markdown part  ``<chatTurn>:md:<n>``, and       :func:`markdown_
                                its k-th retried attempt
 an MCP elicitation's request   ``mcp:<16 hex digits>``          :func:`mcp_request_id`
                                                                 :func:`parse_mcp_request_id`
+what an MCP client asks        ``ask:<24 hex digits>``: a       :func:`door_ask_id`
+Huddle's MCP server (a         digest of the token, the tool    (not parsed: a digest)
+request, an approval's call)   and the idempotency key
+an MCP client's own session    ``ahp-session:/mcp-<16 hex>``: a :func:`door_session`
+                               digest of the token and the      (not parsed: a digest)
+                               client's name
 =============================  ===============================  ==========================
 
 A parser returns None for an id its builder could not have made (a foreign
@@ -38,11 +44,12 @@ chat and AHP turn, never parsed (an AHP turn id may hold any character).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from typing import NamedTuple
 
-from protocol.uris import BadChannelUri, channel_id, channel_kind
+from protocol.uris import BadChannelUri, channel_id, channel_kind, session_uri
 
 _INPUT = ":input:"
 _TEXT = "text"
@@ -204,3 +211,22 @@ def parse_mcp_request_id(request_id: str) -> str | None:
     """The token of an MCP elicitation's request id; None for any other."""
     prefix, token = request_id[: len(_MCP)], request_id[len(_MCP) :]
     return token if prefix == _MCP and _MCP_TOKEN.fullmatch(token) else None
+
+
+def door_ask_id(token_id: str, tool: str, key: str | None) -> str:
+    """The id of what a tool of Huddle's MCP server asks (server.mcp.door):
+    with an idempotency ``key``, the same for the same token, tool and key
+    (a call made again after a restart finds its request), else a new one."""
+    if key is None:
+        return f"ask:{secrets.token_hex(12)}"
+    return f"ask:{_digest(token_id, tool, key)[:24]}"
+
+
+def door_session(token_id: str, client: str) -> str:
+    """The session of one MCP client of Huddle's MCP server: the same for
+    the same token and client name, in every process and after restarts."""
+    return session_uri(f"mcp-{_digest(token_id, client)[:16]}")
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()

@@ -246,7 +246,9 @@ async def open_local(server: Server, grant: Grant) -> LocalSocket:
     until it closes. Raises Disconnected when the token holds all its
     slots."""
     if not server.sockets.open(grant):
-        raise Disconnected(f"at most {server.sockets.limit_of(grant)} connections at once per token")
+        raise Disconnected(
+            f"at most {server.sockets.limit_of(grant)} connections at once per token"
+        )
     pair = LocalSocket()
 
     async def serve() -> None:

@@ -286,9 +286,7 @@ class McpDoor:
         """Serve one HTTP request of ``grant``'s. Its MCP session is bound
         to the token (the SDK answers another token's use of it as an
         unknown session)."""
-        principal = AccessToken(
-            token=grant.token_id, client_id=grant.token_id, scopes=[grant.role]
-        )
+        principal = AccessToken(token=grant.token_id, client_id=grant.token_id, scopes=[grant.role])
         scope = {**scope, GRANT: grant, "user": AuthenticatedUser(principal)}
         await self.manager.handle_request(scope, receive, send)
 
@@ -345,13 +343,17 @@ class McpDoor:
         by = Person.of(reply.answered_by)
         if reply.response != "accept":
             return PeopleAnswer(action=reply.response, answered_by=by)
-        return PeopleAnswer(action="accept", content=_content(question, reply.answers), answered_by=by)
+        return PeopleAnswer(
+            action="accept", content=_content(question, reply.answers), answered_by=by
+        )
 
     async def request_approval(
         self,
         ctx: Context,
         tool: Annotated[str, Field(description="The name of the tool (or action) to approve")],
-        arguments: Annotated[dict[str, Any], Field(description="The arguments you would run it with")],
+        arguments: Annotated[
+            dict[str, Any], Field(description="The arguments you would run it with")
+        ],
         reason: Annotated[
             str | None, Field(description="Why you want to run it, shown to the people")
         ] = None,

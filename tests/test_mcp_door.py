@@ -530,3 +530,33 @@ async def test_a_call_made_again_after_a_restart_gets_the_same_request_and_its_a
         assert len(requests_named(mirror.chat, asked.request.id)) == 1
     finally:
         await second.stop()
+
+
+async def test_a_client_that_hangs_up_has_its_request_withdrawn(huddle: RunningServer) -> None:
+    """On 2025-11-25 the SDK goes on with a call whose response stream
+    dropped (nothing to resume it from): the door withdraws it."""
+    room = await open_room(huddle, "ahp-session:/hung-up")
+    opened = await _post_initialize(huddle, AGENT_TOKEN)
+    headers = {
+        "Authorization": f"Bearer {AGENT_TOKEN}",
+        "Accept": "application/json, text/event-stream",
+        "Mcp-Session-Id": opened.headers["mcp-session-id"],
+        "Mcp-Protocol-Version": "2025-11-25",
+    }
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "ask_people", "arguments": {"message": "Hi", "chat": room.chat}},
+    }
+    async with httpx2.AsyncClient(headers=headers) as http:
+        ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await http.post(f"{huddle.http}/mcp", json=ready)
+        async with http.stream("POST", f"{huddle.http}/mcp", json=call):
+            [request] = await requests_open(room)
+        # The stream is closed: the client hung up.
+
+    def withdrawn(state: ChatState) -> bool:
+        return [p.response for p in requests_named(state, request.request.id)] == ["cancel"]
+
+    await wait_for(room.mirror, withdrawn)

@@ -64,7 +64,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel, Field
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from protocol.chat import InputAnswer, InputQuestion, InputRequest
 from protocol.codec import MalformedFrame, convert
@@ -90,6 +90,8 @@ from server.runner.ids import door_ask_id, door_session
 
 GRANT: Final = "huddle.grant"
 """The scope key the door reads the request's grant from."""
+HUNG_UP: Final = "huddle.hung_up"
+"""The scope key of an event set once the HTTP request's client hung up."""
 WITHDRAW_WITHIN: Final = 5.0
 """Seconds a withdrawal may take once the call is cancelled."""
 MAX_KEY: Final = 200
@@ -225,6 +227,9 @@ class Askers:
             entry.users -= 1
             if entry.users == 0 and held.chats.get(chat) is entry:
                 del held.chats[chat]
+                # Its subscription goes with it (a connection holds few).
+                with anyio.CancelScope(shield=True), contextlib.suppress(HuddleError):
+                    await held.client.unsubscribe(chat)
 
 
 # ─── The door ────────────────────────────────────────────────────────────────
@@ -287,8 +292,16 @@ class McpDoor:
         to the token (the SDK answers another token's use of it as an
         unknown session)."""
         principal = AccessToken(token=grant.token_id, client_id=grant.token_id, scopes=[grant.role])
-        scope = {**scope, GRANT: grant, "user": AuthenticatedUser(principal)}
-        await self.manager.handle_request(scope, receive, send)
+        hung_up = asyncio.Event()
+
+        async def receiving() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                hung_up.set()
+            return message
+
+        scope = {**scope, GRANT: grant, HUNG_UP: hung_up, "user": AuthenticatedUser(principal)}
+        await self.manager.handle_request(scope, receiving, send)
 
     # ─── Tools ───────────────────────────────────────────────────────────
 
@@ -518,7 +531,30 @@ class McpDoor:
     async def _waiting(self, ctx: Context, waiting: Awaitable[T]) -> T:
         """``waiting``'s result, with a progress notification every
         ``progress_every`` seconds meanwhile (a no-op for a client that sent
-        no progress token)."""
+        no progress token). Should the client hang up first (its response
+        stream dropped: the SDK goes on with a call whose answer nobody will
+        read, on 2025-11-25 and with no resumable stream), the wait is
+        cancelled, which withdraws what it asked, and ToolError is raised."""
+        request = ctx.request_context.request
+        hung_up = request.scope.get(HUNG_UP) if isinstance(request, Request) else None
+        wait = asyncio.ensure_future(self._progressing(ctx, waiting))
+        if not isinstance(hung_up, asyncio.Event):
+            return await wait
+        gone = asyncio.ensure_future(hung_up.wait())
+        try:
+            await asyncio.wait({wait, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not wait.done():  # hung up, or this call cancelled
+                wait.cancel()
+                # Its withdrawal, before the connection it goes through is let go.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(WITHDRAW_WITHIN):
+                    await asyncio.wait({wait})
+        if wait.cancelled():
+            raise ToolError("the client hung up")
+        return wait.result()
+
+    async def _progressing(self, ctx: Context, waiting: Awaitable[T]) -> T:
 
         async def tick() -> None:
             ticks = 0

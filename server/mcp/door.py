@@ -113,6 +113,20 @@ INSTRUCTIONS: Final = (
 T = TypeVar("T")
 Expiring = Literal["cancel", "decline", "fail"]
 
+# The arguments several tools take, as the model reads them.
+InChat = Annotated[str | None, Field(description="The chat URI to ask in")]
+InSession = Annotated[str | None, Field(description="A session URI: ask in its default chat")]
+ExpiresIn = Annotated[float | None, Field(description="Seconds to wait for people at most")]
+OnExpiry = Annotated[Expiring, Field(description="What a wait that expires returns")]
+IdempotencyKey = Annotated[
+    str | None,
+    Field(
+        description="Call again with the same key (after an error, a timeout or a restart) "
+        "to get the same request or its answer, never a second one",
+        max_length=MAX_KEY,
+    ),
+]
+
 
 # ─── Results ─────────────────────────────────────────────────────────────────
 
@@ -321,24 +335,11 @@ class McpDoor:
             list[dict[str, Any]] | None,
             Field(description="AHP input questions instead of a schema (advanced)"),
         ] = None,
-        chat: Annotated[str | None, Field(description="The chat URI to ask in")] = None,
-        session: Annotated[
-            str | None, Field(description="A session URI: ask in its default chat")
-        ] = None,
-        expires_in: Annotated[
-            float | None, Field(description="Seconds to wait for an answer at most")
-        ] = None,
-        on_expiry: Annotated[
-            Expiring, Field(description="What a wait that expires returns")
-        ] = "cancel",
-        idempotency_key: Annotated[
-            str | None,
-            Field(
-                description="Call again with the same key (after an error, a timeout or a "
-                "restart) to get the same request or its answer, never a second one",
-                max_length=MAX_KEY,
-            ),
-        ] = None,
+        chat: InChat = None,
+        session: InSession = None,
+        expires_in: ExpiresIn = None,
+        on_expiry: OnExpiry = "cancel",
+        idempotency_key: IdempotencyKey = None,
     ) -> PeopleAnswer:
         caller = self._caller(ctx)
         expiry = _expiry(expires_in, on_expiry)
@@ -370,24 +371,11 @@ class McpDoor:
         reason: Annotated[
             str | None, Field(description="Why you want to run it, shown to the people")
         ] = None,
-        chat: Annotated[str | None, Field(description="The chat URI to ask in")] = None,
-        session: Annotated[
-            str | None, Field(description="A session URI: ask in its default chat")
-        ] = None,
-        expires_in: Annotated[
-            float | None, Field(description="Seconds to wait for a decision at most")
-        ] = None,
-        on_expiry: Annotated[
-            Expiring, Field(description="What a wait that expires returns")
-        ] = "cancel",
-        idempotency_key: Annotated[
-            str | None,
-            Field(
-                description="Call again with the same key to get the same approval request "
-                "or its decision, never a second one",
-                max_length=MAX_KEY,
-            ),
-        ] = None,
+        chat: InChat = None,
+        session: InSession = None,
+        expires_in: ExpiresIn = None,
+        on_expiry: OnExpiry = "cancel",
+        idempotency_key: IdempotencyKey = None,
     ) -> ApprovalDecision:
         caller = self._caller(ctx)
         expiry = _expiry(expires_in, on_expiry)
@@ -412,10 +400,8 @@ class McpDoor:
         ctx: Context,
         url: Annotated[str, Field(description="The http(s) link a person should open")],
         message: Annotated[str, Field(description="Why, as the people will read it")],
-        chat: Annotated[str | None, Field(description="The chat URI to ask in")] = None,
-        session: Annotated[
-            str | None, Field(description="A session URI: ask in its default chat")
-        ] = None,
+        chat: InChat = None,
+        session: InSession = None,
     ) -> VisitAnswer:
         caller = self._caller(ctx)
         request_id = door_ask_id(caller.grant.token_id, "ask_to_visit", None)

@@ -29,7 +29,7 @@ from protocol.chat import (
 from protocol.session import SessionState
 from protocol.uris import ROOT_URI
 from server.auth import AGENT_TOKEN_ID, token_id
-from server.config import Settings
+from server.config import Limits, Settings
 from server.errors import ActionRejected
 from server.runner.ids import door_session
 from server.store.redis import RedisStore
@@ -457,6 +457,7 @@ async def test_a_token_scoped_to_sessions_reaches_only_those(huddle: RunningServ
     async with mcp_client(huddle, "legacy", token=scoped) as client:
         listed = structured(await client.call_tool("list_sessions", {}))
         refused = await client.call_tool("ask_people", {"message": "Hi", "session": other})
+        not_made = await client.call_tool("create_session", {"title": "Elsewhere"})
         call = asyncio.create_task(client.call_tool("ask_people", {"message": "Hi"}))
         [request] = await requests_open(room)  # its one session is its default
         await answer(room, request)
@@ -464,6 +465,7 @@ async def test_a_token_scoped_to_sessions_reaches_only_those(huddle: RunningServ
             assert structured(await call)["action"] == "accept"
     assert [s["session"] for s in listed["sessions"]] == [mine]
     assert refused.is_error
+    assert not_made.is_error
 
 
 async def test_another_tokens_mcp_session_id_is_an_unknown_session(
@@ -488,10 +490,11 @@ async def test_another_tokens_mcp_session_id_is_an_unknown_session(
 
 
 @pytest.mark.redis
+@pytest.mark.parametrize("mode", MODES)
 async def test_a_call_made_again_after_a_restart_gets_the_same_request_and_its_answer(
-    redis_server: RedisServer,
+    redis_server: RedisServer, mode: str
 ) -> None:
-    session = "ahp-session:/restart"
+    session = f"ahp-session:/restart-{mode}"
     arguments = {"message": "Deploy?", "session": session, "idempotency_key": "deploy-42"}
 
     def on_redis() -> Any:
@@ -500,7 +503,7 @@ async def test_a_call_made_again_after_a_restart_gets_the_same_request_and_its_a
     first = await on_redis()
     try:
         room = await open_room(first, session)
-        async with mcp_client(first, "legacy") as client:
+        async with mcp_client(first, mode) as client:
             call = asyncio.create_task(client.call_tool("ask_people", arguments))
             [asked] = await requests_open(room)
             await first.stop()  # the server goes while people think
@@ -513,7 +516,7 @@ async def test_a_call_made_again_after_a_restart_gets_the_same_request_and_its_a
     try:
         person = await second.client(sessions=[session], name="dana")
         mirror = await person.subscribe(room.chat)
-        async with mcp_client(second, "legacy") as client:
+        async with mcp_client(second, mode) as client:
             call = asyncio.create_task(client.call_tool("ask_people", arguments))
             await _open_in(mirror)
             await person.dispatch_and_wait(
@@ -560,3 +563,14 @@ async def test_a_client_that_hangs_up_has_its_request_withdrawn(huddle: RunningS
         return [p.response for p in requests_named(state, request.request.id)] == ["cancel"]
 
     await wait_for(room.mirror, withdrawn)
+
+
+async def test_each_request_pays_from_the_tokens_budget() -> None:
+    limits = Limits(agent_actions_per_second=0.001, agent_action_burst=1)
+    huddle = await start_server(Settings(port=0, limits=limits))
+    try:
+        answers = [await _post_initialize(huddle, AGENT_TOKEN) for _ in range(3)]
+    finally:
+        await huddle.stop()
+    assert [a.status_code for a in answers] == [200, 200, 429]  # a read each: half an action
+    assert int(answers[-1].headers["retry-after"]) >= 1

@@ -658,7 +658,8 @@ MCP_DOOR_CLIENT = "mcp-door"
 class McpEndpoint:
     """``/mcp``: Huddle's MCP server (server.mcp.door) for agent tokens,
     authenticated as the HTTP API is: no token or a bad one 401 with
-    ``WWW-Authenticate: Bearer``, a participant's or an observer's 403."""
+    ``WWW-Authenticate: Bearer``, a participant's or an observer's 403; each
+    request pays a read of the token's budget (429 beyond)."""
 
     def __init__(self, serve: Callable[[Grant, Scope, Receive, Send], Awaitable[None]]) -> None:
         self.serve = serve
@@ -670,6 +671,10 @@ class McpEndpoint:
             grant = authenticate(server, request)
             if grant.role != "agent":
                 raise AuthError(403, "Huddle's MCP server takes an agent token")
+            server.commands.pay(grant, "mcp")  # what its tools then do pays for itself
+        except RateLimited as error:
+            await over_budget(error)(scope, receive, send)
+            return
         except AuthError as error:
             refusal = _auth_refusal(error, _problem(error.status, error.reason))
             if error.status == 401:

@@ -435,6 +435,8 @@ class McpDoor:
         self, ctx: Context, title: Annotated[str, Field(description="The session's title")]
     ) -> SessionLink:
         caller = self._caller(ctx)
+        if caller.grant.sessions is not None:
+            raise ToolError("this token reaches only the sessions it was given: it cannot make one")
         uri = session_uri(secrets.token_hex(8))
         async with _told(), self.askers.client(caller.grant) as held:
             await held.client.create_session(uri, title=title)

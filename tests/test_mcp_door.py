@@ -175,6 +175,48 @@ async def test_ask_people_returns_the_submitted_answers_credited_to_who_submitte
     assert result["answered_by"]["token"] not in (AGENT_TOKEN_ID, AGENT_TOKEN)
 
 
+async def test_ask_people_with_ahp_questions_returns_the_answers_by_question(
+    huddle: RunningServer,
+) -> None:
+    room = await open_room(huddle, "ahp-session:/questions")
+    questions = [{"kind": "text", "id": "system", "message": "Which system?", "required": True}]
+    async with mcp_client(huddle, "legacy") as client:
+        call = asyncio.create_task(
+            client.call_tool(
+                "ask_people",
+                {"message": "Help", "questions": questions, "chat": room.chat},
+            )
+        )
+        [request] = await requests_open(room)
+        await answer(room, request, system="billing")
+        async with asyncio.timeout(WITHIN):
+            result = structured(await call)
+    assert result["content"] == {"system": "billing"}
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"tool": "ask_to_visit", "url": "javascript:alert(1)", "message": "Look"},
+        {"tool": "ask_people", "message": "Hi", "schema": {"type": "object", "not": {}}},
+        {"tool": "ask_people", "message": "Hi", "chat": "ahp-session:/not-a-chat"},
+        {"tool": "ask_people", "message": "Hi", "expires_in": 0},
+        {"tool": "ask_people", "message": "Hi", "chat": "ahp-chat:/nowhere"},
+    ],
+    ids=["not-http", "not-flat", "not-a-chat-uri", "no-time", "no-such-chat"],
+)
+async def test_what_cannot_be_asked_is_a_tool_error_and_asks_nobody(
+    huddle: RunningServer, arguments: dict[str, Any]
+) -> None:
+    room = await open_room(huddle, "ahp-session:/refusals")
+    tool = arguments.pop("tool")
+    arguments.setdefault("chat", room.chat)
+    async with mcp_client(huddle, "legacy") as client:
+        result = await client.call_tool(tool, arguments)
+    assert result.is_error
+    assert not open_requests(room.mirror.chat)
+
+
 async def test_the_audit_credits_the_request_to_the_agent_token_and_the_answer_to_the_person(
     huddle: RunningServer,
 ) -> None:

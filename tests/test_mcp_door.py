@@ -28,8 +28,10 @@ from protocol.chat import (
 )
 from protocol.session import SessionState
 from protocol.uris import ROOT_URI
-from server.auth import AGENT_TOKEN_ID, token_id
+from server.auth import AGENT_TOKEN_ID, TokenAuthority, token_id
+from server.build import build
 from server.config import Limits, Settings
+from server.edge.app import create_app
 from server.errors import ActionRejected
 from server.runner.ids import door_session
 from server.store.redis import RedisStore
@@ -616,3 +618,11 @@ async def test_each_request_pays_from_the_tokens_budget() -> None:
         await huddle.stop()
     assert [a.status_code for a in answers] == [200, 200, 429]  # a read each: half an action
     assert int(answers[-1].headers["retry-after"]) >= 1
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, 31.0, float("nan")])
+def test_a_progress_interval_that_would_not_keep_clients_waiting_is_refused(
+    seconds: float,
+) -> None:
+    with pytest.raises(ValueError, match="progress interval"):
+        create_app(build(Settings(mcp_progress_interval=seconds)), TokenAuthority(AGENT_TOKEN))

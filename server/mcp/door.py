@@ -98,6 +98,9 @@ MAX_KEY: Final = 200
 """Characters of an idempotency key."""
 MAX_CLIENT_NAME: Final = 100
 """Characters of an MCP client's name used to name its session."""
+MAX_PROGRESS_EVERY: Final = 30.0
+"""Seconds between progress notifications at most: the issue's promise to
+clients that time out on a quiet call."""
 LISTED: Final = 100
 """Sessions ``list_sessions`` returns at most (the most recent)."""
 
@@ -272,6 +275,11 @@ class McpDoor:
         progress_every: float = 15.0,
         max_body_bytes: int = 1 << 20,
     ) -> None:
+        if not 0 < progress_every <= MAX_PROGRESS_EVERY:
+            raise ValueError(
+                f"the MCP progress interval is above 0 and at most {MAX_PROGRESS_EVERY:.0f} "
+                f"seconds (clients time out on quiet calls), not {progress_every}"
+            )
         self.askers = askers
         self.forms = forms
         self.progress_every = progress_every

@@ -41,6 +41,11 @@ class ErrorCode:
     CONFLICT: Final = -32011
 
 
+CLIENT_ID_PATH: Final = "$.params.clientId"
+"""The ``data.path`` of the PERMISSION_DENIED error refusing a ``clientId``
+that another token holds, at ``initialize`` or ``reconnect``: what tells it
+from other refusals, so that a client starts again with a fresh id."""
+
 RequestId: TypeAlias = int | str
 
 # ─── JSON-RPC frames ─────────────────────────────────────────────────────────

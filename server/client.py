@@ -33,12 +33,14 @@ from protocol.actions import ChatInputRequested, StateAction
 from protocol.chat import ChatState, InputAnswer, InputRequest
 from protocol.codec import MalformedFrame, convert, decode_snapshot, encode
 from protocol.messages import (
+    CLIENT_ID_PATH,
     PROTOCOL_VERSION,
     ActionEnvelope,
     ChannelCursor,
     ChannelParams,
     ChannelState,
     DispatchActionParams,
+    ErrorCode,
     ExpireParams,
     InitializeParams,
     ReconnectParams,
@@ -163,7 +165,7 @@ class HuddleClient:
         self.token = token
         self.opener = opener
         """How to connect when not by WebSocket to ``url`` with ``token``."""
-        self.client_id = client_id or f"py-{secrets.token_hex(6)}"
+        self.client_id = client_id or _fresh_client_id()
         self.mirrors: dict[str, Mirror] = {}
         self.notices: list[Callable[[str, Any], None]] = []
         self.connected = asyncio.Event()
@@ -212,19 +214,40 @@ class HuddleClient:
         self._ws = ws
         self._lost.clear()
         self._reader = asyncio.create_task(self._read(ws))
-        params = InitializeParams(
-            channel=ROOT_URI,
-            protocol_versions=[PROTOCOL_VERSION],
-            client_id=self.client_id,
-            capabilities={key: {} for key in EXTENSIONS},
-        )
-        raw = await self.call("initialize", params)
+        raw = await self._initialize()
         self.protocol_version: str = raw["protocolVersion"]
         self.initial_snapshots = [decode_snapshot(s) for s in raw.get("snapshots", [])]
         if not initial:
             self.reconnects += 1  # counted before the mirrors catch up
             await self._resume()
         self.connected.set()
+
+    async def _initialize(self) -> Any:
+        """``initialize``; when another token holds this client's id, once
+        more with a fresh random one. Ids are claimed per token, so one that
+        somebody claimed first (guessed, or taken once its own token's
+        window to come back had passed) can only refuse, never take this
+        client over: no id anyone can predict locks it out. Actions awaiting
+        their echo under the old id then fail: a re-send under the new one
+        could not be told from a new action."""
+        try:
+            return await self.call("initialize", self._initialize_params())
+        except ProtocolError as error:
+            if error.code != ErrorCode.PERMISSION_DENIED or not _names_client_id(error.data):
+                raise
+        log.info("client id %s belongs to another token: starting with a fresh one", self.client_id)
+        self.client_id = _fresh_client_id()
+        self._stale_echoes.clear()
+        self._fail_echoes(Disconnected("this client's id was taken: it started with a fresh one"))
+        return await self.call("initialize", self._initialize_params())
+
+    def _initialize_params(self) -> InitializeParams:
+        return InitializeParams(
+            channel=ROOT_URI,
+            protocol_versions=[PROTOCOL_VERSION],
+            client_id=self.client_id,
+            capabilities={key: {} for key in EXTENSIONS},
+        )
 
     async def _connect(self) -> ClientConnection:
         headers = {"Authorization": f"Bearer {self.token}"}
@@ -590,3 +613,13 @@ class HuddleClient:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _fresh_client_id() -> str:
+    """A client id nobody can guess (so nobody can claim it first)."""
+    return f"py-{secrets.token_hex(6)}"
+
+
+def _names_client_id(data: Any) -> bool:
+    """Whether an error's ``data`` names the ``clientId`` (another token holds it)."""
+    return isinstance(data, dict) and data.get("path") == CLIENT_ID_PATH

@@ -40,13 +40,14 @@ from protocol.actions import (
     ChatDraftChanged,
     ChatPendingMessageSet,
     ChatToolCallConfirmed,
+    ChatToolCallStart,
     ChatTurnStarted,
     SessionActiveClientSet,
     SessionWorkingDirectorySet,
     StateAction,
     action_type,
 )
-from protocol.chat import ChatState, Message, Turn
+from protocol.chat import ChatState, ClientContributor, Message, Turn
 from protocol.codec import MalformedFrame, decode_json
 from protocol.messages import (
     ActionEnvelope,
@@ -75,6 +76,7 @@ from server.core.policy import (
     cap_refusal,
     command_refusal,
     dispatch_refusal,
+    keeping_executor,
     new_turn_stamp,
     reaches,
     stamped,
@@ -622,13 +624,23 @@ class Commands:
             if refusal is not None:
                 raise ActionRejected.of(refusal)
             who = sender or grant.identity
-            action = _as_sent_by(grant, who, action)
+            holder = await self._executor_of(action)
+            action = keeping_executor(_as_sent_by(grant, who, action), state, holder)
             return await self.host.dispatch(
                 uri, action, origin=origin, seq_scope=seq_scope, sender=who
             )
         except (ActionRejected, StoreUnavailable):
             self.metrics.rejected(action_type(action))
             raise
+
+    async def _executor_of(self, action: StateAction) -> str | None:
+        """For a ``chat/toolCallStart`` of a client's tool, the token that
+        holds that client id now: the call's executor (server.core.policy)."""
+        if isinstance(action, ChatToolCallStart) and isinstance(
+            action.contributor, ClientContributor
+        ):
+            return await self.credentials.holder_of(action.contributor.client_id)
+        return None
 
     async def wait_input(self, grant: Grant, chat: str, request_id: str) -> InputOutcome:
         """Wait for an input request's outcome (bound it with a timeout)."""

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from protocol.codec import MalformedFrame
-from protocol.messages import ErrorCode
+from protocol.messages import CLIENT_ID_PATH, ErrorCode
 from protocol.wire import quoted
 from server.auth import ROLES, Grant, Role, TokenAuthority
 from server.core.host import Host
@@ -23,8 +23,13 @@ from server.ratelimit import NewClientIds
 
 AGENT_CLAIM_TTL = 24 * 3600.0
 """How long a token with no expiry (the agent's) holds a client id after the
-last of its sockets that used it closed: the claim is renewed while any is
-open (:meth:`Credentials.renew_claims`), so it never lapses under one."""
+last of its sockets that used it closed: the window in which it may come
+back as that client. The claim is renewed while any is open
+(:meth:`Credentials.renew_claims`), so it never lapses under one; a token
+with an expiry holds its ids for its lifetime. Once the window passed, the
+id may go to another token: nothing is judged by it by then (a tool call's
+executor is a token, :func:`server.core.policy.executor`), and Huddle's
+clients start with a fresh id when theirs is taken (server.client)."""
 
 log = logging.getLogger("huddle.credentials")
 
@@ -66,12 +71,22 @@ class Credentials:
         """Hold again each client id an open socket of its token uses, so
         that no claim lapses while the socket is open (an id in every
         envelope's ``origin`` must never pass to another token under it).
-        Run every quarter of ``claim_ttl`` by the server (server.edge.app)."""
+        Run every quarter of ``claim_ttl`` by the server (server.edge.app),
+        each process for its own sockets."""
         for grant, client_id in held:
-            key = f"client:{client_id}"
-            holder = await self.host.store.claim(key, grant.token_id, self._claim_ttl(grant))
+            holder = await self._claim(grant, client_id)
             if holder is not None:  # lapsed while the store was away, and taken
                 log.warning("client id %s of an open socket is held by another token", client_id)
+
+    async def holder_of(self, client_id: str) -> str | None:
+        """The token id that holds ``client_id`` now, in any process, if any."""
+        return await self.host.store.claimant(_claim_key(client_id), self.clock())
+
+    async def _claim(self, grant: Grant, client_id: str) -> str | None:
+        """Claim (or renew) ``client_id`` for ``grant``'s token, on the
+        server's clock (tokens' lifetimes are on it); the holder otherwise."""
+        ttl = self._claim_ttl(grant)
+        return await self.host.store.claim(_claim_key(client_id), grant.token_id, ttl, self.clock())
 
     async def claim_client(self, grant: Grant, client_id: str) -> None:
         """Bind ``client_id`` to this token for as long as the token lives
@@ -101,12 +116,11 @@ class Credentials:
             self.client_ids.claiming(grant, client_id)
         except ActionRejected as rejected:
             raise refused(rejected, "$.clientId") from None
-        ttl = self._claim_ttl(grant)
-        holder = await self.host.store.claim(f"client:{client_id}", grant.token_id, ttl)
-        if holder is not None:
+        if await self._claim(grant, client_id) is not None:
             raise CommandError(
                 ErrorCode.PERMISSION_DENIED,
                 f"clientId {quoted(client_id)} belongs to another token: choose another",
+                {"path": CLIENT_ID_PATH},
             )
 
     def mint_token(
@@ -145,3 +159,7 @@ class Credentials:
             name=name if isinstance(name, str) else None,
             expires_at=self.clock() + float(ttl),
         )
+
+
+def _claim_key(client_id: str) -> str:
+    return f"client:{client_id}"

@@ -7,6 +7,7 @@ default 1), so a slow machine can scale them all at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -181,6 +182,20 @@ class WallClock:
 @pytest.fixture
 def clock() -> WallClock:
     return WallClock()
+
+
+UNSWEPT = Settings(port=0, expiry_check_interval=3600.0)
+"""The expiry sweeper never runs by itself: the tests sweep."""
+
+
+@contextlib.asynccontextmanager
+async def clocked_server(clock: WallClock) -> AsyncIterator[RunningServer]:
+    """A server on ``clock``, whose expiries wait for the test to sweep."""
+    running = await start_server(UNSWEPT, clock=clock)
+    try:
+        yield running
+    finally:
+        await running.stop()
 
 
 class RecordReads(MemoryStore):

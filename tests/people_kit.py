@@ -22,10 +22,17 @@ from protocol.chat import (
 from protocol.messages import ChannelState
 from protocol.session import SessionState
 from server.client import HuddleClient, Mirror
-from tests.conftest import UNIT, RunningServer
+from tests.conftest import UNIT, RunningServer, WallClock
 
 WITHIN = 10 * UNIT
 """How long a test waits for something that must happen."""
+
+
+async def time_passes(huddle: RunningServer, clock: WallClock, seconds: float) -> None:
+    """``seconds`` go by on the clock of a
+    :func:`~tests.conftest.clocked_server`, and it expires what is due."""
+    clock.now += seconds
+    await huddle.server.parts.host.expiries.sweep()
 
 
 @dataclass

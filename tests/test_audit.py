@@ -947,3 +947,35 @@ async def test_a_signed_export_verifies_with_the_served_key_and_every_tamper_is_
     assert "no signed end" in cut.value.reason
     assert (swapped.value.line, unknown.value.line) == (1, 1)
     assert "not one given" in unknown.value.reason
+
+
+async def _served_key(served: Served) -> bytes:
+    reply = await http("GET", f"http://127.0.0.1:{served.port}/api/audit/key", token=TOKEN)
+    assert reply.status == 200, reply.body
+    return reply.body
+
+
+@pytest.mark.redis
+async def test_a_generated_key_is_one_for_every_process_and_outlives_a_redis_restart(
+    two_servers: tuple[Served, Served], redis_server: RedisServer
+) -> None:
+    # Two processes started at once both find no key: one generates it,
+    # the other takes that one (kept with HSETNX), so an export signed by
+    # either verifies with the key either serves.
+    first, second = await asyncio.gather(*map(_served_key, two_servers))
+    keys = read_public_keys(first.decode())
+    assert len(keys) == 1
+    assert second == first
+    for served in two_servers:
+        served.process.terminate()
+        await served.process.wait()
+    await redis_server.stop()
+    async with asyncio.timeout(10 * UNIT):
+        await redis_server.start()
+    env = {"HUDDLE_TOKEN": TOKEN, "HUDDLE_STORE": redis_server.url, "HUDDLE_AGENT": "none"}
+    again = await start(env=env)
+    try:
+        assert await _served_key(again) == first
+    finally:
+        again.process.terminate()
+        await again.process.wait()

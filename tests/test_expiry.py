@@ -46,8 +46,10 @@ from server.store.redis import RedisStore
 from tests.conftest import (
     AGENT_TOKEN,
     UNIT,
+    UNSWEPT,
     RunningServer,
     WallClock,
+    clocked_server,
     session_chat_with_turn,
     start_server,
 )
@@ -59,17 +61,12 @@ SESSION = "ahp-session:/expiring"
 REQUEST = InputRequest(id="details", questions=[TextQuestion(id="system", message="Which?")])
 DANA = Identity(role="participant", name="Dana", token="t-dana")
 AGENT = Identity(role="agent", name="agent", token="t-agent")
-SLOW = Settings(port=0, expiry_check_interval=3600.0)
-"""The sweeper never runs by itself: the tests sweep."""
 
 
 @pytest.fixture
 async def huddle(clock: WallClock) -> AsyncIterator[RunningServer]:
-    running = await start_server(SLOW, clock=clock)
-    try:
+    async with clocked_server(clock) as running:
         yield running
-    finally:
-        await running.stop()
 
 
 async def chat_with_turn(huddle: RunningServer) -> str:
@@ -369,7 +366,7 @@ def test_an_expiry_is_checked_when_made() -> None:
 
 @pytest.mark.redis
 async def test_an_expiry_survives_a_restart(redis_server: RedisServer, clock: WallClock) -> None:
-    first = await start_server(SLOW, RedisStore(redis_server.url), clock=clock)
+    first = await start_server(UNSWEPT, RedisStore(redis_server.url), clock=clock)
     try:
         chat, waiting = await asked(first, Expiry(60))
     finally:
@@ -377,7 +374,7 @@ async def test_an_expiry_survives_a_restart(redis_server: RedisServer, clock: Wa
     with pytest.raises(InputAbandoned, match="stopping"):
         await waiting  # a stop leaves no one waiting
     clock.now += 120
-    second = await start_server(SLOW, RedisStore(redis_server.url), clock=clock)
+    second = await start_server(UNSWEPT, RedisStore(redis_server.url), clock=clock)
     try:
         fired = await second.server.parts.host.expiries.sweep()
         state = await chat_state(second, chat)
@@ -394,8 +391,8 @@ async def test_an_expiry_survives_a_restart(redis_server: RedisServer, clock: Wa
 async def test_two_processes_fire_an_expiry_once(
     redis_server: RedisServer, clock: WallClock
 ) -> None:
-    a = await start_server(SLOW, RedisStore(redis_server.url), clock=clock)
-    b = await start_server(SLOW, RedisStore(redis_server.url), clock=clock)
+    a = await start_server(UNSWEPT, RedisStore(redis_server.url), clock=clock)
+    b = await start_server(UNSWEPT, RedisStore(redis_server.url), clock=clock)
     try:
         chat, waiting = await asked(a, Expiry(60, "decline"))
         await b.server.parts.host.view(chat)

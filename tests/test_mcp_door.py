@@ -26,16 +26,26 @@ from protocol.chat import (
     TextValue,
     Turn,
 )
+from protocol.messages import ChannelState
 from protocol.session import SessionState
 from protocol.uris import ROOT_URI
+from reducers import notes
 from server.auth import AGENT_TOKEN_ID, TokenAuthority, token_id
 from server.build import build
 from server.config import Limits, Settings
+from server.core.policy import active_turn_stamp
 from server.edge.app import create_app
 from server.errors import ActionRejected
 from server.runner.ids import door_session
 from server.store.redis import RedisStore
-from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
+from tests.conftest import (
+    AGENT_TOKEN,
+    UNIT,
+    RunningServer,
+    WallClock,
+    clocked_server,
+    start_server,
+)
 from tests.people_kit import (
     WITHIN,
     Room,
@@ -46,6 +56,7 @@ from tests.people_kit import (
     open_room,
     pending_calls,
     requests_open,
+    time_passes,
     wait_for,
 )
 from tests.redis_server import RedisServer
@@ -120,6 +131,20 @@ def requests_named(state: ChatState, request_id: str) -> list[InputRequestPart]:
         for part in turn.response_parts
         if isinstance(part, InputRequestPart) and part.request.id == request_id
     ]
+
+
+async def expiry_set(room: Room, session: str, request_id: str) -> None:
+    """Once the request's expiry is in its session's notes (the agent sets
+    it just after asking), so that time may pass on it."""
+    mirror = room.person.mirrors.get(session) or await room.person.subscribe(session)
+    turn = active_turn_stamp(room.mirror.chat)
+
+    def noted(state: ChannelState) -> bool:
+        meta = getattr(state, "meta", None)
+        return notes.expiry_of(meta, "requests", room.chat, request_id, turn) is not None
+
+    async with asyncio.timeout(WITHIN):
+        await mirror.wait_for(noted)
 
 
 # ─── Tools ───────────────────────────────────────────────────────────────────
@@ -323,33 +348,61 @@ async def test_a_cancelled_approval_is_withdrawn_from_the_chat(huddle: RunningSe
         await wait_for(room.mirror, lambda state: not pending_calls(state))
 
 
-async def test_an_expired_request_returns_what_its_policy_says(huddle: RunningServer) -> None:
-    room = await open_room(huddle, "ahp-session:/expire")
-    async with mcp_client(huddle, "legacy") as client:
-        asked = await client.call_tool(
-            "ask_people",
-            {"message": "Quick!", "chat": room.chat, "expires_in": 0.5, "on_expiry": "decline"},
-        )
-        approval = await client.call_tool(
-            "request_approval",
-            {"tool": "deploy", "arguments": {"to": "prod"}, "chat": room.chat, "expires_in": 0.5},
-        )
-    assert structured(asked) == {"action": "decline", "content": None, "answered_by": None}
-    decided = structured(approval)
-    assert decided["decision"] == "expired"
-    assert decided["arguments"] == {"to": "prod"}
-    assert decided["decided_by"] is None
+async def test_an_expired_request_returns_what_its_policy_says(clock: WallClock) -> None:
+    async with clocked_server(clock) as huddle:
+        room = await open_room(huddle, "ahp-session:/expire")
+        async with mcp_client(huddle, "legacy") as client:
+            asked = asyncio.create_task(
+                client.call_tool(
+                    "ask_people",
+                    {
+                        "message": "Quick!",
+                        "chat": room.chat,
+                        "expires_in": 60,
+                        "on_expiry": "decline",
+                    },
+                )
+            )
+            approval = asyncio.create_task(
+                client.call_tool(
+                    "request_approval",
+                    {
+                        "tool": "deploy",
+                        "arguments": {"to": "prod"},
+                        "chat": room.chat,
+                        "expires_in": 60,
+                    },
+                )
+            )
+            [request] = await requests_open(room)
+            await expiry_set(room, "ahp-session:/expire", request.request.id)
+            await calls_waiting(room)  # its expiry comes with it
+            await time_passes(huddle, clock, 61)
+            async with asyncio.timeout(WITHIN):
+                answered, decided = structured(await asked), structured(await approval)
+        assert answered == {"action": "decline", "content": None, "answered_by": None}
+        assert decided["decision"] == "expired"
+        assert decided["arguments"] == {"to": "prod"}
+        assert decided["decided_by"] is None
 
 
-async def test_a_request_that_expires_with_fail_is_a_tool_error(huddle: RunningServer) -> None:
-    room = await open_room(huddle, "ahp-session:/expire-fail")
-    async with mcp_client(huddle, "legacy") as client:
-        result = await client.call_tool(
-            "ask_people",
-            {"message": "Quick!", "chat": room.chat, "expires_in": 0.5, "on_expiry": "fail"},
-        )
-    assert result.is_error
-    assert not open_requests(room.mirror.chat)
+async def test_a_request_that_expires_with_fail_is_a_tool_error(clock: WallClock) -> None:
+    async with clocked_server(clock) as huddle:
+        room = await open_room(huddle, "ahp-session:/expire-fail")
+        async with mcp_client(huddle, "legacy") as client:
+            asked = asyncio.create_task(
+                client.call_tool(
+                    "ask_people",
+                    {"message": "Quick!", "chat": room.chat, "expires_in": 60, "on_expiry": "fail"},
+                )
+            )
+            [request] = await requests_open(room)
+            await expiry_set(room, "ahp-session:/expire-fail", request.request.id)
+            await time_passes(huddle, clock, 61)
+            async with asyncio.timeout(WITHIN):
+                result = await asked
+        assert result.is_error
+        assert not open_requests(room.mirror.chat)
 
 
 async def test_progress_notifications_come_while_people_think() -> None:

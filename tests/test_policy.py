@@ -13,6 +13,7 @@ from protocol.actions import (
     ChatToolCallComplete,
     ChatToolCallConfirmed,
     ChatToolCallContentChanged,
+    ChatToolCallStart,
     ChatTruncated,
     ChatTurnStarted,
     RootConfigChanged,
@@ -43,6 +44,7 @@ from server.core.policy import (
     cap_refusal,
     command_refusal,
     dispatch_refusal,
+    keeping_executor,
     reaches,
     stamped,
 )
@@ -60,7 +62,9 @@ AGENT, PARTICIPANT, OBSERVER = grant("agent"), grant("participant"), grant("obse
 SCOPED = grant("participant", {SESSION})
 
 
-def chat_running(contributor: ClientContributor | None) -> ChatState:
+def chat_running(contributor: ClientContributor | None, executor: str | None = None) -> ChatState:
+    """A chat whose tool call ``call-1`` runs, contributed by ``contributor``
+    and executed by the token ``executor`` (as the server recorded it)."""
     call = ToolCallRunning(
         tool_call_id="call-1",
         tool_name="open_browser",
@@ -68,6 +72,7 @@ def chat_running(contributor: ClientContributor | None) -> ChatState:
         invocation_message="Open it",
         confirmed="not-needed",
         contributor=contributor,
+        meta=None if executor is None else {"huddle": {"executor": executor}},
     )
     message = Message(text="hi", origin=MessageOrigin(kind="user"))
     active = ActiveTurn(
@@ -112,7 +117,7 @@ def forbidden(sentence: str) -> Rejection:
     return Rejection(RejectionCode.FORBIDDEN, sentence)
 
 
-OWN_CALL = chat_running(ClientContributor(client_id="laptop"))
+OWN_CALL = chat_running(ClientContributor(client_id="laptop"), "t-participant")
 NOT_EXECUTED = forbidden(
     "tool call 'call-1' is not executed by this client, so it may not complete or update it"
 )
@@ -231,9 +236,25 @@ REFUSED = [
         PARTICIPANT,
         CHAT,
         COMPLETE,
-        chat_running(ClientContributor(client_id="phone")),
+        chat_running(ClientContributor(client_id="phone"), "t-phone"),
         NOT_EXECUTED,
         id="completes-another-clients-call",
+    ),
+    pytest.param(
+        PARTICIPANT,
+        CHAT,
+        COMPLETE,
+        chat_running(ClientContributor(client_id="laptop"), "t-agent"),
+        NOT_EXECUTED,
+        id="completes-a-call-another-token-executes-under-its-client-id",
+    ),
+    pytest.param(
+        PARTICIPANT,
+        CHAT,
+        COMPLETE,
+        chat_running(ClientContributor(client_id="laptop")),
+        NOT_EXECUTED,
+        id="completes-a-call-under-its-client-id-that-nobody-executes",
     ),
     pytest.param(
         PARTICIPANT,
@@ -442,3 +463,85 @@ def test_the_last_tenth_of_a_sessions_chats_is_the_agents() -> None:
         "fewer than 900"
     )
     assert cap_refusal(AGENT, 999, 1000, **chats) is None
+
+
+def start(contributor: ClientContributor | None, meta: dict[str, object] | None) -> StateAction:
+    return ChatToolCallStart(
+        turn_id="turn-1",
+        tool_call_id="call-1",
+        tool_name="open_browser",
+        display_name="Open browser",
+        contributor=contributor,
+        meta=meta,
+    )
+
+
+def update(meta: dict[str, object] | None) -> StateAction:
+    return replace(UPDATE, meta=meta)
+
+
+LAPTOP = ClientContributor(client_id="laptop")
+FORGED = {"huddle": {"executor": "t-mallory", "by": "kept"}, "x": 1}
+
+
+@pytest.mark.parametrize(
+    ("action", "state", "holder", "recorded"),
+    [
+        pytest.param(
+            start(LAPTOP, None),
+            OWN_CALL,
+            "t-alice",
+            start(LAPTOP, {"huddle": {"executor": "t-alice"}}),
+            id="a-client-call-starts-with-the-ids-holder",
+        ),
+        pytest.param(
+            start(LAPTOP, FORGED),
+            OWN_CALL,
+            "t-alice",
+            start(LAPTOP, {"huddle": {"executor": "t-alice", "by": "kept"}, "x": 1}),
+            id="the-senders-executor-is-replaced",
+        ),
+        pytest.param(
+            start(LAPTOP, {"huddle": {"executor": "t-mallory"}}),
+            OWN_CALL,
+            None,
+            start(LAPTOP, None),
+            id="nobody-held-the-id-so-nobody-executes-it",
+        ),
+        pytest.param(start(None, FORGED), OWN_CALL, "t-alice", start(None, FORGED), id="no-client"),
+        pytest.param(
+            update({"x": 1}),
+            OWN_CALL,
+            None,
+            update({"x": 1, "huddle": {"executor": "t-participant"}}),
+            id="a-meta-that-replaces-the-calls-carries-its-executor-on",
+        ),
+        pytest.param(update(None), OWN_CALL, None, update(None), id="no-meta-replaces-nothing"),
+        pytest.param(
+            update(FORGED),
+            chat_running(LAPTOP),
+            None,
+            update({"huddle": {"by": "kept"}, "x": 1}),
+            id="a-call-nobody-executes-gets-no-executor-from-its-sender",
+        ),
+        pytest.param(
+            update(FORGED),
+            chat_running(None),
+            None,
+            update(FORGED),
+            id="a-call-of-no-client-is-left-alone",
+        ),
+        pytest.param(
+            update(FORGED),
+            SESSION_STATE,
+            None,
+            update(FORGED),
+            id="not-a-chat",
+        ),
+        pytest.param(turn("user"), OWN_CALL, None, turn("user"), id="not-a-tool-call-action"),
+    ],
+)
+def test_a_client_tool_call_keeps_its_executor(
+    action: StateAction, state: ChannelState, holder: str | None, recorded: StateAction
+) -> None:
+    assert keeping_executor(action, state, holder) == recorded

@@ -10,6 +10,7 @@ chat never showed (the worker died in between) is shown by the next sweep.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,9 +34,10 @@ from protocol.chat import (
 from protocol.session import SessionState
 from protocol.wire import ErrorInfo
 from server.client import HuddleClient, Mirror
-from server.errors import ActionRejected
+from server.errors import ActionRejected, StoreUnavailable
 from server.runner.agent import Agent, Tool, TransientError, require_approval_for
 from server.runner.model import ModelReply, ScriptedModel, TextSink, ToolSpec
+from server.runner.resuming import STARTS
 from server.runner.runner import Runner
 from server.runner.service import AgentService
 from server.runner.showing import INTERRUPTED
@@ -452,3 +454,63 @@ async def test_the_sweep_never_approves_a_call_readied_without_a_confirmation() 
         await huddle.stop()
     assert turn.status == TurnStatus.WAITING_FOR_APPROVAL
     assert runs.runs == []
+
+
+# ─── A start a crash left undone ─────────────────────────────────────────────
+
+
+async def test_a_chat_turn_whose_start_a_crash_lost_is_started_by_the_sweep() -> None:
+    # A server killed right after it accepted a person's chat/turnStarted
+    # left the chat turn active with no runner's turn behind it, for good:
+    # the sweep looked only at waiting turns (found by a chaos run).
+    agent = Agent(name="helper", instructions="Help.", model=scripted(say("Hello.")))
+    huddle = await start_server(agent=agent)
+    try:
+        service = huddle.server.parts.service
+        assert service is not None
+        runner: Any = service.runner
+        lost: list[str] = []
+
+        async def crash(agent: Agent, text: str, **kwargs: Any) -> None:
+            # The store went away before the runner's turn began, as it does
+            # for a process killed there: nothing after the append was done.
+            lost.append(kwargs["turn_id"])
+            raise StoreUnavailable("gone before the turn began")
+
+        runner.start = crash
+        _, chat, mirror = await open_chat(huddle, "Hi")
+        del runner.start
+        assert len(lost) == 1
+        assert await service.bridge.resuming.turn_of(chat, "t1") is None
+        assert await service.bridge.reconcile() == 0  # its process may be starting it now
+        service.bridge.sweep.ask_again_after = 0.0  # as if it had gone unstarted for long
+
+        assert await service.bridge.reconcile() == 1
+        done = await until(mirror, ended)
+        assert await service.bridge.reconcile() == 0  # started once
+    finally:
+        await huddle.stop()
+    assert done.turns[-1].state == "complete"
+    assert await huddle.server.parts.store.records(STARTS) == {}
+
+
+async def test_a_start_that_never_landed_leaves_no_record_after_the_sweep() -> None:
+    # Written ahead of an append the chat then refused (or one lost with
+    # its process): its chat has no such turn, so the sweep drops it.
+    agent = Agent(name="helper", instructions="Help.", model=scripted(say("Hello.")))
+    huddle = await start_server(agent=agent)
+    try:
+        service = huddle.server.parts.service
+        assert service is not None
+        alice = await huddle.client(name="alice")
+        chat, _ = await watched_chat(alice, "ahp-session:/faults", title="Faults")
+        store = huddle.server.parts.store
+        record = json.dumps({"turn": "t9", "at": 0.0}).encode()
+        await store.put_record(STARTS, chat, record)
+        await store.put_record(STARTS, "ahp-chat:/gone", record)
+
+        assert await service.bridge.reconcile() == 0
+        assert await store.records(STARTS) == {}
+        assert (await huddle.server.parts.host.view(chat)).state.active_turn is None  # type: ignore[union-attr]
+    finally:
+        await huddle.stop()

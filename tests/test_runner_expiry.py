@@ -36,7 +36,6 @@ from protocol.wire import ErrorInfo
 from reducers import notes
 from reducers.chat import select_latest_tool_call
 from server.client import HuddleClient
-from server.config import Settings
 from server.core.expiry import Expiry
 from server.errors import ActionRejected
 from server.mcp import McpServerConfig, McpToolSource
@@ -50,7 +49,7 @@ from server.runner.turn import ResumeCommand, Suspension, SuspensionType, Turn, 
 from server.runner.turn_store import MemoryTurnStore, TurnStore
 from server.store.base import ChannelStore
 from server.store.redis import RedisStore
-from tests.conftest import UNIT, RunningServer, WallClock, start_server, user_message
+from tests.conftest import UNIT, UNSWEPT, RunningServer, WallClock, start_server, user_message
 from tests.edge import http
 from tests.mcp_kit import (
     LEGACY,
@@ -67,8 +66,6 @@ from tests.runner_kit import Model, Runs, call, say, scripted, started, use
 from tests.test_runner_chat_faults import ended, open_chat, pending, until
 
 WITHIN = 10 * UNIT
-SLOW = Settings(port=0, expiry_check_interval=3600.0)
-"""The sweeper never runs by itself: the tests sweep."""
 
 SYSTEM = FormDefinition(
     key="system",
@@ -124,7 +121,7 @@ async def serving(
 ) -> AsyncIterator[Served]:
     if redis is not None:
         turns = RedisTurnStore(redis.url)
-    huddle = await start_server(SLOW, store, agent=helper, turn_store=turns, clock=clock)
+    huddle = await start_server(UNSWEPT, store, agent=helper, turn_store=turns, clock=clock)
     ends = Ends()
     service = huddle.server.parts.service
     assert service is not None

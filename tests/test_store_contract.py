@@ -227,6 +227,22 @@ async def test_a_claim_is_held_by_one_owner_until_it_expires(store: ChannelStore
     assert await store.claim("client:web-2", "token-b", 60) is None
 
 
+async def test_a_claim_on_the_callers_clock_lapses_when_that_clock_passes_its_end(
+    store: ChannelStore,
+) -> None:
+    now = 1_800_000_000.0
+    assert await store.claim("client:agent", "token-a", 60, now) is None
+    assert await store.claimant("client:agent", now + 59) == "token-a"
+    assert await store.claim("client:agent", "token-b", 60, now + 59) == "token-a"
+    assert await store.claim("client:agent", "token-a", 60, now + 59) is None  # renewed
+    assert await store.claim("client:agent", "token-b", 60, now + 118) == "token-a"
+
+    assert await store.claimant("client:agent", now + 120) is None
+    assert await store.claim("client:agent", "token-b", 60, now + 120) is None
+    assert await store.claimant("client:agent", now + 120) == "token-b"
+    assert await store.claimant("client:nobody", now) is None
+
+
 async def test_listeners_hear_appends_and_notices(store: ChannelStore) -> None:
     heard = Heard()
     remove = store.add_listener(heard)

@@ -21,6 +21,7 @@ from protocol.actions import (
     ChatInputRequested,
     ChatPendingMessageSet,
     ChatToolCallComplete,
+    ChatToolCallContentChanged,
     ChatToolCallReady,
     ChatToolCallStart,
     ChatTruncated,
@@ -45,9 +46,8 @@ from protocol.session import ActiveClient, SessionState
 from protocol.uris import ROOT_URI
 from reducers.chat import select_tool_call
 from server.auth import token_id
-from server.config import Settings
 from server.edge.rpc import PRESENT_PER_TOKEN
-from tests.conftest import UNIT, RunningServer, start_server, user_message
+from tests.conftest import UNIT, RunningServer, user_message
 from tests.edge import Frame, Peer, eventually, http, initialize_params
 
 SESSION = "ahp-session:/trust"
@@ -165,13 +165,56 @@ async def test_a_participant_cannot_forge_another_clients_tool_result(
 
 async def test_the_executing_client_completes_its_own_tool_call(huddle: RunningServer) -> None:
     chat = await chat_of(huddle)
-    await call_run_by(huddle, chat, "laptop")
     alice = await Peer.ready(huddle.ws, huddle.token(name="alice"), "laptop")
+    await call_run_by(huddle, chat, "laptop")
     await alice.subscribe(chat)
 
     await alice.dispatch(chat, complete("Opened"))
 
     assert "rejectionReason" not in await alice.envelope()
+
+
+async def test_the_executor_completes_its_call_after_an_update_that_replaced_its_meta(
+    huddle: RunningServer,
+) -> None:
+    # AHP: an action's _meta replaces the call's; the executor the server
+    # recorded there is carried on, or the update would lock its sender out.
+    chat = await chat_of(huddle)
+    alice = await Peer.ready(huddle.ws, huddle.token(name="alice"), "laptop")
+    await call_run_by(huddle, chat, "laptop")
+    await alice.subscribe(chat)
+    progress = ChatToolCallContentChanged(
+        turn_id="t1", tool_call_id="open", content=[], meta={"progress": 0.5}
+    )
+
+    await alice.dispatch(chat, progress)
+    await alice.dispatch(chat, complete("Opened"))
+
+    updated, completed = await alice.envelope(), await alice.envelope()
+    assert "rejectionReason" not in updated
+    assert "rejectionReason" not in completed
+    await alice.close()
+
+
+async def test_the_token_executing_a_call_completes_it_over_http_and_no_other(
+    huddle: RunningServer,
+) -> None:
+    # Every door asks the same policy: over HTTP, with no client id at all,
+    # the executing token is the one that may complete its call.
+    chat = await chat_of(huddle)
+    alice = huddle.token(name="alice")
+    laptop = await Peer.ready(huddle.ws, alice, "laptop")
+    await call_run_by(huddle, chat, "laptop")
+    body = {"channel": chat, "action": json.loads(encode(complete("Opened")))}
+
+    forged = await http(
+        "POST", f"{huddle.http}/api/dispatch", token=huddle.token(name="mallory"), body=body
+    )
+    done = await http("POST", f"{huddle.http}/api/dispatch", token=alice, body=body)
+
+    assert forged.status == 403
+    assert done.status == 200, done
+    await laptop.close()
 
 
 async def test_the_long_poll_credits_the_token_that_answered(huddle: RunningServer) -> None:
@@ -467,26 +510,3 @@ async def test_a_persons_action_carries_no_huddle_meta_of_its_own(huddle: Runnin
     sent = (await mallory.dispatch_and_wait(chat, queued)).action
     assert isinstance(sent, ChatPendingMessageSet)
     assert sent.message.meta == {"huddle": {"by": token_id(mallory.token)}, "x": 1}
-
-
-async def test_an_open_sockets_client_id_never_lapses_to_another_token() -> None:
-    # The agent token has no expiry, so its claims last client_claim_ttl
-    # unrenewed (a day by default); under an open socket they are renewed
-    # every quarter of it. Before, a participant could take the id once the
-    # claim lapsed, closing the agent's socket and forging its tools' results.
-    running = await start_server(Settings(port=0, client_claim_ttl=1.0))
-    try:
-        agent = await Peer.ready(running.ws, running.token("agent"), "agent-main")
-        await asyncio.sleep(2.5)  # time itself must pass: well beyond the claim's TTL
-
-        mallory = await Peer.open(running.ws, running.token(name="mallory"))
-        reply = await mallory.request("initialize", initialize_params("agent-main"))
-
-        assert reply["error"]["code"] == -32009
-        assert "belongs to another token" in reply["error"]["message"]
-        answer = await agent.request("ping", {})  # raises if the agent's socket was closed
-        assert answer["jsonrpc"] == "2.0"
-        await agent.close()
-        await mallory.close()
-    finally:
-        await running.stop()

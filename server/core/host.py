@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from msgspec.structs import replace
@@ -69,6 +69,13 @@ STOP_PATIENCE: Final = 5.0
 a resume, the audit's records) while the store refuses it (Redis down):
 beyond, what is left is lost with the process, logged."""
 log = logging.getLogger("huddle.host")
+
+WriteAhead = Callable[[str, StateAction, Identity], Awaitable[None] | None]
+"""Asked before an action a client sent (``sender``) on channel ``uri`` is
+appended: a write that must be durable before the action is, because a
+crash right after the append must not lose what the action starts
+(server.runner.resuming's start of a turn), or None. A write that fails
+keeps the action from being accepted."""
 
 ANSWERS = (ChatInputAnswerChanged, ChatInputCompleted, ChatToolCallConfirmed)
 """The actions that answer a wait (too late once its expiry passed)."""
@@ -133,6 +140,7 @@ class Host:
         self.expiries = Expiries(self.core, store, self.notes, check_interval=expiry_check_interval)
         self.hooks.bookkeeping += [self.waiters.hook, self._read_form_ahead, self.expiries.hook]
         self.hooks.records += [self.notes.hook, self.audit.hook, self.aggregate.hook]
+        self._ahead: list[WriteAhead] = []
 
     def add_hook(self, hook: Hook) -> None:
         """Run ``hook`` on every applied envelope, a reaction: after the
@@ -144,6 +152,11 @@ class Host:
         """Ask ``riding`` for a write to ride on each append this process
         makes of an action it accepted (server.core.channels.Riding)."""
         self.core.riders.append(riding)
+
+    def add_write_ahead(self, ahead: WriteAhead) -> None:
+        """Ask ``ahead`` for a write ahead of each client's action (see
+        :data:`WriteAhead`)."""
+        self._ahead.append(ahead)
 
     def now_ms(self) -> int:
         return self.core.now_ms()
@@ -249,6 +262,11 @@ class Host:
             self.core.write, uri, action, origin=origin, seq_scope=seq_scope, sender=sender
         )
         validator = await self._validator(uri, action, provided) if validate else None
+        if sender is not None:
+            for ahead in self._ahead:
+                written = ahead(uri, action, sender)
+                if written is not None:
+                    await written
         try:
             event = await write(validate=validator)
         except _FormUnread:

@@ -51,7 +51,9 @@ does not reach never gets this far)::
                    ``user`` (``agent``, ``tool`` and
                    ``systemNotification`` are the agent's word); a
                    participant speaks for another client: completes or
-                   updates a tool call another client executes, sets or
+                   updates a tool call its token does not execute (the
+                   token that held the contributor's client id when the
+                   call started, whoever holds the id now), sets or
                    removes another client's entry in the session's
                    active clients; a participant truncates away a turn
                    the agent started (its message's origin is not
@@ -77,15 +79,22 @@ from __future__ import annotations
 import re
 import secrets
 from enum import StrEnum
+from typing import Any, Final
 
 from msgspec.structs import replace
 
 from protocol.actions import (
     ChatDraftChanged,
     ChatPendingMessageSet,
+    ChatToolCallAuthRequired,
+    ChatToolCallAuthResolved,
     ChatToolCallComplete,
     ChatToolCallConfirmed,
     ChatToolCallContentChanged,
+    ChatToolCallDelta,
+    ChatToolCallReady,
+    ChatToolCallResultConfirmed,
+    ChatToolCallStart,
     ChatTruncated,
     ChatTurnStarted,
     SessionActiveClientRemoved,
@@ -94,7 +103,7 @@ from protocol.actions import (
     action_type,
     is_client_dispatchable,
 )
-from protocol.chat import ActiveTurn, ChatState, ClientContributor, Message, Turn
+from protocol.chat import ActiveTurn, ChatState, ClientContributor, Message, ToolCallState, Turn
 from protocol.messages import ChannelState
 from protocol.rejections import Rejection, RejectionCode
 from protocol.uris import channel_kind
@@ -103,6 +112,9 @@ from reducers.notes import HUDDLE, huddle_meta
 from server.auth import Grant
 
 _STAMP = re.compile(r"[0-9a-f]{8}")
+EXECUTOR: Final = "executor"
+"""``_meta.huddle.executor`` of a client's tool call: the token executing it
+(:func:`executor`)."""
 
 
 class Command(StrEnum):
@@ -200,7 +212,7 @@ def dispatch_refusal(
         )
     if isinstance(action, ChatTruncated) and isinstance(state, ChatState):
         return _truncation_refusal(state, action, grant)
-    return _speaks_for_another(state, action, client_id)
+    return _speaks_for_another(state, action, client_id, grant)
 
 
 def stamped(message: Message, grant: Grant | None, *, turn: str | None = None) -> Message:
@@ -315,13 +327,16 @@ def cap_refusal(
 
 
 def _speaks_for_another(
-    state: ChannelState, action: StateAction, client_id: str | None
+    state: ChannelState, action: StateAction, client_id: str | None, grant: Grant
 ) -> Rejection | None:
     """Actions that speak for a client may be sent only by that client. AHP
-    lets clients complete and update the tool calls they execute (the
-    call's contributor must be that client: any other would let a person
-    skip an approval or invent a tool's result) and keep their own entry in
-    the session's active clients."""
+    lets clients complete and update the tool calls they execute ("the
+    server SHOULD reject this action if the dispatching client does not
+    match the tool call's contributor.clientId"); the client here is the
+    token that held that client id when the call started
+    (:func:`executor`), never whoever holds the id now: any other would let
+    a person skip an approval or invent a tool's result. A client keeps its
+    own entry in the session's active clients."""
     match action:
         case ChatToolCallComplete() | ChatToolCallContentChanged():
             call = (
@@ -329,8 +344,7 @@ def _speaks_for_another(
                 if isinstance(state, ChatState)
                 else None
             )
-            contributor = call.contributor if call is not None else None
-            if isinstance(contributor, ClientContributor) and contributor.client_id == client_id:
+            if call is not None and executor(call) == grant.token_id:
                 return None
             return _refusal(
                 RejectionCode.FORBIDDEN,
@@ -349,6 +363,60 @@ def _speaks_for_another(
                 f"a client may remove only its own active-client entry, not '{action.client_id}'",
             )
     return None
+
+
+def executor(call: ToolCallState) -> str | None:
+    """The token that executes a client's tool call: the one that held the
+    contributor's client id when the call started, as the server recorded it
+    then (:func:`keeping_executor`). None: no person's token may complete or
+    update the call (nobody held the id, or the call is no client's)."""
+    if not isinstance(call.contributor, ClientContributor):
+        return None
+    by = huddle_meta(call.meta, EXECUTOR)
+    return by if isinstance(by, str) else None
+
+
+def keeping_executor(
+    action: StateAction, state: ChannelState, holder: str | None = None
+) -> StateAction:
+    """``action`` as the server records it, so that a client's tool call
+    keeps its :func:`executor`: a ``chat/toolCallStart`` of a client's tool
+    names the token that holds that client id now (``holder``: the server's
+    word, whatever the sender put there), and an action on the call that
+    carries a ``_meta`` (AHP: it replaces the call's) carries it on."""
+    match action:
+        case ChatToolCallStart(contributor=ClientContributor()):
+            return replace(action, meta=_with_executor(action.meta, holder))
+        case (
+            ChatToolCallDelta()
+            | ChatToolCallReady()
+            | ChatToolCallConfirmed()
+            | ChatToolCallComplete()
+            | ChatToolCallResultConfirmed()
+            | ChatToolCallContentChanged()
+            | ChatToolCallAuthRequired()
+            | ChatToolCallAuthResolved()
+        ) if action.meta is not None and isinstance(state, ChatState):
+            call = select_tool_call(state, action.tool_call_id)
+            if call is None or not isinstance(call.contributor, ClientContributor):
+                return action
+            return replace(action, meta=_with_executor(action.meta, executor(call)))
+    return action
+
+
+def _with_executor(meta: dict[str, Any] | None, token: str | None) -> dict[str, Any] | None:
+    """``meta`` with ``_meta.huddle.executor`` set to ``token`` (taken out
+    for None)."""
+    new = dict(meta or {})
+    huddle = new.get(HUDDLE)
+    ours = {k: v for k, v in (huddle if isinstance(huddle, dict) else {}).items() if k != EXECUTOR}
+    if token is not None:
+        ours[EXECUTOR] = token
+    if ours:
+        new[HUDDLE] = ours
+    else:
+        new.pop(HUDDLE, None)
+    return new or None
 
 
 def _refusal(code: RejectionCode, sentence: str) -> Rejection:

@@ -133,6 +133,13 @@ class Server:
         """The clock tokens are minted and verified by."""
         return self.commands.clock
 
+    async def renew_claims(self) -> None:
+        """Hold again the client ids this process's open sockets use
+        (server.credentials.Credentials.renew_claims): run every quarter of
+        the claims' lifetime while the app runs."""
+        held = [(r.grant, r.client_id) for r in self.connections if r.client_id is not None]
+        await self.commands.credentials.renew_claims(held)
+
 
 def _json(value: Any, status: int = 200) -> Response:
     return Response(encode(value), status_code=status, media_type="application/json")
@@ -811,12 +818,6 @@ def create_app(
         hosts=hosts,
     )
 
-    credentials = commands.credentials
-
-    async def renew_claims() -> None:
-        held = [(r.grant, r.client_id) for r in server.connections if r.client_id is not None]
-        await credentials.renew_claims(held)
-
     door_id = secrets.token_hex(4)
 
     async def connect(grant: Grant) -> HuddleClient:
@@ -829,8 +830,8 @@ def create_app(
     door = mcp_door(parts, connect)
 
     claims = Periodic(
-        renew_claims,
-        credentials.claim_ttl / 4,
+        server.renew_claims,
+        commands.credentials.claim_ttl / 4,
         log=log,
         what="renewing the client ids of open sockets",
         expected=(StoreError,),

@@ -21,7 +21,11 @@ a model reply's markdown part  ``<chatTurn>:md:<n>``, and       :func:`markdown_
                                its k-th retried attempt
 an MCP elicitation's request   ``mcp:<16 hex digits>``          :func:`mcp_request_id`
                                                                 :func:`parse_mcp_request_id`
-what an MCP client asks        ``ask:<24 hex digits>``: a       :func:`door_ask_id`
+a framework adapter's request  ``<framework>:<32 hex digits>``,  :func:`adapter_id`
+or call for approval           a digest of what names it in     (not parsed: the
+                               the framework                    framework's own
+                                                                state names it)
+what an MCP client asks        ``ask:<32 hex digits>``: a       :func:`door_ask_id`
 Huddle's MCP server (a         digest of the token, the tool    (not parsed: a digest)
 request, an approval's call)   and the idempotency key
 an MCP client's own session    ``ahp-session:/mcp-<16 hex>``: a :func:`door_session`
@@ -213,13 +217,25 @@ def parse_mcp_request_id(request_id: str) -> str | None:
     return token if prefix == _MCP and _MCP_TOKEN.fullmatch(token) else None
 
 
+# ─── Framework adapters and Huddle's MCP server ────────────────────────────
+
+
+def adapter_id(framework: str, *names: str) -> str:
+    """The id of the request (or call for approval) a framework adapter puts
+    to a chat for what ``names`` name in ``framework`` (a thread, its
+    checkpoint and interrupt; a tool call): the same names give the same id,
+    so a process started again finds its request instead of asking twice.
+    A digest, so that the id stays short whatever the names hold."""
+    return f"{framework}:{_digest(*names)[:32]}"
+
+
 def door_ask_id(token_id: str, tool: str, key: str | None) -> str:
     """The id of what a tool of Huddle's MCP server asks (server.mcp.door):
     with an idempotency ``key``, the same for the same token, tool and key
     (a call made again after a restart finds its request), else a new one."""
     if key is None:
-        return f"ask:{secrets.token_hex(12)}"
-    return f"ask:{_digest(token_id, tool, key)[:24]}"
+        return f"ask:{secrets.token_hex(16)}"
+    return adapter_id("ask", token_id, tool, key)
 
 
 def door_session(token_id: str, client: str) -> str:
@@ -228,5 +244,5 @@ def door_session(token_id: str, client: str) -> str:
     return session_uri(f"mcp-{_digest(token_id, client)[:16]}")
 
 
-def _digest(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+def _digest(*names: str) -> str:
+    return hashlib.sha256("\x00".join(names).encode()).hexdigest()

@@ -39,6 +39,7 @@ save, and a refusal is decided on a fresh one (see ``Runner.submit_resume``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -88,6 +89,12 @@ log = logging.getLogger("huddle.runner.bridge")
 
 EXPIRY_AUDIT = {"by": None, "role": None, "clientId": None, "via": "expiry"}
 """Who resumed a turn whose wait expired: nobody; the expiry did."""
+STARTS = "turn-starts"
+"""The store's records of chat turns people are starting (one per chat, by
+its URI), written ahead of the ``chat/turnStarted`` append and removed once
+the runner's turn exists: what a crash between the two left undone is found
+there by the sweep (server.runner.sweep). One per chat bounds them by the
+chats, whatever a client sends."""
 READ_AHEAD = 256
 """Turns read ahead (waiting for the people of a chat) kept in memory."""
 
@@ -203,6 +210,23 @@ class ChatResuming:
         # follow-ups (the session's bookkeeping) run.
         await asyncio.sleep(0)
 
+    def write_ahead(
+        self, uri: str, action: StateAction, sender: Identity
+    ) -> Awaitable[None] | None:
+        """The host's write ahead (server.core.host.WriteAhead): a person's
+        ``chat/turnStarted`` is recorded as starting before it is appended,
+        so that a crash before its runner's turn exists leaves the sweep a
+        record of it: the chat's one record, written for a chat with no turn
+        active here (one that has is refused anyway); the sweep drops a
+        record whose start never landed."""
+        if not isinstance(action, ChatTurnStarted) or action.message.origin.kind == "agent":
+            return None
+        held = self.host.core.cached(uri)
+        if held is not None and isinstance(held.state, ChatState) and held.state.active_turn:
+            return None
+        record = {"turn": action.turn_id, "at": self.runner.clock()}
+        return self.host.store.put_record(STARTS, uri, json.dumps(record).encode())
+
     def rider_for(self, uri: str, result: Step, sender: Identity | None) -> Rider | None:
         """The core's riding hook (server.core.channels.Riding): a person's answer
         to a question of a turn read ahead (an input request the runner
@@ -275,6 +299,40 @@ class ChatResuming:
         return True
 
     async def _start(self, uri: str, action: ChatTurnStarted) -> None:
+        """Start the agent's turn for a person's chat turn ``action``
+        (:meth:`_start_turn`), then drop the record written ahead of it
+        (:meth:`write_ahead`); a start that failed keeps it, for the sweep."""
+        try:
+            await self._start_turn(uri, action)
+        except TurnExists:
+            await self.drop_start(uri, action.turn_id)
+            raise
+        await self.drop_start(uri, action.turn_id)
+
+    async def drop_start(self, uri: str, chat_turn: str) -> None:
+        """Drop chat ``uri``'s record of starting ``chat_turn`` (not that of
+        a later turn, which only a turn of ``chat_turn``'s ending lets in)."""
+        store = self.host.store
+        record = await store.get_record(STARTS, uri)
+        if record is not None and json.loads(record).get("turn") == chat_turn:
+            await store.delete_record(STARTS, uri)
+
+    async def start_again(self, uri: str, active: ActiveTurn) -> bool:
+        """Start the agent's turn for chat ``uri``'s active turn ``active``,
+        which a person started, if it has none (the process that accepted
+        the start died before starting it); True if it started one."""
+        if await self.turn_of(uri, active.id) is not None:
+            return False
+        started = ChatTurnStarted(
+            turn_id=active.id, started_at=active.started_at, message=active.message
+        )
+        try:
+            await self._start(uri, started)
+        except TurnExists:
+            return False
+        return True
+
+    async def _start_turn(self, uri: str, action: ChatTurnStarted) -> None:
         """Start the agent's turn for a person's chat turn ``action``: under
         ``runner_turn_id(uri, turnId)``, or, when a turn of that id was
         truncated away before (AHP lets a client use it again), under the

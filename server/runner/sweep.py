@@ -16,6 +16,11 @@ and recovers it:
 * a turn whose chat turn is over (an agent ended it, or a truncation took
   it away, and the reaction to that was lost) ends: failed with the chat's
   error when it has one, else cancelled;
+* a chat turn a person started whose runner's turn was never started (the
+  process that accepted the start died first) is started, going by the
+  records written ahead of each start (server.runner.resuming.STARTS),
+  once it has gone unstarted for ``ask_again_after`` seconds; a record
+  whose start never landed in its chat, or whose chat turn is over, goes;
 * a turn whose chat never showed its question (the worker died between
   saving the suspension and asking) is asked again, once it has gone unseen
   for the bridge's ``ask_again_after`` seconds (its worker may be asking
@@ -29,6 +34,7 @@ does for an action people sent (one rule: ``resume_for``).
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -39,7 +45,7 @@ from server.errors import ChannelGone, StoreError
 from server.runner.agent import ApprovalDecision
 from server.runner.ids import input_request_id
 from server.runner.resume import ended_turn, shows
-from server.runner.resuming import ChatResuming
+from server.runner.resuming import STARTS, ChatResuming
 from server.runner.showing import ChatShowing
 from server.runner.turn import SuspensionType, Turn, TurnStatus
 
@@ -63,8 +69,8 @@ class Sweep:
 
     async def reconcile(self) -> int:
         """Resume turns whose chat already answered them (a crash lost the
-        resume); returns how many."""
-        store, resumed = self.runner.store, 0
+        resume), start those a crash left unstarted; returns how many."""
+        store, resumed = self.runner.store, await self._start_unstarted()
         audit = {"by": None, "role": None, "clientId": None, "via": "reconcile"}
         for status in (TurnStatus.WAITING_FOR_USER, TurnStatus.WAITING_FOR_APPROVAL):
             for turn_id in await store.by_status(status):
@@ -75,6 +81,32 @@ class Sweep:
                 except Exception:  # one turn's fault must not end the sweep for the others
                     log.exception("turn %s: the sweep could not reconcile it", turn_id)
         return resumed
+
+    async def _start_unstarted(self) -> int:
+        """Start the chat turns people started that have no runner's turn
+        (see the module docstring); returns how many."""
+        started = 0
+        for chat, value in (await self.host.store.records(STARTS)).items():
+            record = json.loads(value)
+            if self.runner.clock() - float(record["at"]) < self.ask_again_after:
+                continue  # its process may be starting it right now
+            chat_turn = str(record["turn"])
+            try:
+                state = (await self.host.view(chat)).state
+                assert isinstance(state, ChatState)
+                active = state.active_turn
+                if active is not None and active.id == chat_turn:
+                    log.info("%s: turn %s was never started; starting it", chat, chat_turn)
+                    started += await self.resuming.start_again(chat, active)
+            except ChannelGone:
+                pass
+            except StoreError:
+                raise  # the next sweep tries again
+            except Exception:  # one chat's fault must not end the sweep for the others
+                log.exception("%s: the sweep could not start turn %s", chat, chat_turn)
+                continue
+            await self.resuming.drop_start(chat, chat_turn)
+        return started
 
     async def _reconcile(self, turn_id: str, audit: dict[str, Any]) -> bool:
         """Resume or end waiting turn ``turn_id`` if its chat says so, else

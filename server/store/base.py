@@ -235,12 +235,20 @@ class ChannelStore(ABC):
         """How many records of ``kind`` there are (without reading them)."""
 
     @abstractmethod
-    async def claim(self, key: str, owner: str, ttl: float) -> str | None:
+    async def claim(self, key: str, owner: str, ttl: float, now: float | None = None) -> str | None:
         """Claim ``key`` for ``owner`` for ``ttl`` seconds, atomically across
         processes: None when it is ``owner``'s now (it was free, expired, or
         already ``owner``'s; the claim is renewed), else the owner that holds
         it. Claims expire by themselves, so they stay bounded; a ``ttl`` of
-        0 gives ``owner``'s claim up at once."""
+        0 gives ``owner``'s claim up at once. ``now`` is the caller's clock
+        when its time is the one that counts (a token's lifetime is on the
+        server's clock): the claim then lapses as well once that clock
+        passes ``now + ttl``, and every caller of the key passes one."""
+
+    @abstractmethod
+    async def claimant(self, key: str, now: float | None = None) -> str | None:
+        """The owner that holds ``key`` (judged as :meth:`claim` judges it,
+        ``now`` being the caller's clock), or None when nobody does."""
 
     @abstractmethod
     async def remember(self, key: str, value: bytes, ttl: float) -> None:

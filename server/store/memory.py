@@ -49,7 +49,9 @@ class MemoryStore(ChannelStore):
         self._channels: dict[str, _Channel] = {}
         self._records: dict[str, dict[str, bytes]] = {}
         self._listeners: list[Listener] = []
-        self._claims: dict[str, tuple[str, float]] = {}
+        self._claims: dict[str, tuple[str, float, float | None]] = {}
+        """Per key: the owner, until when (the monotonic clock's), and
+        until when on the caller's clock (None: it passed none)."""
         self._tallies: dict[str, tuple[int, float]] = {}
         self._claims_seen = 1024
         """Expired claims are swept when the map doubles past this."""
@@ -156,19 +158,29 @@ class MemoryStore(ChannelStore):
     async def count_records(self, kind: str) -> int:
         return len(self._records.get(kind, {}))
 
-    async def claim(self, key: str, owner: str, ttl: float) -> str | None:
-        now = time.monotonic()
-        held = self._claims.get(key)
-        if held is not None and held[1] > now and held[0] != owner:
-            return held[0]
+    async def claim(self, key: str, owner: str, ttl: float, now: float | None = None) -> str | None:
+        holder = await self.claimant(key, now)
+        if holder is not None and holder != owner:
+            return holder
         if ttl <= 0:
             self._claims.pop(key, None)
             return None
-        self._claims[key] = (owner, now + ttl)
+        monotonic = time.monotonic()
+        self._claims[key] = (owner, monotonic + ttl, None if now is None else now + ttl)
         if len(self._claims) > 2 * self._claims_seen:
-            self._claims = {k: v for k, v in self._claims.items() if v[1] > now}
+            self._claims = {k: v for k, v in self._claims.items() if v[1] > monotonic}
             self._claims_seen = max(1024, len(self._claims))
         return None
+
+    async def claimant(self, key: str, now: float | None = None) -> str | None:
+        held = self._claims.get(key)
+        if held is None:
+            return None
+        owner, until, deadline = held
+        lapsed = now is not None and deadline is not None and deadline <= now
+        if lapsed or until <= time.monotonic():
+            return None
+        return owner
 
     async def tally(self, key: str, size: int, most: int, ttl: float) -> float:
         now = time.monotonic()

@@ -208,13 +208,22 @@ return 1
 """
 
 
-# KEYS: the claim.  ARGV: owner, ttl (ms).  Returns nil when it is the
-# owner's now (renewed), else the owner that holds it.
+# KEYS: the claim.  ARGV: owner, ttl (ms), the caller's now and the claim's
+# end on the caller's clock (ms; both '' when it passed none).  Returns nil
+# when it is the owner's now (renewed), else the owner that holds it.  A
+# claim with an end on the caller's clock is held as "<owner> <end>".
 CLAIM = """
 local held = redis.call('GET', KEYS[1])
-if held and held ~= ARGV[1] then return held end
+if held then
+  local owner, ends = string.match(held, '^(.*) (%d+)$')
+  if not owner then owner = held end
+  local lapsed = ends and ARGV[3] ~= '' and tonumber(ends) <= tonumber(ARGV[3])
+  if owner ~= ARGV[1] and not lapsed then return owner end
+end
 if tonumber(ARGV[2]) <= 0 then
   redis.call('DEL', KEYS[1])
+elseif ARGV[4] ~= '' then
+  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[4], 'PX', ARGV[2])
 else
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
@@ -291,6 +300,10 @@ return {appended, 1, reply}
 _CREATE, _LOAD, _APPEND = Script(CREATE), Script(LOAD), Script(APPEND)
 _CLAIM, _AUDIT, _TALLY, _KEEP = Script(CLAIM), Script(AUDIT), Script(TALLY), Script(KEEP)
 _READ_LOG, _SNAPSHOT, _RESTORE = Script(READ_LOG), Script(SNAPSHOT), Script(RESTORE)
+
+
+def _claim_key(key: str) -> str:
+    return "huddle:claim:{" + key + "}"
 
 
 def _keys(channel: str) -> tuple[str, str, str]:
@@ -524,12 +537,20 @@ class RedisStore(ChannelStore):
         left = await self.link.run(_TALLY, [name], [size, most, max(1, int(ttl * 1000))])
         return int(left) / 1000
 
-    async def claim(self, key: str, owner: str, ttl: float) -> str | None:
-        name = "huddle:claim:{" + key + "}"
-        held = await self.link.run(
-            _CLAIM, [name], [owner, max(1, int(ttl * 1000)) if ttl > 0 else 0]
-        )
+    async def claim(self, key: str, owner: str, ttl: float, now: float | None = None) -> str | None:
+        milliseconds = max(1, int(ttl * 1000)) if ttl > 0 else 0
+        on_clock = ("", "") if now is None else (int(now * 1000), int((now + ttl) * 1000))
+        held = await self.link.run(_CLAIM, [_claim_key(key)], [owner, milliseconds, *on_clock])
         return None if held is None else _text(held)
+
+    async def claimant(self, key: str, now: float | None = None) -> str | None:
+        held: Any = await self.link.call(self.client.get(_claim_key(key)))
+        if held is None:
+            return None
+        owner, _, ends = _text(held).rpartition(" ")
+        if not owner or not ends.isdigit():
+            return _text(held)
+        return None if now is not None and int(ends) <= int(now * 1000) else owner
 
     async def records(self, kind: str) -> dict[str, bytes]:
         raw: dict[Any, Any] = await self.link.call(self.client.hgetall(f"huddle:rec:{kind}"))

@@ -70,7 +70,7 @@ from protocol.chat import InputAnswer, InputQuestion, InputRequest
 from protocol.codec import MalformedFrame, convert
 from protocol.messages import ErrorCode
 from protocol.session import SessionState
-from protocol.uris import BadChannelUri, channel_id, channel_kind, session_uri
+from protocol.uris import ROOT_URI, BadChannelUri, channel_id, channel_kind, session_uri
 from server.auth import Grant, Identity
 from server.client import HuddleClient, ProtocolError
 from server.core.expiry import Expiry
@@ -427,7 +427,9 @@ class McpDoor:
     async def list_sessions(self, ctx: Context) -> SessionList:
         caller = self._caller(ctx)
         async with _told(), self.askers.client(caller.grant) as held:
-            items = await held.client.list_sessions()
+            # One page, the most recent (not every session, page by page).
+            page = await held.client.call("listSessions", {"channel": ROOT_URI, "limit": LISTED})
+        items: list[dict[str, Any]] = page["items"]
         return SessionList(
             sessions=[
                 SessionLink(
@@ -435,7 +437,7 @@ class McpDoor:
                     title=item.get("title") or "",
                     link=web_link(caller.base_url, item["resource"]),
                 )
-                for item in items[:LISTED]
+                for item in items
             ]
         )
 

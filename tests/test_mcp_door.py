@@ -405,10 +405,11 @@ async def test_a_request_that_expires_with_fail_is_a_tool_error(clock: WallClock
         assert not open_requests(room.mirror.chat)
 
 
-async def test_progress_notifications_come_while_people_think() -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_progress_notifications_come_while_people_think(mode: str) -> None:
     huddle = await start_server(Settings(port=0, mcp_progress_interval=0.05 * UNIT))
     try:
-        room = await open_room(huddle, "ahp-session:/progress")
+        room = await open_room(huddle, f"ahp-session:/progress-{mode}")
         progressed = asyncio.Event()
         reports: list[float] = []
 
@@ -416,7 +417,7 @@ async def test_progress_notifications_come_while_people_think() -> None:
             reports.append(progress)
             progressed.set()
 
-        async with mcp_client(huddle, "legacy") as client:
+        async with mcp_client(huddle, mode) as client:
             call = asyncio.create_task(
                 client.call_tool(
                     "ask_people",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx2
@@ -24,6 +24,7 @@ from protocol.chat import (
     InputRequestPart,
     NumberValue,
     TextValue,
+    ToolCallPart,
     Turn,
 )
 from protocol.messages import ChannelState
@@ -121,14 +122,18 @@ async def answer(room: Room, request: InputRequestPart, **values: str | int) -> 
     await room.person.dispatch_and_wait(room.chat, action)
 
 
-def requests_named(state: ChatState, request_id: str) -> list[InputRequestPart]:
+def all_parts(state: ChatState) -> list[object]:
+    """Every response part of the chat, oldest turn first."""
     turns: list[ActiveTurn | Turn] = [*state.turns]
     if state.active_turn is not None:
         turns.append(state.active_turn)
+    return [part for turn in turns for part in turn.response_parts]
+
+
+def requests_named(state: ChatState, request_id: str) -> list[InputRequestPart]:
     return [
         part
-        for turn in turns
-        for part in turn.response_parts
+        for part in all_parts(state)
         if isinstance(part, InputRequestPart) and part.request.id == request_id
     ]
 
@@ -587,13 +592,16 @@ async def test_another_tokens_mcp_session_id_is_an_unknown_session(
 # ─── Restarts ────────────────────────────────────────────────────────────────
 
 
-@pytest.mark.redis
-@pytest.mark.parametrize("mode", MODES)
-async def test_a_call_made_again_after_a_restart_gets_the_same_request_and_its_answer(
-    redis_server: RedisServer, mode: str
-) -> None:
-    session = f"ahp-session:/restart-{mode}"
-    arguments = {"message": "Deploy?", "session": session, "idempotency_key": "deploy-42"}
+@contextlib.asynccontextmanager
+async def _restarted_while_waiting(
+    redis_server: RedisServer,
+    session: str,
+    mode: str,
+    call: tuple[str, dict[str, Any]],
+    waiting: Callable[[Room], Awaitable[object]],
+) -> AsyncIterator[tuple[RunningServer, Room]]:
+    """A server on Redis stopped while ``call`` waits (once ``waiting`` says
+    people see it); yields the one started after it, and dana in the chat."""
 
     def on_redis() -> Any:
         return start_server(Settings(port=0, store=redis_server.url), RedisStore(redis_server.url))
@@ -602,11 +610,11 @@ async def test_a_call_made_again_after_a_restart_gets_the_same_request_and_its_a
     try:
         room = await open_room(first, session)
         async with mcp_client(first, mode) as client:
-            call = asyncio.create_task(client.call_tool("ask_people", arguments))
-            [asked] = await requests_open(room)
+            waits = asyncio.create_task(client.call_tool(*call))
+            await waiting(room)
             await first.stop()  # the server goes while people think
             with contextlib.suppress(Exception):
-                await call
+                await waits
     finally:
         if not first.task.done():
             await first.stop()
@@ -614,23 +622,62 @@ async def test_a_call_made_again_after_a_restart_gets_the_same_request_and_its_a
     try:
         person = await second.client(sessions=[session], name="dana")
         mirror = await person.subscribe(room.chat)
-        async with mcp_client(second, mode) as client:
-            call = asyncio.create_task(client.call_tool("ask_people", arguments))
-            await _open_in(mirror)
-            await person.dispatch_and_wait(
-                room.chat,
-                ChatInputCompleted(request_id=asked.request.id, response="accept", answers={}),
-            )
-            async with asyncio.timeout(WITHIN):
-                result = structured(await call)
-            assert result["action"] == "accept"
-            assert result["answered_by"]["name"] == "dana"
-            # Called once more: its answer, and still one request.
-            again = structured(await client.call_tool("ask_people", arguments))
-        assert again["action"] == "accept"
-        assert len(requests_named(mirror.chat, asked.request.id)) == 1
+        yield second, Room(person, person, room.chat, mirror, "dana")
     finally:
         await second.stop()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_call_made_again_after_a_restart_gets_the_same_request_and_its_answer(
+    redis_server: RedisServer, mode: str
+) -> None:
+    session = f"ahp-session:/restart-{mode}"
+    arguments = {"message": "Deploy?", "session": session, "idempotency_key": "deploy-42"}
+    call = ("ask_people", arguments)
+    restarted = _restarted_while_waiting(redis_server, session, mode, call, requests_open)
+    async with restarted as (second, room), mcp_client(second, mode) as client:
+        waits = asyncio.create_task(client.call_tool(*call))
+        [asked] = await requests_open(room)
+        await answer(room, asked)
+        async with asyncio.timeout(WITHIN):
+            result = structured(await waits)
+        assert result["action"] == "accept"
+        assert result["answered_by"]["name"] == "dana"
+        # Called once more: its answer, and still one request.
+        again = structured(await client.call_tool(*call))
+    assert again["action"] == "accept"
+    assert len(requests_named(room.mirror.chat, asked.request.id)) == 1
+
+
+@pytest.mark.redis
+async def test_an_approval_asked_again_after_a_restart_is_the_same_call(
+    redis_server: RedisServer,
+) -> None:
+    session = "ahp-session:/restart-approval"
+    arguments = {
+        "tool": "deploy",
+        "arguments": {"to": "prod"},
+        "session": session,
+        "idempotency_key": "deploy-43",
+    }
+    call = ("request_approval", arguments)
+    restarted = _restarted_while_waiting(redis_server, session, "legacy", call, calls_waiting)
+    async with restarted as (second, room), mcp_client(second, "legacy") as client:
+        waits = asyncio.create_task(client.call_tool(*call))
+        [pending] = await calls_waiting(room)
+        await approve(room, pending, edited={"to": "staging"})
+        async with asyncio.timeout(WITHIN):
+            result = structured(await waits)
+    assert result["decision"] == "approved"
+    assert result["arguments"] == {"to": "staging"}
+    assert result["decided_by"]["name"] == "dana"
+    calls = [
+        part
+        for part in all_parts(room.mirror.chat)
+        if isinstance(part, ToolCallPart) and part.tool_call.tool_call_id == pending.tool_call_id
+    ]
+    assert len(calls) == 1
 
 
 async def test_a_client_that_hangs_up_has_its_request_withdrawn(huddle: RunningServer) -> None:

@@ -628,13 +628,18 @@ async def _restarted_while_waiting(
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("mode", "tool"),
+    [("legacy", "ask_people"), ("auto", "ask_people"), ("legacy", "ask_to_visit")],
+)
 async def test_a_call_made_again_after_a_restart_gets_the_same_request_and_its_answer(
-    redis_server: RedisServer, mode: str
+    redis_server: RedisServer, mode: str, tool: str
 ) -> None:
-    session = f"ahp-session:/restart-{mode}"
+    session = f"ahp-session:/restart-{mode}-{tool}"
     arguments = {"message": "Deploy?", "session": session, "idempotency_key": "deploy-42"}
-    call = ("ask_people", arguments)
+    if tool == "ask_to_visit":
+        arguments["url"] = "https://deploy.example.test/confirm"
+    call = (tool, arguments)
     restarted = _restarted_while_waiting(redis_server, session, mode, call, requests_open)
     async with restarted as (second, room), mcp_client(second, mode) as client:
         waits = asyncio.create_task(client.call_tool(*call))

@@ -410,9 +410,10 @@ class McpDoor:
         message: Annotated[str, Field(description="Why, as the people will read it")],
         chat: InChat = None,
         session: InSession = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> VisitAnswer:
         caller = self._caller(ctx)
-        request_id = door_ask_id(caller.grant.token_id, "ask_to_visit", None)
+        request_id = door_ask_id(caller.grant.token_id, "ask_to_visit", idempotency_key)
         params = types.ElicitRequestURLParams(message=message, url=url, elicitation_id=request_id)
         question = _asked(lambda: question_for(params, server=caller.client, request_id=request_id))
         async with _told(), self._people(caller, chat, session) as people:

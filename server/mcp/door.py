@@ -489,29 +489,35 @@ class McpDoor:
         if chat is not None:
             _expect(chat, "chat")
             return chat
-        if session is None:
-            session = await self._own_session(client, caller)
-        _expect(session, "session")
-        found = await self._default_chat(client, session)
+        if session is not None:
+            _expect(session, "session")
+            found = await self._default_chat(client, session)
+        else:
+            found = await self._own_chat(client, caller)
         if found is None:
-            raise ToolError(f"{session} has no chat to ask in")
+            raise ToolError(f"{session or 'the session'} has no chat to ask in")
         return found
 
-    async def _own_session(self, client: HuddleClient, caller: Caller) -> str:
-        """The MCP client's own session (created on first use), or the one
-        session a scoped token reaches."""
+    async def _own_chat(self, client: HuddleClient, caller: Caller) -> str | None:
+        """The default chat of the MCP client's own session (created on
+        first use), or of the one session a scoped token reaches."""
         scope = caller.grant.sessions
         if scope is not None:
-            if len(scope) == 1:
-                return next(iter(scope))
-            raise ToolError("this token reaches several sessions: name one (see list_sessions)")
+            if len(scope) != 1:
+                raise ToolError("this token reaches several sessions: name one (see list_sessions)")
+            return await self._default_chat(client, next(iter(scope)))
         uri = door_session(caller.grant.token_id, caller.client)
+        try:
+            return await self._default_chat(client, uri)
+        except ProtocolError as error:
+            if error.code != ErrorCode.SESSION_NOT_FOUND:
+                raise
         try:
             await client.create_session(uri, title=caller.client)
         except ProtocolError as error:
-            if error.code != ErrorCode.SESSION_ALREADY_EXISTS:
-                raise ToolError(str(error)) from None
-        return uri
+            if error.code != ErrorCode.SESSION_ALREADY_EXISTS:  # another call made it first
+                raise
+        return await self._default_chat(client, uri)
 
     async def _default_chat(self, client: HuddleClient, session: str) -> str | None:
         mirror = client.mirrors.get(session) or await client.subscribe(session)

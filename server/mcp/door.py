@@ -35,8 +35,10 @@ default; scoped to several, a tool must name one.
 
 **Waits.** A wait may take hours: while it lasts the door sends progress
 notifications every ``progress_every`` seconds (to a client that sent a
-progress token). A cancelled call (``notifications/cancelled``, or on
-2026-07-28 the response stream closed) withdraws what it asked; a stopping
+progress token). A cancelled call (``notifications/cancelled``; on
+2026-07-28 the response stream closed; on 2025-11-25 the client hung up,
+which the SDK does not cancel: :meth:`McpDoor._waiting`) withdraws what it
+asked (an approval is marked skipped); a stopping
 server does not, so that the call made again after the restart with the same
 ``idempotency_key`` finds the same request (its id is a digest of the token,
 the tool and the key: server.runner.ids.door_ask_id), or its answer. An

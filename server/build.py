@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from protocol.session import AgentInfo
+from server.auth import Grant
+from server.client import HuddleClient
 from server.config import Settings
 from server.core.audit import AuditTrail
 from server.core.host import STOP_PATIENCE, Host
 from server.core.retention import Retention
 from server.core.sessions import CAPABILITIES
+from server.mcp.door import Askers, McpDoor
 from server.runner.agent import Agent
 from server.runner.events import EventType, RunnerEvent
 from server.runner.redis_turn_store import RedisTurnStore
@@ -160,6 +163,17 @@ def build(
         service=service,
         clock=clock,
         retention=retention,
+    )
+
+
+def mcp_door(parts: Parts, connect: Callable[[Grant], Awaitable[HuddleClient]]) -> McpDoor:
+    """Huddle's MCP server (server.mcp.door) for ``parts``: it speaks for
+    each token through the connection ``connect`` opens for its grant."""
+    return McpDoor(
+        Askers(connect),
+        parts.host.forms,
+        progress_every=parts.settings.mcp_progress_interval,
+        max_body_bytes=parts.settings.max_body_bytes,
     )
 
 

@@ -20,10 +20,10 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Protocol, Self
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
@@ -69,6 +69,31 @@ per-channel seqs and cursors, tail windows, titles, identity, expiries, and
 re-sending what a drop left unconfirmed under its first clientSeq."""
 
 log = logging.getLogger("huddle.client")
+
+
+class Abortable(Protocol):
+    def abort(self) -> None: ...
+
+
+class Socket(Protocol):
+    """What the client needs of its connection: a WebSocket
+    (``websockets``' ClientConnection), or one inside the server's own
+    process (server.edge.local). Iterating it yields the server's frames
+    until it closes; a send on a closed one raises ConnectionClosed."""
+
+    @property
+    def transport(self) -> Abortable: ...
+
+    async def send(self, message: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[str | bytes]: ...
+
+
+Opener = Callable[[], Awaitable[Socket]]
+"""Opens a connection that is not a WebSocket to ``url`` (raising
+Disconnected when refused)."""
 
 
 @dataclass(frozen=True)
@@ -133,15 +158,19 @@ class Mirror:
 class HuddleClient:
     """A connection to a Huddle server; see the module docstring."""
 
-    def __init__(self, url: str, token: str, *, client_id: str | None = None) -> None:
+    def __init__(
+        self, url: str, token: str, *, client_id: str | None = None, opener: Opener | None = None
+    ) -> None:
         self.url = url
         self.token = token
+        self.opener = opener
+        """How to connect when not by WebSocket to ``url`` with ``token``."""
         self.client_id = client_id or _fresh_client_id()
         self.mirrors: dict[str, Mirror] = {}
         self.notices: list[Callable[[str, Any], None]] = []
         self.connected = asyncio.Event()
         self.reconnects = 0
-        self._ws: ClientConnection | None = None
+        self._ws: Socket | None = None
         self._ids = itertools.count(1)
         # A client id given again (by a process started again) goes on from
         # past the numbers it used before, not from 1 again: the server
@@ -164,30 +193,24 @@ class HuddleClient:
 
     @classmethod
     async def connect(
-        cls, url: str, token: str, *, client_id: str | None = None, reconnect: bool = True
+        cls,
+        url: str,
+        token: str,
+        *,
+        client_id: str | None = None,
+        reconnect: bool = True,
+        opener: Opener | None = None,
     ) -> Self:
         """Connect and initialize; with ``reconnect`` the client reconnects
         by itself after a drop. Raises Disconnected when refused."""
-        client = cls(url, token, client_id=client_id)
+        client = cls(url, token, client_id=client_id, opener=opener)
         await client._open(initial=True)
         if reconnect:
             client._supervisor = asyncio.create_task(client._supervise())
         return client
 
     async def _open(self, *, initial: bool) -> None:
-        headers = {"Authorization": f"Bearer {self.token}"}
-        try:
-            ws = await connect(
-                self.url, additional_headers=headers, compression=None, max_size=None
-            )
-        except InvalidStatus as error:
-            status = error.response.status_code
-            raise Disconnected(f"the server refused the connection ({status})") from None
-        except InvalidHandshake as error:
-            # E.g. a server that died after accepting the TCP connection.
-            raise Disconnected(f"the handshake with {self.url} failed: {error}") from None
-        except OSError as error:
-            raise Disconnected(f"cannot reach {self.url}: {error}") from None
+        ws = await (self.opener() if self.opener is not None else self._connect())
         self._ws = ws
         self._lost.clear()
         self._reader = asyncio.create_task(self._read(ws))
@@ -225,6 +248,21 @@ class HuddleClient:
             client_id=self.client_id,
             capabilities={key: {} for key in EXTENSIONS},
         )
+
+    async def _connect(self) -> ClientConnection:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        try:
+            return await connect(
+                self.url, additional_headers=headers, compression=None, max_size=None
+            )
+        except InvalidStatus as error:
+            status = error.response.status_code
+            raise Disconnected(f"the server refused the connection ({status})") from None
+        except InvalidHandshake as error:
+            # E.g. a server that died after accepting the TCP connection.
+            raise Disconnected(f"the handshake with {self.url} failed: {error}") from None
+        except OSError as error:
+            raise Disconnected(f"cannot reach {self.url}: {error}") from None
 
     async def _supervise(self) -> None:
         delay = 0.05
@@ -309,7 +347,7 @@ class HuddleClient:
 
     # ─── Reading ─────────────────────────────────────────────────────────
 
-    async def _read(self, ws: ClientConnection) -> None:
+    async def _read(self, ws: Socket) -> None:
         try:
             async for text in ws:
                 await self._on_frame(msgspec.json.decode(text))

@@ -110,6 +110,7 @@ COSTS: Final[dict[str, float]] = {
     "metrics": READ_COST,
     "expire": ACTION_COST,
     "mintToken": ACTION_COST,
+    "mcp": READ_COST,
 }
 """What each command costs of its token's budget up front, in actions
 (server.ratelimit), the same over HTTP and the socket, paid before any of

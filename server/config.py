@@ -115,6 +115,10 @@ class Settings:
     None: one the store keeps, generated once (server.core.audit_key)."""
     expiry_check_interval: float = 1.0
     """Seconds between two sweeps for waits whose expiry passed."""
+    mcp_progress_interval: float = 15.0
+    """Seconds between two progress notifications to an MCP client waiting
+    on a tool of Huddle's MCP server (server.mcp.door); at most 30 keeps
+    clients that time out after a quiet minute waiting."""
     retention: float | None = None
     """Seconds a finished session (and a disposed one's audit) is kept;
     None: for ever (server.core.retention)."""
@@ -236,6 +240,7 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         audit_max_bytes=src.integer("audit_max_bytes", base.audit_max_bytes),
         audit_key=_path(src.raw("audit_key")),
         expiry_check_interval=src.number("expiry_check_interval", base.expiry_check_interval),
+        mcp_progress_interval=src.number("mcp_progress_interval", base.mcp_progress_interval),
         retention=_duration(src.raw("retention")),
         audit_dir=src.raw("audit_dir"),
         open_browser=src.flag("open_browser", base.open_browser),

@@ -45,6 +45,7 @@ from starlette.responses import (
 )
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol.actions import StateAction
@@ -54,12 +55,14 @@ from protocol.messages import ErrorCode, ExpireParams, ExpireResult, Implementat
 from protocol.rejections import RejectionCode
 from protocol.uris import channel_id, session_uri
 from server.auth import Grant, TokenAuthority
-from server.build import Parts
+from server.build import Parts, mcp_door
+from server.client import HuddleClient
 from server.commands import BYTES_PER_COST, Command, Commands
 from server.config import Settings
 from server.edge.connection import CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_UNSUPPORTED, Connection
 from server.edge.headers import Guard, allowed_hosts, is_own_origin, rebinding_warning, retry_after
 from server.edge.idempotency import Idempotency
+from server.edge.local import LocalSocket, ServerEnd
 from server.edge.rpc import LiveClients, Rpc
 from server.errors import (
     ActionRejected,
@@ -67,6 +70,7 @@ from server.errors import (
     BodyTooLarge,
     ChannelGone,
     CommandError,
+    Disconnected,
     HuddleError,
     InputAbandoned,
     StoreError,
@@ -243,10 +247,32 @@ async def ahp_socket(websocket: WebSocket) -> None:
         server.sockets.close(grant)
 
 
-async def _serve_socket(server: Server, websocket: WebSocket, grant: Grant) -> None:
+async def open_local(server: Server, grant: Grant) -> LocalSocket:
+    """An AHP connection inside this process for ``grant`` (server.edge.local),
+    served as a WebSocket is and holding one of the token's socket slots
+    until it closes. Raises Disconnected when the token holds all its
+    slots."""
+    if not server.sockets.open(grant):
+        raise Disconnected(
+            f"at most {server.sockets.limit_of(grant)} connections at once per token"
+        )
+    pair = LocalSocket()
+
+    async def serve() -> None:
+        try:
+            await _serve_socket(server, pair.server_end, grant)
+        finally:
+            server.sockets.close(grant)
+            pair.abort()
+
+    pair.served = asyncio.create_task(serve())
+    return pair
+
+
+async def _serve_socket(server: Server, websocket: WebSocket | ServerEnd, grant: Grant) -> None:
     # Select only what we speak: echoing an offered ``huddle.token.*`` would
     # put the credential into the response headers.
-    offered = _offered_subprotocols(websocket)
+    offered = list(websocket.scope.get("subprotocols") or [])
     subprotocol = AHP_SUBPROTOCOL if AHP_SUBPROTOCOL in offered else None
     await websocket.accept(subprotocol=subprotocol)
 
@@ -277,7 +303,7 @@ async def _serve_socket(server: Server, websocket: WebSocket, grant: Grant) -> N
             await asyncio.wait_for(writer, 5)
 
 
-async def _read_frames(websocket: WebSocket, connection: Connection) -> None:
+async def _read_frames(websocket: WebSocket | ServerEnd, connection: Connection) -> None:
     """Handle frames in order until the peer goes (after a close from our
     side too: uvicorn ends a closing handshake that the peer leaves open)."""
     while True:
@@ -629,6 +655,42 @@ async def mint_token(request: Request, server: Server, grant: Grant) -> Response
     return _json({"token": token, "link": link})
 
 
+# ─── MCP ─────────────────────────────────────────────────────────────────────
+
+
+MCP_DOOR_CLIENT = "mcp-door"
+"""The client id prefix of the MCP server's in-process connections."""
+
+
+class McpEndpoint:
+    """``/mcp``: Huddle's MCP server (server.mcp.door) for agent tokens,
+    authenticated as the HTTP API is: no token or a bad one 401 with
+    ``WWW-Authenticate: Bearer``, a participant's or an observer's 403; each
+    request pays a read of the token's budget (429 beyond)."""
+
+    def __init__(self, serve: Callable[[Grant, Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.serve = serve
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        server: Server = request.app.state.server
+        try:
+            grant = authenticate(server, request)
+            if grant.role != "agent":
+                raise AuthError(403, "Huddle's MCP server takes an agent token")
+            server.commands.pay(grant, "mcp")  # what its tools then do pays for itself
+        except RateLimited as error:
+            await over_budget(error)(scope, receive, send)
+            return
+        except AuthError as error:
+            refusal = _auth_refusal(error, _problem(error.status, error.reason))
+            if error.status == 401:
+                refusal.headers["WWW-Authenticate"] = 'Bearer realm="huddle"'
+            await refusal(scope, receive, send)
+            return
+        await self.serve(grant, scope, receive, send)
+
+
 # ─── Health, metrics, web client ─────────────────────────────────────────────
 
 
@@ -756,6 +818,17 @@ def create_app(
         hosts=hosts,
     )
 
+    door_id = secrets.token_hex(4)
+
+    async def connect(grant: Grant) -> HuddleClient:
+        # A client id per process and token: claimed once, not per call.
+        client_id = f"{MCP_DOOR_CLIENT}-{door_id}-{grant.token_id[:16]}"
+        return await HuddleClient.connect(
+            "huddle:in-process", "", client_id=client_id, opener=lambda: open_local(server, grant)
+        )
+
+    door = mcp_door(parts, connect)
+
     claims = Periodic(
         server.renew_claims,
         commands.credentials.claim_ttl / 4,
@@ -771,7 +844,8 @@ def create_app(
             await on_start(server)
         claims.start()
         try:
-            yield
+            async with door.running():
+                yield
         finally:
             await claims.stop()
             for rpc in list(server.connections):
@@ -789,6 +863,7 @@ def create_app(
         api("POST", "/api/dispatch", dispatch_action),
         api("GET", "/api/input/wait", wait_input, pays="waitInput"),
         api("POST", "/api/tokens", mint_token, pays="mintToken"),
+        Route("/mcp", McpEndpoint(door.serve), methods=["GET", "POST", "DELETE"]),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", read_metrics),

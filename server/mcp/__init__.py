@@ -1,5 +1,6 @@
 """The MCP elicitation bridge: MCP servers that ask for input reach the
-people of a chat.
+people of a chat; and Huddle as an MCP server, whose tools MCP clients call
+to ask them (:mod:`server.mcp.door`, served at ``/mcp`` by the edge).
 
 - :mod:`server.mcp.elicitation`: :class:`ChatElicitation`, the elicitation
   callback for the ``mcp`` SDK's ``Client`` / ``ClientSession`` (form and URL

@@ -270,7 +270,7 @@ class ChatElicitation:
         """Ask ``question`` until it is resolved with an answer that fits."""
         for _ in range(max(1, self.attempts)):
             try:
-                reply = await _ask_once(people, question, self.expiry)
+                reply = await ask_once(people, question, self.expiry)
             except ElicitationExpired as expired:
                 log.info("%s: %s: %s", people.chat, question.request.id, expired)
                 self.expired = expired
@@ -336,14 +336,24 @@ def expired_error(expired: ElicitationExpired) -> types.ErrorData:
     return types.ErrorData(code=types.REQUEST_TIMEOUT, message=str(expired))
 
 
-async def _ask_once(people: People, question: Question, expiry: Expiry | None) -> Reply:
+async def ask_once(
+    people: People,
+    question: Question,
+    expiry: Expiry | None,
+    *,
+    withdrawing: Callable[[], bool] = lambda: True,
+) -> Reply:
     """Ask once; a cancelled wait (the MCP side, or our caller, gave up)
-    withdraws the request from the chat before it propagates."""
+    withdraws the request from the chat before it propagates, unless
+    ``withdrawing()`` says not to (a server stopping keeps it open for the
+    call made again after the restart)."""
     try:
         return await people.ask(question.request, question.schema, expiry)
     except (InputAbandoned, ElicitationExpired):
         raise
     except BaseException:
+        if not withdrawing():
+            raise
         # The cancellation is delivered again at every await of a cancelled
         # anyio scope: only a shielded scope can still talk to the chat.
         with anyio.CancelScope(shield=True), anyio.move_on_after(WITHDRAW_WITHIN):

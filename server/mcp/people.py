@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from protocol.actions import ChatInputCompleted
+from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed
 from protocol.chat import (
     ActiveTurn,
     ChatState,
@@ -304,6 +304,24 @@ class RemoteChat:
                 return Decision("denied", arguments, reason=text, decided_by=who.by)
         # Skipped: its turn ended with nobody deciding.
         return Decision("cancelled", arguments, decided_by=who.by)
+
+    async def withdraw_call(self, call_id: str) -> None:
+        """Settle the tool call ``call_id`` as skipped if nobody has decided
+        it yet (the agent gave up waiting); a no-op otherwise."""
+        mirror = self.client.mirrors.get(self.chat)
+        found = latest_call(mirror.chat, call_id) if mirror is not None else None
+        if found is None or not is_waiting(found[1]):
+            return
+        action = ChatToolCallConfirmed(
+            turn_id=found[0].id,
+            tool_call_id=call_id,
+            approved=False,
+            reason="skipped",
+            reason_message="The agent stopped waiting for it",
+        )
+        # Decided meanwhile, or the connection lost: nothing to withdraw.
+        with contextlib.suppress(HuddleError):
+            await self.client.dispatch_and_wait(self.chat, action)
 
     async def _decided(
         self,

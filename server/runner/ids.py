@@ -25,6 +25,12 @@ a framework adapter's request  ``<framework>:<32 hex digits>``,  :func:`adapter_
 or call for approval           a digest of what names it in     (not parsed: the
                                the framework                    framework's own
                                                                 state names it)
+what an MCP client asks        ``ask:<32 hex digits>``: a       :func:`door_ask_id`
+Huddle's MCP server (a         digest of the token, the tool    (not parsed: a digest)
+request, an approval's call)   and the idempotency key
+an MCP client's own session    ``ahp-session:/mcp-<16 hex>``: a :func:`door_session`
+                               digest of the token and the      (not parsed: a digest)
+                               client's name
 =============================  ===============================  ==========================
 
 A parser returns None for an id its builder could not have made (a foreign
@@ -47,7 +53,7 @@ import re
 import secrets
 from typing import NamedTuple
 
-from protocol.uris import BadChannelUri, channel_id, channel_kind
+from protocol.uris import BadChannelUri, channel_id, channel_kind, session_uri
 
 _INPUT = ":input:"
 _TEXT = "text"
@@ -211,7 +217,7 @@ def parse_mcp_request_id(request_id: str) -> str | None:
     return token if prefix == _MCP and _MCP_TOKEN.fullmatch(token) else None
 
 
-# ─── Framework adapters ──────────────────────────────────────────────────────
+# ─── Framework adapters and Huddle's MCP server ────────────────────────────
 
 
 def adapter_id(framework: str, *names: str) -> str:
@@ -220,5 +226,23 @@ def adapter_id(framework: str, *names: str) -> str:
     checkpoint and interrupt; a tool call): the same names give the same id,
     so a process started again finds its request instead of asking twice.
     A digest, so that the id stays short whatever the names hold."""
-    digest = hashlib.sha256("\x00".join(names).encode()).hexdigest()[:32]
-    return f"{framework}:{digest}"
+    return f"{framework}:{_digest(*names)[:32]}"
+
+
+def door_ask_id(token_id: str, tool: str, key: str | None) -> str:
+    """The id of what a tool of Huddle's MCP server asks (server.mcp.door):
+    with an idempotency ``key``, the same for the same token, tool and key
+    (a call made again after a restart finds its request), else a new one."""
+    if key is None:
+        return f"ask:{secrets.token_hex(16)}"
+    return adapter_id("ask", token_id, tool, key)
+
+
+def door_session(token_id: str, client: str) -> str:
+    """The session of one MCP client of Huddle's MCP server: the same for
+    the same token and client name, in every process and after restarts."""
+    return session_uri(f"mcp-{_digest(token_id, client)[:16]}")
+
+
+def _digest(*names: str) -> str:
+    return hashlib.sha256("\x00".join(names).encode()).hexdigest()

@@ -149,3 +149,26 @@ async def fill(room: Room, request: InputRequestPart, **values: str) -> None:
 async def turn_ended(room: Room) -> ChatState:
     """The chat once its active turn ended."""
     return await wait_for(room.mirror, lambda s: s.active_turn is None)
+
+
+class By:
+    """Equal to the ``answered_by`` / ``decided_by`` a door gives for the
+    participant named ``name`` (server.mcp.people.person: the server's word,
+    with the id of their token, which is not the test's to know)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, dict)
+            and set(other) == {"name", "role", "token", "declared"}
+            and (other["name"], other["role"], other["declared"])
+            == (self.name, "participant", False)
+            and isinstance(other["token"], str)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"By({self.name!r})"

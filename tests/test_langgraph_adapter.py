@@ -31,6 +31,7 @@ from server.mcp.people import RemoteChat
 from tests.conftest import RunningServer, WallClock, clocked_server
 from tests.people_kit import (
     WITHIN,
+    By,
     Room,
     approve,
     arguments_of,
@@ -165,7 +166,7 @@ async def test_a_human_interrupt_is_a_tool_approval_and_resumes_with_the_human_r
     await person(room, call)
     async with asyncio.timeout(WITHIN):
         state = await run
-    assert state["answers"] == [[{**expected, "answered_by": "dana"}]]
+    assert state["answers"] == [[{**expected, "answered_by": By("dana")}]]
     assert state["done"] == ["refund"]
 
 
@@ -180,7 +181,9 @@ async def test_an_interrupt_that_allows_only_a_response_is_a_text_question(
     await fill(room, request, response="Only half")
     async with asyncio.timeout(WITHIN):
         state = await run
-    assert state["answers"] == [[{"type": "response", "args": "Only half", "answered_by": "dana"}]]
+    assert state["answers"] == [
+        [{"type": "response", "args": "Only half", "answered_by": By("dana")}]
+    ]
 
 
 async def submit(room: Room, request_id: str, **numbers: int) -> None:
@@ -212,7 +215,7 @@ async def test_a_huddle_form_resumes_with_the_content_typed_as_the_schema_says(
     async with asyncio.timeout(WITHIN):
         state = await run
     assert state["answers"] == [
-        {"action": "accept", "content": {"amount": 25}, "answered_by": "dana"}
+        {"action": "accept", "content": {"amount": 25}, "answered_by": By("dana")}
     ]
     await turn_ended(room)
 
@@ -228,8 +231,10 @@ async def test_two_interrupts_at_once_each_get_their_own_request(huddle: Running
     async with asyncio.timeout(WITHIN):
         state = await run
     assert sorted(state["done"]) == ["amount", "refund"]
-    assert {"action": "accept", "content": {"amount": 7}, "answered_by": "dana"} in state["answers"]
-    assert [{"type": "response", "args": "No", "answered_by": "dana"}] in state["answers"]
+    assert {"action": "accept", "content": {"amount": 7}, "answered_by": By("dana")} in state[
+        "answers"
+    ]
+    assert [{"type": "response", "args": "No", "answered_by": By("dana")}] in state["answers"]
 
 
 async def test_a_process_started_again_finds_the_request_and_resumes_the_graph_once(
@@ -248,7 +253,7 @@ async def test_a_process_started_again_finds_the_request_and_resumes_the_graph_o
     again = RemoteChat(await huddle.client("agent"), room.chat)
     async with asyncio.timeout(WITHIN):
         state = await run_with_people(after, {}, thread("t"), people=again)
-    assert state["answers"] == [[{"type": "accept", "args": None, "answered_by": "dana"}]]
+    assert state["answers"] == [[{"type": "accept", "args": None, "answered_by": By("dana")}]]
     assert state["done"] == ["refund"]  # resumed once
     ended = await turn_ended(room)
     assert sum(len(turn.response_parts) for turn in ended.turns) == 1  # asked once
@@ -268,7 +273,7 @@ async def test_the_sync_entry_point_runs_a_graph_on_a_sync_checkpointer(
     await approve(room, call)
     async with asyncio.timeout(WITHIN):
         state = await run
-    assert state["answers"] == [[{"type": "accept", "args": None, "answered_by": "dana"}]]
+    assert state["answers"] == [[{"type": "accept", "args": None, "answered_by": By("dana")}]]
 
 
 @dataclass(frozen=True)
@@ -329,7 +334,7 @@ async def test_answers_that_do_not_fit_the_schema_are_asked_again_never_returned
     async with asyncio.timeout(WITHIN):
         done = await run
     assert done["answers"] == [
-        {"action": "accept", "content": {"code": "UPPER"}, "answered_by": "dana"}
+        {"action": "accept", "content": {"code": "UPPER"}, "answered_by": By("dana")}
     ]
 
 

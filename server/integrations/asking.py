@@ -22,7 +22,7 @@ import msgspec
 from protocol.chat import InputResponseKind
 from server.core.expiry import Expiry
 from server.mcp.elicitation import Question, form_content, question_for
-from server.mcp.people import People
+from server.mcp.people import People, person
 
 ATTEMPTS: Final = 3
 
@@ -30,12 +30,13 @@ ATTEMPTS: Final = 3
 @dataclass(frozen=True)
 class FormAnswer:
     """How people resolved a form: ``content`` (the data, typed as the
-    schema says) only on ``accept``; ``answered_by`` the person's name as
-    the server knows it (None: nobody did, it expired or was withdrawn)."""
+    schema says) only on ``accept``; ``answered_by`` who answered as the
+    server knows them (server.mcp.people.person; None: nobody did, it
+    expired or was withdrawn)."""
 
     action: InputResponseKind
     content: dict[str, Any] | None = None
-    answered_by: str | None = None
+    answered_by: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """``{"action", "content", "answered_by"}``, as a graph resumes with it."""
@@ -59,7 +60,7 @@ async def ask_form(
     question = question_for(params, server=asker, request_id=request_id)
     for attempt in range(1, ATTEMPTS + 1):
         reply = await people.ask(question.request, question.schema, expiry)
-        who = reply.answered_by.name if reply.answered_by is not None else None
+        who = person(reply.answered_by)
         if reply.response != "accept":
             return FormAnswer(reply.response, answered_by=who)
         content = form_content(question, reply.answers)

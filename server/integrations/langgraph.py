@@ -39,8 +39,9 @@ interrupt does not allow falls to what it does)::
     edit)
 
 Each response carries ``answered_by`` beside ``type`` and ``args``: the
-name of the person who decided, as the server knows them (None when nobody
-did). The same for the form's result.
+person who decided as the server knows them, ``{name, role, token,
+declared}`` as the MCP server's tools say it (server.mcp.people.person;
+None when nobody did). The same for the form's result.
 
 Restarts: each request's id is made from the thread, the checkpoint the
 graph waits at and the interrupt's id (:func:`~server.runner.ids.adapter_id`).
@@ -72,7 +73,7 @@ from langgraph.types import Command, Interrupt, StateSnapshot
 from server.core.expiry import Expiry
 from server.integrations.asking import ask_form
 from server.mcp.errors import Unaskable
-from server.mcp.people import Decision, People
+from server.mcp.people import Decision, People, person
 from server.runner.ids import adapter_id
 
 FRAMEWORK: Final = "langgraph"
@@ -134,7 +135,7 @@ def parse_interrupt(value: Any) -> HumanInterrupt | HuddleForm:
 def human_response(asked: HumanInterrupt, decision: Decision) -> dict[str, Any]:
     """The HumanResponse for people's ``decision`` on ``asked`` (the table
     in the module docstring)."""
-    by = decision.decided_by.name if decision.decided_by is not None else None
+    by = person(decision.decided_by)
     reason = decision.reason if decision.decision == "denied" else None
     if decision.decision == "approved":
         edited = decision.arguments != asked.args
@@ -148,7 +149,7 @@ def human_response(asked: HumanInterrupt, decision: Decision) -> dict[str, Any]:
     return _response("ignore", None, by)
 
 
-def _response(kind: str, args: Any, by: str | None) -> dict[str, Any]:
+def _response(kind: str, args: Any, by: dict[str, Any] | None) -> dict[str, Any]:
     return {"type": kind, "args": args, "answered_by": by}
 
 

@@ -87,7 +87,7 @@ from server.mcp.elicitation import (
     question_for,
 )
 from server.mcp.errors import ElicitationExpired, Unaskable
-from server.mcp.people import Decision, RemoteChat
+from server.mcp.people import Decision, RemoteChat, person
 from server.runner.ids import door_ask_id, door_session
 
 GRANT: Final = "huddle.grant"
@@ -146,9 +146,8 @@ class Person(BaseModel):
 
     @classmethod
     def of(cls, who: Identity | None) -> Person | None:
-        if who is None:
-            return None
-        return cls(name=who.name, role=who.role, token=who.token, declared=who.declared)
+        told = person(who)
+        return None if told is None else cls(**told)
 
 
 class PeopleAnswer(BaseModel):

@@ -90,6 +90,17 @@ class Reply:
     expired or was withdrawn)."""
 
 
+def person(who: Identity | None) -> dict[str, Any] | None:
+    """Who answered or decided, as every door tells the agent (the MCP
+    server's ``answered_by``, the adapters'): the server's word, never a
+    name the agent chose; ``token`` is the id of the token they used (not
+    the token), ``declared`` whether the name is one they typed in on a
+    shared link. None: nobody did."""
+    if who is None:
+        return None
+    return {"name": who.name, "role": who.role, "token": who.token, "declared": who.declared}
+
+
 DecisionKind = Literal["approved", "denied", "expired", "cancelled"]
 
 

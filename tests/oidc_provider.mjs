@@ -51,7 +51,12 @@ function resign(idToken, key, change) {
 }
 
 const TAMPERINGS = {
-  aud: (token) => resign(token, signingKey, (claims) => { claims.aud = 'another-client'; }),
+  // Issued to another client, naming ours as the party it is for (azp):
+  // only the aud check refuses it.
+  aud: (token) => resign(token, signingKey, (claims) => {
+    claims.azp = claims.aud;
+    claims.aud = 'another-client';
+  }),
   nonce: (token) => resign(token, signingKey, (claims) => { claims.nonce = 'a-replayed-nonce'; }),
   signature: (token) => resign(token, unpublishedKey, () => {}),
 };

@@ -4,8 +4,9 @@ or behind an auth proxy that says who they are (docs/sign-in.md).
 OIDC (``--oidc-issuer``): ``/login`` sends the browser to the provider
 (authorization code with PKCE, the provider found by discovery);
 ``/auth/callback`` takes the code back, and Authlib checks the ID token's
-signature against the provider's published keys, its issuer, ``aud`` (our
-client id), ``nonce`` (the one this browser's login sent) and lifetime.
+signature against the provider's published keys, its issuer, ``nonce``
+(the one this browser's login sent) and lifetime, and we make it check
+``aud`` (our client id), which it leaves to ``azp`` otherwise.
 The person's groups (``--oidc-role-claim``) give their role
 (server.auth.RoleMap); a person none gives one is answered 403 with a page
 that says so. The browser then holds a signed session cookie
@@ -205,7 +206,9 @@ class SignIn:
         """Back from the provider: the ID token checked, the person's role
         from their groups, their token in the session cookie."""
         try:
-            answer = await self.client.authorize_access_token(request)
+            answer = await self.client.authorize_access_token(
+                request, claims_options=await self._claims_options()
+            )
         except (OAuthError, JoseError, httpx.HTTPError, ValueError, KeyError) as error:
             log.warning("a sign-in was refused: %s", error)
             return notice(401, "The sign-in did not go through. <a href='/login'>Try again</a>.")
@@ -221,6 +224,22 @@ class SignIn:
         expires = self.clock() + SESSION_TTL
         request.session["token"] = self.authority.mint_person(person, role, expires_at=expires)
         return RedirectResponse("/", status_code=303)
+
+    async def _claims_options(self) -> dict[str, Any]:
+        """What the ID token's claims must say: issued by the configured
+        provider (which its discovery document must name as itself) to our
+        client. OIDC: the client MUST validate that ``aud`` contains its
+        client_id; Authlib, left to itself, checks ``azp`` only, which a
+        token issued to another client may carry naming us."""
+        metadata = await self.client.load_server_metadata()
+        issuer = metadata.get("issuer")
+        assert self.issuer is not None
+        if not isinstance(issuer, str) or issuer.rstrip("/") != self.issuer.rstrip("/"):
+            raise ValueError(f"the provider at {self.issuer} names itself {issuer!r}")
+        return {
+            "iss": {"essential": True, "value": issuer},
+            "aud": {"essential": True, "value": self.client.client_id},
+        }
 
     def _person(self, claims: dict[str, Any]) -> Person:
         email = claims.get("email")

@@ -1,0 +1,301 @@
+"""People sign in as themselves (docs/sign-in.md): through a real OpenID
+provider (npm's oidc-provider, tests/oidc_kit.py) in Chromium and over plain
+HTTP, and behind an auth proxy. The person is then the token's subject
+wherever the server names who did something; a forged or misdirected ID
+token, a foreign page's socket and an untrusted proxy header get nobody in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from playwright.async_api import Browser, expect
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from server.auth import person_id
+from server.config import Settings
+from server.edge.signin import PROXY_ISSUER, SESSION_COOKIE
+from tests import test_web_client as web
+from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
+from tests.edge import Peer, initialize_params
+from tests.oidc_kit import Provider, sign_in, signed_in_server
+from tests.test_web_client import create_session, session_href
+from tests.test_web_people import FORM, ask, here, request_note
+
+browser = web.browser
+
+DANA = {"name": "Dana Scully", "email": "dana@example.com"}
+
+
+@pytest.fixture
+async def provided() -> AsyncIterator[tuple[RunningServer, Provider]]:
+    async with signed_in_server() as both:
+        yield both
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=10 * UNIT) as client:
+        yield client
+
+
+async def audit_of(running: RunningServer, session: str) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(base_url=running.http, timeout=10 * UNIT) as agent:
+        answer = await agent.get(
+            "/api/audit",
+            params={"session": session},
+            headers={"Authorization": f"Bearer {AGENT_TOKEN}"},
+        )
+    answer.raise_for_status()
+    return [json.loads(line) for line in answer.text.splitlines() if line]
+
+
+async def identity_over(running: RunningServer, headers: dict[str, str]) -> dict[str, Any]:
+    """Who the server takes a socket opened with ``headers`` for (its
+    ``initialize`` answer's identity); InvalidStatus when it is refused."""
+    async with connect(running.ws, additional_headers=headers, proxy=None) as ws:
+        peer = Peer(ws, "who-am-i")
+        reply = await peer.request(
+            "initialize", initialize_params("who-am-i", extensions=("huddle.identity",))
+        )
+    identity: dict[str, Any] = reply["result"]["_meta"]["huddle"]["identity"]
+    return identity
+
+
+def signed_in_socket(running: RunningServer, http: httpx.AsyncClient, origin: str | None) -> Any:
+    headers = {"Cookie": f"{SESSION_COOKIE}={http.cookies[SESSION_COOKIE]}"}
+    if origin is not None:
+        headers["Origin"] = origin
+    return identity_over(running, headers)
+
+
+# ─── Signing in through the provider ─────────────────────────────────────────
+
+
+@pytest.mark.browser
+async def test_a_person_signs_in_with_chromium_answers_and_is_named_by_the_server(
+    browser: Browser, provided: tuple[RunningServer, Provider]
+) -> None:
+    running, provider = provided
+    base = running.http
+    session, chat = await create_session(base, "Signed in")
+    context = await browser.new_context()
+    context.set_default_timeout(web.WAIT_MS)
+    page = await context.new_page()
+
+    # No token link: the web client sends the browser to the provider's login page.
+    await page.goto(base + "/")
+    await page.locator("input[name=login]").fill("dana")
+    await page.locator("input[name=password]").fill("any password")
+    await page.get_by_role("button", name="Sign-in").click()
+    await page.get_by_role("button", name="Continue").click()  # the provider's consent
+    await expect(page.get_by_role("heading", name="Sessions")).to_be_visible()
+    cookie = next(c for c in await context.cookies() if c["name"] == SESSION_COOKIE)
+    assert (cookie["httpOnly"], cookie["sameSite"], cookie["secure"]) == (True, "Lax", False)
+
+    await page.goto(base + session_href(session))
+    await expect(here(page)).to_have_text(["Dana Scully (dana@example.com)"])
+    await ask(running, chat, FORM)
+    system = page.get_by_label("Affected system")
+    await system.fill("SSO")
+    await system.press("Tab")
+    await page.get_by_role("button", name="Submit").click()
+    await expect(page.locator("section.request .outcome")).to_have_text(
+        "Submitted by Dana Scully (dana@example.com)"
+    )
+
+    dana = {
+        **DANA,
+        "role": "participant",
+        "issuer": provider.issuer,
+        "token": person_id(provider.issuer, "dana"),
+    }
+    records = await audit_of(running, session)
+    completed = next(r for r in records if r["what"] == "chat/inputCompleted")
+    assert completed["who"] == dana
+    assert (await request_note(running, session, chat))["completed"]["by"] == dana
+    await context.close()
+
+
+@pytest.mark.parametrize("how", ["aud", "nonce", "signature"])
+async def test_an_id_token_for_another_audience_nonce_or_key_gets_nobody_in(
+    provided: tuple[RunningServer, Provider], http: httpx.AsyncClient, how: str
+) -> None:
+    running, provider = provided
+    await provider.tamper(how)
+
+    refused = await sign_in(http, running.http, "dana")
+
+    assert refused.status_code == 401
+    assert "did not go through" in refused.text
+    assert (await http.get(f"{running.http}/api/audit/key")).status_code == 401
+    # The same person, the same browser, an untouched token: in.
+    assert (await sign_in(http, running.http, "dana")).status_code == 200
+    assert (await http.get(f"{running.http}/api/audit/key")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("login", "role"), [("dana", "participant"), ("olly", "observer")], ids=["oncall", "staff"]
+)
+async def test_a_person_s_groups_give_their_role(
+    provided: tuple[RunningServer, Provider], http: httpx.AsyncClient, login: str, role: str
+) -> None:
+    running, provider = provided
+    assert (await sign_in(http, running.http, login)).status_code == 200
+
+    identity = await signed_in_socket(running, http, running.http)
+
+    assert (identity["role"], identity["issuer"]) == (role, provider.issuer)
+    assert identity["token"] == person_id(provider.issuer, login)
+
+
+async def test_a_person_no_group_takes_is_told_so_and_gets_nothing(
+    provided: tuple[RunningServer, Provider], http: httpx.AsyncClient
+) -> None:
+    running, _ = provided
+
+    refused = await sign_in(http, running.http, "nina")
+
+    assert refused.status_code == 403
+    assert "signed in as Nina Nobody (nina@example.com)" in refused.text
+    assert "none of your groups is given a role" in refused.text
+    assert (await http.get(f"{running.http}/api/audit/key")).status_code == 401
+
+
+@pytest.mark.parametrize(
+    "origin", ["http://evil.example", "http://127.0.0.1:1", None], ids=["site", "port", "none"]
+)
+async def test_a_socket_with_the_cookie_from_another_origin_is_refused(
+    provided: tuple[RunningServer, Provider], http: httpx.AsyncClient, origin: str | None
+) -> None:
+    running, _ = provided
+    await sign_in(http, running.http, "dana")
+    assert (await signed_in_socket(running, http, running.http))["email"] == DANA["email"]
+
+    with pytest.raises(InvalidStatus) as refused:
+        await signed_in_socket(running, http, origin)
+
+    assert refused.value.response.status_code == 403
+
+
+async def test_logging_out_forgets_the_person(
+    provided: tuple[RunningServer, Provider], http: httpx.AsyncClient
+) -> None:
+    running, _ = provided
+    await sign_in(http, running.http, "dana")
+    assert (await http.get(f"{running.http}/api/audit/key")).status_code == 200
+
+    assert (await http.get(f"{running.http}/logout")).status_code == 200
+
+    assert (await http.get(f"{running.http}/api/audit/key")).status_code == 401
+    again = await http.get(f"{running.http}/")
+    assert (again.status_code, again.headers["location"]) == (303, "/login")
+
+
+# ─── Behind an auth proxy ────────────────────────────────────────────────────
+
+PROXIED = {
+    "X-Forwarded-Email": "dana@example.com",
+    "X-Forwarded-User": "Dana Scully",
+    "X-Forwarded-Groups": "staff,eng-oncall",
+}
+
+
+async def proxied_server(trusted: str) -> RunningServer:
+    return await start_server(
+        Settings(
+            port=0,
+            auth_proxy_header="X-Forwarded-Email",
+            auth_proxy_trusted=(trusted,),
+            oidc_roles=("participant=eng-oncall",),
+        )
+    )
+
+
+async def test_a_trusted_proxy_s_header_names_the_person() -> None:
+    running = await proxied_server("127.0.0.0/8")
+    try:
+        identity = await identity_over(running, PROXIED)
+    finally:
+        await running.stop()
+
+    assert identity == {
+        **DANA,
+        "role": "participant",
+        "issuer": PROXY_ISSUER,
+        "token": person_id(PROXY_ISSUER, "dana@example.com"),
+        "display": "Dana Scully (dana@example.com)",
+        "shared": False,
+    }
+
+
+async def test_a_proxy_header_from_an_untrusted_address_is_ignored_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    running = await proxied_server("10.0.0.0/8")
+    try:
+        with caplog.at_level(logging.WARNING, "huddle.signin"):
+            with pytest.raises(InvalidStatus) as refused:
+                await identity_over(running, PROXIED)
+            async with httpx.AsyncClient(timeout=10 * UNIT) as http:
+                answer = await http.get(f"{running.http}/api/audit/key", headers=PROXIED)
+    finally:
+        await running.stop()
+
+    assert refused.value.response.status_code == 401
+    assert answer.status_code == 401
+    warned = [r.getMessage() for r in caplog.records if r.name == "huddle.signin"]
+    assert len(warned) == 1  # once per address
+    assert "ignored the x-forwarded-email header of a request from 127.0.0.1" in warned[0]
+
+
+# ─── A person's own chats ────────────────────────────────────────────────────
+
+
+async def proxied_peer(running: RunningServer, email: str, client_id: str) -> Peer:
+    headers = {**PROXIED, "X-Forwarded-Email": email, "X-Forwarded-User": email}
+    ws = await connect(running.ws, additional_headers=headers, proxy=None)
+    peer = Peer(ws, client_id)
+    assert "result" in await peer.request("initialize", initialize_params(client_id))
+    return peer
+
+
+async def test_a_participant_disposes_a_chat_it_created_but_not_another_s() -> None:
+    running = await proxied_server("127.0.0.0/8")
+    try:
+        session, default = await create_session(running.http, "Chats")
+        dana = await proxied_peer(running, "dana@example.com", "dana-1")
+        dana_again = await proxied_peer(running, "dana@example.com", "dana-2")  # another tab
+        lee = await proxied_peer(running, "lee@example.com", "lee")
+        for peer, chat in ((dana, "ahp-chat:/dana"), (lee, "ahp-chat:/lee")):
+            created = await peer.request("createChat", {"channel": session, "chat": chat})
+            assert created.get("result", "") is None, created
+        busy = {
+            "channel": session,
+            "chat": "ahp-chat:/busy",
+            "initialMessage": {"text": "go", "origin": {"kind": "user"}},
+        }
+        assert "result" in await dana.request("createChat", busy)
+
+        others = await dana.request("disposeChat", {"channel": "ahp-chat:/lee"})
+        defaults = await dana.request("disposeChat", {"channel": default})
+        running_turn = await dana.request("disposeChat", {"channel": "ahp-chat:/busy"})
+        own = await dana_again.request("disposeChat", {"channel": "ahp-chat:/dana"})
+        for peer in (dana, dana_again, lee):
+            await peer.close()
+        state = (await running.server.parts.host.view(session)).state
+    finally:
+        await running.stop()
+
+    assert others["error"]["code"] == -32009  # forbidden
+    assert defaults["error"]["code"] == -32009  # the agent created it
+    assert running_turn["error"]["code"] == -32011  # a turn is running
+    assert own["result"] is None
+    chats = sorted(c.resource for c in state.chats)  # type: ignore[union-attr]
+    assert chats == sorted([default, "ahp-chat:/lee", "ahp-chat:/busy"])

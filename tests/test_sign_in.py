@@ -18,7 +18,7 @@ from playwright.async_api import Browser, expect
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from server.auth import person_id
+from server.auth import RoleMap, person_id
 from server.config import Settings
 from server.edge.signin import PROXY_ISSUER, SESSION_COOKIE
 from tests import test_web_client as web
@@ -75,6 +75,39 @@ def signed_in_socket(running: RunningServer, http: httpx.AsyncClient, origin: st
     return identity_over(running, headers)
 
 
+# ─── Roles from groups ───────────────────────────────────────────────────────
+
+ONCALL_OR_ANYONE = ("participant=eng-oncall", "observer=*")
+
+
+@pytest.mark.parametrize(
+    ("rules", "groups", "role"),
+    [
+        pytest.param(ONCALL_OR_ANYONE, ["eng-oncall"], "participant", id="first-match"),
+        pytest.param(ONCALL_OR_ANYONE, ["staff", "eng-oncall"], "participant", id="any-group"),
+        pytest.param(ONCALL_OR_ANYONE, ["staff"], "observer", id="star-catches-the-rest"),
+        pytest.param(ONCALL_OR_ANYONE, [], "observer", id="star-catches-no-groups"),
+        pytest.param(
+            ("observer=*", "participant=eng-oncall"), ["eng-oncall"], "observer", id="order"
+        ),
+        pytest.param(("participant=eng-oncall",), ["staff"], None, id="unmapped"),
+        pytest.param((), [], "participant", id="no-rules-everyone"),
+    ],
+)
+def test_the_first_role_rule_a_person_s_groups_match_gives_the_role(
+    rules: tuple[str, ...], groups: list[str], role: str | None
+) -> None:
+    assert RoleMap.parse(rules).role_of(groups) == role
+
+
+@pytest.mark.parametrize(
+    "rule", ["agent=admins", "participant", "participant=", "owner=eng"], ids=str
+)
+def test_a_role_rule_that_gives_no_person_s_role_is_refused(rule: str) -> None:
+    with pytest.raises(ValueError, match="participant=GROUP or observer=GROUP"):
+        RoleMap.parse([rule])
+
+
 # ─── Signing in through the provider ─────────────────────────────────────────
 
 
@@ -120,7 +153,31 @@ async def test_a_person_signs_in_with_chromium_answers_and_is_named_by_the_serve
     completed = next(r for r in records if r["what"] == "chat/inputCompleted")
     assert completed["who"] == dana
     assert (await request_note(running, session, chat))["completed"]["by"] == dana
+
+    await page.get_by_role("link", name="Sign out").click()
+    await expect(page.get_by_text("You are signed out")).to_be_visible()
+    assert SESSION_COOKIE not in {c["name"] for c in await context.cookies()}
+    # The provider's own session stays: signing in again asks nothing.
+    await page.goto(base + "/")
+    await expect(page.get_by_role("heading", name="Sessions")).to_be_visible()
     await context.close()
+
+
+@pytest.mark.parametrize(("proto", "secure"), [("https", True), ("http", False)])
+async def test_the_session_cookie_is_secure_when_the_browser_came_over_https(
+    provided: tuple[RunningServer, Provider], http: httpx.AsyncClient, proto: str, secure: bool
+) -> None:
+    running, _ = provided
+    # uvicorn believes X-Forwarded-Proto from 127.0.0.1 (FORWARDED_ALLOW_IPS), as
+    # from a TLS proxy in front of it.
+    login = await http.get(f"{running.http}/login", headers={"X-Forwarded-Proto": proto})
+
+    assert login.status_code == 302
+    cookie = login.headers["set-cookie"].lower()
+    assert cookie.startswith(f"{SESSION_COOKIE}=")
+    assert ("httponly" in cookie, "samesite=lax" in cookie) == (True, True)
+    assert ("; secure" in cookie) == secure
+    assert f"redirect_uri={proto}%3A%2F%2F127.0.0.1" in login.headers["location"]
 
 
 @pytest.mark.parametrize("how", ["aud", "nonce", "signature"])
@@ -253,6 +310,23 @@ async def test_a_proxy_header_from_an_untrusted_address_is_ignored_and_logged(
     warned = [r.getMessage() for r in caplog.records if r.name == "huddle.signin"]
     assert len(warned) == 1  # once per address
     assert "ignored the x-forwarded-email header of a request from 127.0.0.1" in warned[0]
+
+
+async def test_a_proxy_s_person_no_group_takes_is_told_so() -> None:
+    running = await proxied_server("127.0.0.0/8")
+    try:
+        async with httpx.AsyncClient(timeout=10 * UNIT) as http:
+            page = await http.get(
+                f"{running.http}/", headers={**PROXIED, "X-Forwarded-Groups": "staff"}
+            )
+            api = await http.get(
+                f"{running.http}/api/audit/key", headers={**PROXIED, "X-Forwarded-Groups": "staff"}
+            )
+    finally:
+        await running.stop()
+
+    assert (page.status_code, api.status_code) == (403, 403)
+    assert "none of your groups is given a role" in page.text
 
 
 # ─── A person's own chats ────────────────────────────────────────────────────

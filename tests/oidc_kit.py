@@ -54,7 +54,7 @@ async def _line(process: asyncio.subprocess.Process) -> dict[str, Any]:
     assert process.stdout is not None
     async with asyncio.timeout(20 * UNIT):
         line = await process.stdout.readline()
-    assert line, "the OpenID provider stopped before it was ready"
+    assert line, "the OpenID provider stopped before it was ready (.ci/setup --test installs it)"
     said: dict[str, Any] = json.loads(line)
     return said
 

@@ -19,7 +19,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from server.auth import RoleMap, person_id
-from server.config import Settings
+from server.cli import build_parser, main
+from server.config import Settings, settings_from
 from server.edge.signin import PROXY_ISSUER, SESSION_COOKIE
 from tests import test_web_client as web
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
@@ -373,3 +374,55 @@ async def test_a_participant_disposes_a_chat_it_created_but_not_another_s() -> N
     assert own["result"] is None
     chats = sorted(c.resource for c in state.chats)  # type: ignore[union-attr]
     assert chats == sorted([default, "ahp-chat:/lee", "ahp-chat:/busy"])
+
+
+# ─── Configuration ───────────────────────────────────────────────────────────
+
+
+def test_the_sign_in_flags_and_their_variables_set_the_same_settings() -> None:
+    flags = vars(
+        build_parser().parse_args(
+            [
+                "serve",
+                "--oidc-issuer=https://id.example",
+                "--oidc-client-id=huddle",
+                "--oidc-client-secret=s",
+                "--oidc-role-claim=roles",
+                "--oidc-role=participant=eng-oncall",
+                "--oidc-role=observer=*",
+                "--auth-proxy-header=X-Forwarded-Email",
+                "--auth-proxy-trusted=10.0.0.0/8",
+            ]
+        )
+    )
+    env = {
+        "HUDDLE_OIDC_ISSUER": "https://id.example",
+        "HUDDLE_OIDC_CLIENT_ID": "huddle",
+        "HUDDLE_OIDC_CLIENT_SECRET": "s",
+        "HUDDLE_OIDC_ROLE_CLAIM": "roles",
+        "HUDDLE_OIDC_ROLES": "participant=eng-oncall,observer=*",
+        "HUDDLE_AUTH_PROXY_HEADER": "X-Forwarded-Email",
+        "HUDDLE_AUTH_PROXY_TRUSTED": "10.0.0.0/8",
+    }
+
+    by_flags, by_env = settings_from(flags, {}), settings_from({}, env)
+
+    assert by_flags == by_env
+    assert by_flags.oidc_roles == ("participant=eng-oncall", "observer=*")
+    assert by_flags.auth_proxy_trusted == ("10.0.0.0/8",)
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--oidc-issuer=http://127.0.0.1:1"], "--oidc-issuer needs --oidc-client-id"),
+        (["--oidc-role=agent=admins"], "participant=GROUP or observer=GROUP"),
+        (["--auth-proxy-trusted=10.0.0.0/33"], "10.0.0.0/33"),
+    ],
+    ids=["no-client", "agent-role", "bad-network"],
+)
+def test_a_sign_in_misconfigured_stops_the_server_saying_why(
+    capsys: pytest.CaptureFixture[str], flags: list[str], said: str
+) -> None:
+    assert main(["serve", "--port=0", "--agent=none", *flags]) == 2
+    assert said in capsys.readouterr().err

@@ -42,6 +42,10 @@ TOKEN_PREFIX = "hud1."
 
 
 AGENT_TOKEN_ID = "agent"
+MAX_SUBJECT = 255
+"""Characters of a person's subject (an OIDC ``sub``, a proxy's email)."""
+MAX_EMAIL = 254
+"""Characters of an email address (RFC 5321's path less its brackets)."""
 MAX_DECLARED_NAME = 60
 """Characters of a name typed in for a shared link."""
 MAX_MARKS = 3
@@ -98,6 +102,23 @@ class Person:
     name: str
     email: str | None = None
     groups: tuple[str, ...] = ()
+
+    @classmethod
+    def vouched(
+        cls, issuer: str, subject: str, name: str | None, email: str | None, groups: Iterable[str]
+    ) -> Person:
+        """The person as ``issuer`` describes them, made fit to record: the
+        name cleaned as a typed one is (:func:`typed_name`: a provider's
+        directory may hold a right-to-left override too), else the email,
+        else the subject; an email over :data:`MAX_EMAIL` characters or with
+        a control character is none. ValueError for a subject that is empty
+        or over :data:`MAX_SUBJECT` characters (OIDC: 255 ASCII at most)."""
+        if not subject or len(subject) > MAX_SUBJECT:
+            raise ValueError(f"a person's subject is 1 to {MAX_SUBJECT} characters")
+        if email is not None and (len(email) > MAX_EMAIL or not email.isprintable()):
+            email = None
+        shown = typed_name(name or "") or typed_name(email or "") or typed_name(subject)
+        return cls(issuer, subject, shown or "someone", email or None, tuple(groups))
 
 
 def person_id(issuer: str, subject: str) -> str:

@@ -18,7 +18,7 @@ from playwright.async_api import Browser, expect
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from server.auth import RoleMap, person_id
+from server.auth import MAX_SUBJECT, Person, RoleMap, person_id
 from server.cli import build_parser, main
 from server.config import Settings, settings_from
 from server.edge.signin import PROXY_ISSUER, SESSION_COOKIE
@@ -107,6 +107,31 @@ def test_the_first_role_rule_a_person_s_groups_match_gives_the_role(
 def test_a_role_rule_that_gives_no_person_s_role_is_refused(rule: str) -> None:
     with pytest.raises(ValueError, match="participant=GROUP or observer=GROUP"):
         RoleMap.parse([rule])
+
+
+@pytest.mark.parametrize(
+    ("name", "email", "shown", "kept_email"),
+    [
+        ("Dana Scully", "dana@example.com", "Dana Scully", "dana@example.com"),
+        ("Eve\u202egnp.exe", None, "Evegnp.exe", None),  # a directory's bidi override goes
+        (None, "dana@example.com", "dana@example.com", "dana@example.com"),
+        ("", "x" * 300 + "@example.com", "dana", None),  # too long to be an email
+        ("Dana", "dana@example.com\n", "Dana", None),
+    ],
+    ids=["as-said", "bidi-override", "no-name", "long-email", "control-in-email"],
+)
+def test_a_person_is_recorded_as_their_issuer_said_made_fit_to_show(
+    name: str | None, email: str | None, shown: str, kept_email: str | None
+) -> None:
+    person = Person.vouched("https://id.example", "dana", name, email, [])
+
+    assert (person.name, person.email) == (shown, kept_email)
+
+
+@pytest.mark.parametrize("subject", ["", "s" * (MAX_SUBJECT + 1)], ids=["empty", "too-long"])
+def test_a_subject_unfit_to_name_a_person_is_refused(subject: str) -> None:
+    with pytest.raises(ValueError, match="subject"):
+        Person.vouched("https://id.example", subject, "Dana", None, [])
 
 
 # ─── Signing in through the provider ─────────────────────────────────────────

@@ -160,8 +160,12 @@ class SignIn:
             self._note_untrusted(address)
             return None
         groups = [g.strip() for g in conn.headers.get(PROXY_GROUPS, "").split(",") if g.strip()]
-        name = conn.headers.get(PROXY_USER, "").strip() or email
-        person = Person(PROXY_ISSUER, email, name, email, tuple(groups))
+        try:
+            person = Person.vouched(
+                PROXY_ISSUER, email, conn.headers.get(PROXY_USER), email, groups
+            )
+        except ValueError as error:
+            raise AuthError(401, f"the proxy's {self.proxy_header}: {error}") from None
         role = self.roles.role_of(person.groups)
         if role is None:
             raise AuthError(403, f"{email} has no role here: {unmapped(person)}")
@@ -210,13 +214,14 @@ class SignIn:
                 request, claims_options=await self._claims_options()
             )
         except (OAuthError, JoseError, httpx.HTTPError, ValueError, KeyError) as error:
-            log.warning("a sign-in was refused: %s", error)
-            return notice(401, "The sign-in did not go through. <a href='/login'>Try again</a>.")
+            return refused_sign_in(str(error))
         claims = answer.get("userinfo")
         if not isinstance(claims, dict) or not isinstance(claims.get("sub"), str):
-            log.warning("a sign-in was refused: the provider sent no ID token")
-            return notice(401, "The sign-in did not go through. <a href='/login'>Try again</a>.")
-        person = self._person(claims)
+            return refused_sign_in("the provider sent no ID token")
+        try:
+            person = self._person(claims)
+        except ValueError as error:
+            return refused_sign_in(str(error))
         role = self.roles.role_of(person.groups)
         request.session.clear()
         if role is None:
@@ -242,17 +247,17 @@ class SignIn:
         }
 
     def _person(self, claims: dict[str, Any]) -> Person:
-        email = claims.get("email")
-        email = email if isinstance(email, str) and email else None
-        name = claims.get("name")
+        """The person the ID token's claims describe; ValueError for one
+        whose subject is not fit to record (:meth:`Person.vouched`)."""
+        email, name = claims.get("email"), claims.get("name")
         groups = claims.get(self.role_claim)
         listed = groups if isinstance(groups, list) else [groups] if isinstance(groups, str) else []
-        return Person(
-            issuer=str(claims["iss"]),
-            subject=str(claims["sub"]),
-            name=name if isinstance(name, str) and name else email or str(claims["sub"]),
-            email=email,
-            groups=tuple(str(g) for g in listed),
+        return Person.vouched(
+            str(claims["iss"]),
+            str(claims["sub"]),
+            name if isinstance(name, str) else None,
+            email if isinstance(email, str) else None,
+            (str(g) for g in listed),
         )
 
     async def logout(self, request: Request) -> Response:
@@ -260,6 +265,13 @@ class SignIn:
         again may not ask for a password)."""
         request.session.clear()
         return notice(200, "You are signed out. <a href='/login'>Sign in again</a>.")
+
+
+def refused_sign_in(why: str) -> HTMLResponse:
+    """401 for a sign-in that did not go through; ``why`` goes to the log
+    only (it may say what a forger would like to know)."""
+    log.warning("a sign-in was refused: %s", why)
+    return notice(401, "The sign-in did not go through. <a href='/login'>Try again</a>.")
 
 
 def unmapped(person: Person) -> str:

@@ -7,6 +7,7 @@ token, a foreign page's socket and an untrusted proxy header get nobody in.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -24,7 +25,7 @@ from server.config import Settings, settings_from
 from server.edge.signin import PROXY_ISSUER, SESSION_COOKIE
 from tests import test_web_client as web
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
-from tests.edge import Peer, initialize_params
+from tests.edge import Peer, eventually, initialize_params
 from tests.oidc_kit import Provider, sign_in, signed_in_server
 from tests.test_web_client import create_session, session_href
 from tests.test_web_people import FORM, ask, here, request_note
@@ -55,6 +56,16 @@ async def audit_of(running: RunningServer, session: str) -> list[dict[str, Any]]
         )
     answer.raise_for_status()
     return [json.loads(line) for line in answer.text.splitlines() if line]
+
+
+async def agent_waits(running: RunningServer, chat: str) -> httpx.Response:
+    """The agent's long poll for the answer to FORM in ``chat``."""
+    async with httpx.AsyncClient(base_url=running.http, timeout=20 * UNIT) as agent:
+        return await agent.get(
+            "/api/input/wait",
+            params={"chat": chat, "request": FORM.id, "timeout": str(15 * UNIT)},
+            headers={"Authorization": f"Bearer {AGENT_TOKEN}"},
+        )
 
 
 async def identity_over(running: RunningServer, headers: dict[str, str]) -> dict[str, Any]:
@@ -161,6 +172,8 @@ async def test_a_person_signs_in_with_chromium_answers_and_is_named_by_the_serve
     await page.goto(base + session_href(session))
     await expect(here(page)).to_have_text(["Dana Scully (dana@example.com)"])
     await ask(running, chat, FORM)
+    waited = asyncio.create_task(agent_waits(running, chat))
+    await eventually(lambda: running.server.parts.host.waiters.waiting_on(chat) > 0)
     system = page.get_by_label("Affected system")
     await system.fill("SSO")
     await system.press("Tab")
@@ -179,6 +192,7 @@ async def test_a_person_signs_in_with_chromium_answers_and_is_named_by_the_serve
     completed = next(r for r in records if r["what"] == "chat/inputCompleted")
     assert completed["who"] == dana
     assert (await request_note(running, session, chat))["completed"]["by"] == dana
+    assert (await waited).json()["who"] == dana  # what the agent waiting is told
 
     await page.get_by_role("link", name="Sign out").click()
     await expect(page.get_by_text("You are signed out")).to_be_visible()

@@ -95,6 +95,9 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
   // The claims go into the ID token, as most providers put them there.
   conformIdTokenClaims: false,
   features: { devInteractions: { enabled: true } },
+  // PKCE for every client, the confidential one too: a client that sends
+  // no code_challenge is refused at the authorization endpoint.
+  pkce: { required: () => true },
   async findAccount(ctx, id) {
     const person = PEOPLE[id];
     if (!person) return undefined;

@@ -26,7 +26,7 @@ from server.edge.signin import PROXY_ISSUER, SESSION_COOKIE
 from tests import test_web_client as web
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
 from tests.edge import Peer, eventually, initialize_params
-from tests.oidc_kit import Provider, sign_in, signed_in_server
+from tests.oidc_kit import CLIENT_ID, CLIENT_SECRET, Provider, sign_in, signed_in_server
 from tests.test_web_client import create_session, session_href
 from tests.test_web_people import FORM, ask, here, request_note
 
@@ -279,6 +279,33 @@ async def test_a_socket_with_the_cookie_from_another_origin_is_refused(
         await signed_in_socket(running, http, origin)
 
     assert refused.value.response.status_code == 403
+
+
+async def test_every_process_of_the_agent_token_reads_the_cookie_and_none_a_forged_one(
+    provided: tuple[RunningServer, Provider], http: httpx.AsyncClient
+) -> None:
+    running, provider = provided
+    await sign_in(http, running.http, "dana")
+    cookie = http.cookies[SESSION_COOKIE]
+    forged = cookie[:-2] + ("AA" if not cookie.endswith("AA") else "BB")
+    other = await start_server(
+        Settings(
+            port=0,
+            oidc_issuer=provider.issuer,
+            oidc_client_id=CLIENT_ID,
+            oidc_client_secret=CLIENT_SECRET,
+        )
+    )
+    try:
+        there = {"Cookie": f"{SESSION_COOKIE}={cookie}", "Origin": other.http}
+        identity = await identity_over(other, there)
+        with pytest.raises(InvalidStatus) as refused:
+            await identity_over(other, {**there, "Cookie": f"{SESSION_COOKIE}={forged}"})
+    finally:
+        await other.stop()
+
+    assert identity["email"] == DANA["email"]
+    assert refused.value.response.status_code == 401
 
 
 async def test_logging_out_forgets_the_person(

@@ -59,6 +59,19 @@ async def _line(process: asyncio.subprocess.Process) -> dict[str, Any]:
     return said
 
 
+def oidc_settings(issuer: str, **settings: Any) -> Settings:
+    """A server's settings on a free port whose people sign in at ``issuer``
+    (``settings`` on top: role rules are :data:`ROLES` unless given)."""
+    options: dict[str, Any] = {
+        "oidc_issuer": issuer,
+        "oidc_client_id": CLIENT_ID,
+        "oidc_client_secret": CLIENT_SECRET,
+        "oidc_roles": ROLES,
+        **settings,
+    }
+    return Settings(port=0, **options)
+
+
 @contextlib.asynccontextmanager
 async def signed_in_server(**settings: Any) -> AsyncIterator[tuple[RunningServer, Provider]]:
     """A provider, and a server on loopback whose people sign in with it
@@ -70,14 +83,7 @@ async def signed_in_server(**settings: Any) -> AsyncIterator[tuple[RunningServer
     )
     try:
         issuer = f"http://127.0.0.1:{(await _line(process))['port']}"
-        options: dict[str, Any] = {
-            "oidc_issuer": issuer,
-            "oidc_client_id": CLIENT_ID,
-            "oidc_client_secret": CLIENT_SECRET,
-            "oidc_roles": ROLES,
-            **settings,
-        }
-        running = await start_server(Settings(port=0, **options))
+        running = await start_server(oidc_settings(issuer, **settings))
         try:
             client = {
                 "redirectUri": f"{running.http}/auth/callback",

@@ -26,7 +26,7 @@ from server.edge.signin import PROXY_ISSUER, SESSION_COOKIE
 from tests import test_web_client as web
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
 from tests.edge import Peer, eventually, initialize_params
-from tests.oidc_kit import CLIENT_ID, CLIENT_SECRET, Provider, sign_in, signed_in_server
+from tests.oidc_kit import Provider, oidc_settings, sign_in, signed_in_server
 from tests.test_web_client import create_session, session_href
 from tests.test_web_people import FORM, ask, here, request_note
 
@@ -288,14 +288,7 @@ async def test_every_process_of_the_agent_token_reads_the_cookie_and_none_a_forg
     await sign_in(http, running.http, "dana")
     cookie = http.cookies[SESSION_COOKIE]
     forged = cookie[:-2] + ("AA" if not cookie.endswith("AA") else "BB")
-    other = await start_server(
-        Settings(
-            port=0,
-            oidc_issuer=provider.issuer,
-            oidc_client_id=CLIENT_ID,
-            oidc_client_secret=CLIENT_SECRET,
-        )
-    )
+    other = await start_server(oidc_settings(provider.issuer))  # the same agent token
     try:
         there = {"Cookie": f"{SESSION_COOKIE}={cookie}", "Origin": other.http}
         identity = await identity_over(other, there)

@@ -10,6 +10,14 @@ tokens, and changing the agent token revokes every minted one.
 Roles: ``agent`` may dispatch every action and create sessions;
 ``participant`` may dispatch client-dispatchable actions; ``observer`` may
 only subscribe. ``sessions`` of None means every session.
+
+A person the organisation's identity vouches for (:class:`Person`: signed
+in through OIDC, or named by a trusted auth proxy: server.edge.signin) gets
+a token whose subject is that person: their name, email and issuer ride in
+it, and its id is the person's (:func:`person_id`), the same for every
+token they get, so that their budget, client ids and chats stay theirs
+across browsers and sign-ins. Any other minted token is a link's: its
+identity is marked so (``link``) in records.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import hmac
 import json
 import secrets
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +44,10 @@ TOKEN_PREFIX = "hud1."
 
 
 AGENT_TOKEN_ID = "agent"
+MAX_SUBJECT = 255
+"""Characters of a person's subject (an OIDC ``sub``, a proxy's email)."""
+MAX_EMAIL = 254
+"""Characters of an email address (RFC 5321's path less its brackets)."""
 MAX_DECLARED_NAME = 60
 """Characters of a name typed in for a shared link."""
 MAX_MARKS = 3
@@ -99,27 +112,115 @@ def typed_name(typed: str) -> str:
     return " ".join("".join(kept).split())[:MAX_DECLARED_NAME].rstrip(" ")
 
 
+@dataclass(frozen=True)
+class Person:
+    """Someone the organisation's identity vouches for: ``subject`` as
+    ``issuer`` names them (an OIDC ``sub``; the email an auth proxy sends),
+    their name and email as it says, and the groups its roles come from
+    (:class:`RoleMap`)."""
+
+    issuer: str
+    subject: str
+    name: str
+    email: str | None = None
+    groups: tuple[str, ...] = ()
+
+    @classmethod
+    def vouched(
+        cls, issuer: str, subject: str, name: str | None, email: str | None, groups: Iterable[str]
+    ) -> Person:
+        """The person as ``issuer`` describes them, made fit to record: the
+        name cleaned as a typed one is (:func:`typed_name`: a provider's
+        directory may hold a right-to-left override too), else the email,
+        else the subject; an email over :data:`MAX_EMAIL` characters or with
+        a control character is none. ValueError for a subject that is empty
+        or over :data:`MAX_SUBJECT` characters (OIDC: 255 ASCII at most)."""
+        if not subject or len(subject) > MAX_SUBJECT:
+            raise ValueError(f"a person's subject is 1 to {MAX_SUBJECT} characters")
+        if email is not None and (len(email) > MAX_EMAIL or not email.isprintable()):
+            email = None
+        shown = typed_name(name or "") or typed_name(email or "") or typed_name(subject)
+        return cls(issuer, subject, shown or "someone", email or None, tuple(groups))
+
+
+def person_id(issuer: str, subject: str) -> str:
+    """The token id of every token of the person ``subject`` of ``issuer``:
+    a digest that names them in records without being a credential."""
+    return hashlib.sha256(f"person\0{issuer}\0{subject}".encode()).hexdigest()[:16]
+
+
+SIGNED_IN_ROLES: tuple[Role, ...] = ("participant", "observer")
+"""The roles a group may give a person: the agent's stays a secret's."""
+
+
+@dataclass(frozen=True)
+class RoleMap:
+    """Which role a person's groups give them: ``role=group`` rules, the
+    first that matches wins; ``*`` matches anyone (even with no groups)."""
+
+    rules: tuple[tuple[Role, str], ...] = (("participant", "*"),)
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> RoleMap:
+        """From ``participant=eng-oncall``-like entries (none: everyone a
+        participant); ValueError for one that is not ``role=group`` with a
+        role a group may give (:data:`SIGNED_IN_ROLES`)."""
+        rules: list[tuple[Role, str]] = []
+        for entry in entries:
+            role, _, group = entry.partition("=")
+            role, group = role.strip(), group.strip()
+            known = next((r for r in SIGNED_IN_ROLES if r == role), None)
+            if known is None or not group:
+                raise ValueError(
+                    f"a role rule is participant=GROUP or observer=GROUP ('*': anyone), "
+                    f"not {entry!r}"
+                )
+            rules.append((known, group))
+        return cls(tuple(rules)) if rules else cls()
+
+    def role_of(self, groups: Iterable[str]) -> Role | None:
+        """The role of someone in ``groups``, or None: no rule gives one."""
+        held = frozenset(groups)
+        return next((r for r, g in self.rules if g == "*" or g in held), None)
+
+
 class Identity(msgspec.Struct, frozen=True, omit_defaults=True):
     """Who did something, as the server knows it: the subject of the token
     it came with (its role, its name and its id; never the token).
     ``declared`` when the name is one its holder typed in (a shared link's
-    token carries none of its own)."""
+    token carries none of its own); ``email`` and ``issuer`` for a person
+    the organisation's identity vouches for (:class:`Person`)."""
 
     role: Role
     name: str
     token: str
     declared: bool = False
+    email: str | None = None
+    issuer: str | None = None
 
     @property
     def display(self) -> str:
-        """The name to show: a typed-in one says so."""
-        return f"{self.name} · shared link" if self.declared else self.name
+        """The name to show: a typed-in one says so; a person's shows their
+        email too."""
+        if self.declared:
+            return f"{self.name} · shared link"
+        if self.email and self.email != self.name:
+            return f"{self.name} ({self.email})"
+        return self.name
 
     def who(self) -> dict[str, object]:
-        """As the session's notes record it (reducers.notes)."""
+        """As the session's notes and the audit record it (reducers.notes):
+        a person with their email and issuer, a link's token marked
+        ``link``."""
         note: dict[str, object] = {"name": self.name, "role": self.role, "token": self.token}
         if self.declared:
             note["declared"] = True
+        if self.issuer is not None:
+            note["issuer"] = self.issuer
+            if self.email is not None:
+                note["email"] = self.email
+        elif self.role != "agent":
+            note["link"] = True
         return note
 
 
@@ -139,6 +240,22 @@ class Grant:
     """For a token a shared link's browser got (server.edge.app.index): the
     link's token id. Its rate budget is the link's, shared with every other
     browser of the link, so that opening the link again buys no more."""
+    email: str | None = None
+    issuer: str | None = None
+    """A person's token (:class:`Person`): who vouches for them."""
+
+    @classmethod
+    def of_person(cls, person: Person, role: Role, expires_at: float | None) -> Grant:
+        """What a token of ``person`` allows: ``role`` on every session."""
+        return cls(
+            role=role,
+            sessions=None,
+            name=person.name,
+            token_id=person_id(person.issuer, person.subject),
+            expires_at=expires_at,
+            email=person.email,
+            issuer=person.issuer,
+        )
 
     @property
     def budget_key(self) -> str:
@@ -147,7 +264,13 @@ class Grant:
 
     @property
     def identity(self) -> Identity:
-        return Identity(role=self.role, name=self.name, token=self.token_id)
+        return Identity(
+            role=self.role,
+            name=self.name,
+            token=self.token_id,
+            email=self.email,
+            issuer=self.issuer,
+        )
 
     def identity_as(self, declared: str | None) -> Identity:
         """The identity of this token's holder: a shared token's holder goes
@@ -189,6 +312,17 @@ class TokenAuthority:
     def generate_agent_token() -> str:
         return secrets.token_urlsafe(32)
 
+    def derived_key(self, purpose: str) -> str:
+        """A secret for ``purpose`` (the signed-in browsers' session cookie)
+        that every process with this agent token derives alike, and that
+        changing the agent token changes."""
+        return hashlib.sha256(f"huddle {purpose} key\0{self.agent_token}".encode()).hexdigest()
+
+    def mint_person(self, person: Person, role: Role, *, expires_at: float) -> str:
+        """A token whose subject is ``person`` (its id theirs:
+        :func:`person_id`), for ``role`` on every session."""
+        return self.mint(role, name=person.name, expires_at=expires_at, person=person)
+
     def mint(
         self,
         role: Role,
@@ -198,6 +332,7 @@ class TokenAuthority:
         expires_at: float,
         shared: bool = False,
         link: str | None = None,
+        person: Person | None = None,
     ) -> str:
         """A token for ``role`` on ``sessions`` (all when None) until
         ``expires_at`` (Unix time), in the name of ``name``. A ``shared``
@@ -216,6 +351,8 @@ class TokenAuthority:
             payload["shared"] = True
         if link is not None:
             payload["link"] = link
+        if person is not None:
+            payload.update(iss=person.issuer, sub=person.subject, email=person.email)
         body = _b64(json.dumps(payload, separators=(",", ":")).encode())
         signature = _b64(hmac.new(self._key, body.encode(), hashlib.sha256).digest())
         return f"{TOKEN_PREFIX}{body}.{signature}"
@@ -248,6 +385,12 @@ class TokenAuthority:
         if not isinstance(exp, int) or exp <= now:
             raise AuthError(401, "the token has expired")
         scope = None if sessions is None else frozenset(str(s) for s in sessions)
+        if isinstance(payload.get("iss"), str) and isinstance(payload.get("sub"), str):
+            email = payload.get("email")
+            person = Person(
+                payload["iss"], payload["sub"], str(name), email if isinstance(email, str) else None
+            )
+            return Grant.of_person(person, role, exp)
         return Grant(
             role=role,
             sessions=scope,

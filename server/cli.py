@@ -52,6 +52,36 @@ DRAIN_SECONDS = (
 )
 
 
+def _add_sign_in(serve: argparse.ArgumentParser) -> None:
+    """The flags of signing in with the organisation's identity (docs/sign-in.md)."""
+    sign_in = serve.add_argument_group("sign-in", "people sign in as themselves (docs/sign-in.md)")
+    sign_in.add_argument("--oidc-issuer", metavar="URL", help="the OpenID provider's issuer URL")
+    sign_in.add_argument("--oidc-client-id", metavar="ID", help="Huddle's client id there")
+    sign_in.add_argument("--oidc-client-secret", metavar="SECRET", help="and its secret")
+    sign_in.add_argument(
+        "--oidc-role-claim", metavar="CLAIM", help="the ID token's claim listing groups (groups)"
+    )
+    sign_in.add_argument(
+        "--oidc-role",
+        dest="oidc_roles",
+        action="append",
+        metavar="ROLE=GROUP",
+        help="participant=GROUP or observer=GROUP ('*': anyone), repeatable, the first match "
+        "wins; a person matched by none is refused (default: everyone a participant)",
+    )
+    sign_in.add_argument(
+        "--auth-proxy-header",
+        metavar="HEADER",
+        help="the header a trusted auth proxy names the person in (X-Forwarded-Email)",
+    )
+    sign_in.add_argument(
+        "--auth-proxy-trusted",
+        action="append",
+        metavar="CIDR",
+        help="a network whose requests' proxy header is believed (repeatable; default none)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="huddle",
@@ -141,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Host name the server answers to (repeatable; '*' for any; default: the "
         "loopback names when listening on loopback, any otherwise)",
     )
+    _add_sign_in(serve)
     serve.add_argument("--max-subscriptions", type=int, help="subscriptions per connection (100)")
     serve.add_argument(
         "--max-chats", type=int, help="chats a session holds at most, its default chat too (1000)"

@@ -74,6 +74,7 @@ from server.core.policy import Command as Command
 from server.core.policy import (
     admission_refusal,
     cap_refusal,
+    chat_disposal_refusal,
     command_refusal,
     dispatch_refusal,
     keeping_executor,
@@ -490,7 +491,12 @@ class Commands:
 
         try:
             await self.host.sessions.create_chat(
-                session, chat, title=title, working_directories=working_directories, cap=cap
+                session,
+                chat,
+                title=title,
+                working_directories=working_directories,
+                cap=cap,
+                creator=None if grant.role == "agent" else grant.token_id,
             )
         except ActionRejected as rejected:
             raise refused(rejected, "$.initialMessage") from None
@@ -507,12 +513,25 @@ class Commands:
             raise refused(rejected, "$") from None
 
     async def dispose_chat(self, grant: Grant, chat: str) -> None:
-        """Dispose chat ``chat`` (not its session's default chat)."""
+        """Dispose chat ``chat`` (not its session's default chat; a
+        person's token only a chat it created, with no turn running:
+        server.core.policy.chat_disposal_refusal, CommandError permission
+        denied or conflict)."""
         self.allow(grant, Command.DISPOSE_CHAT)
         expect_kind(chat, "chat")
         session = await self.reach(grant, chat)
         if session is None:
             raise not_found(chat)
+        try:
+            state = (await self.host.view(chat)).state
+        except ChannelGone:
+            raise not_found(chat) from None
+        assert isinstance(state, ChatState)
+        refusal = chat_disposal_refusal(grant, state)
+        if refusal is not None:
+            forbidden = refusal.code == RejectionCode.FORBIDDEN
+            code = ErrorCode.PERMISSION_DENIED if forbidden else ErrorCode.CONFLICT
+            raise CommandError(code, refusal.sentence)
         await self.host.sessions.dispose_chat(session, chat)
 
     async def list_sessions(

@@ -125,6 +125,21 @@ class Settings:
     audit_dir: str | None = None
     """Where a session's audit is exported before retention removes it."""
     open_browser: bool = False
+    oidc_issuer: str | None = None
+    """The OpenID provider people sign in with (server.edge.signin); None:
+    no sign-in, token links only."""
+    oidc_client_id: str | None = None
+    oidc_client_secret: str | None = None
+    oidc_role_claim: str = "groups"
+    """The ID token's claim that lists a person's groups."""
+    oidc_roles: tuple[str, ...] = ()
+    """``role=group`` rules (server.auth.RoleMap), first match wins; none:
+    every signed-in person is a participant."""
+    auth_proxy_header: str | None = None
+    """The header a trusted auth proxy names the person in
+    (``X-Forwarded-Email``); None: no proxy is trusted."""
+    auth_proxy_trusted: tuple[str, ...] = ()
+    """The networks (CIDR) whose requests' proxy header is believed."""
 
 
 ENV_PREFIX = "HUDDLE_"
@@ -244,6 +259,13 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         retention=_duration(src.raw("retention")),
         audit_dir=src.raw("audit_dir"),
         open_browser=src.flag("open_browser", base.open_browser),
+        oidc_issuer=_path(src.raw("oidc_issuer")),
+        oidc_client_id=_path(src.raw("oidc_client_id")),
+        oidc_client_secret=_path(src.raw("oidc_client_secret")),
+        oidc_role_claim=src.text("oidc_role_claim", base.oidc_role_claim),
+        oidc_roles=src.items("oidc_roles"),
+        auth_proxy_header=_path(src.raw("auth_proxy_header")),
+        auth_proxy_trusted=src.items("auth_proxy_trusted"),
     )
 
 

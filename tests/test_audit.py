@@ -171,6 +171,7 @@ async def test_the_demo_story_is_on_record_with_who_did_what(with_demo: RunningS
         "name": "Alice",
         "role": "participant",
         "token": alice_token,
+        "link": True,  # a token link's, not a signed-in person's
     }
     completed = by_what["chat/inputCompleted"]
     assert completed["who"]["name"] == "Alice"
@@ -328,6 +329,7 @@ async def test_a_shared_links_holder_is_recorded_with_the_token_and_the_typed_na
         "role": "participant",
         "token": huddle.authority.verify(shared, 0).token_id,
         "declared": True,
+        "link": True,
     }
     assert draft["origin"]["clientId"] == "dana-tab"  # what it said, beside who it is
     await peer.close()

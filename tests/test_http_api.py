@@ -279,6 +279,7 @@ async def test_long_poll_returns_the_answers_a_participant_submits(
             "name": "alice",
             "role": "participant",
             "token": huddle.authority.verify(alice_token, 0).token_id,
+            "link": True,
         },
     }
 

@@ -316,7 +316,10 @@ function chooseName() {
 const identityBox = document.getElementById('identity');
 const identityName = h('span', { class: 'identity-name' });
 const renameButton = h('button', { type: 'button', class: 'link', onclick: () => askName() }, 'Change name');
-identityBox.append(h('span', { class: 'muted' }, 'You: '), identityName, ' ', renameButton);
+// A person signed in through the organisation's provider signs out here
+// (server/edge/signin.py); an auth proxy's person signs out at the proxy.
+const signOut = h('a', { href: '/logout', class: 'link', hidden: true }, 'Sign out');
+identityBox.append(h('span', { class: 'muted' }, 'You: '), identityName, ' ', renameButton, ' ', signOut);
 
 function renderIdentity() {
   const identity = client.identity;
@@ -326,6 +329,7 @@ function renderIdentity() {
   if (identityName.textContent !== text) identityName.textContent = text;
   renameButton.hidden = !identity.shared || watchesOnly(identity);
   renameButton.textContent = identity.declared ? 'Change name' : 'Set your name';
+  signOut.hidden = !identity.issuer || identity.issuer === 'auth-proxy';
 }
 
 // ─── Telling people they are needed ─────────────────────────────────────

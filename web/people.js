@@ -19,7 +19,12 @@ import { h } from './dom.js';
  * a name typed in for a shared link says so. */
 export function displayOf(who) {
   if (!who || typeof who.name !== 'string') return 'Someone';
-  return who.declared ? `${who.name} · shared link` : who.name;
+  if (who.declared) return `${who.name} · shared link`;
+  // A signed-in person (their issuer vouches for the email) shows it too.
+  if (who.issuer && typeof who.email === 'string' && who.email !== who.name) {
+    return `${who.name} (${who.email})`;
+  }
+  return who.name;
 }
 
 // A name typed in for a shared link, as server/auth.py takes it (name_problem

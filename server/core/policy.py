@@ -29,7 +29,9 @@ Commands::
     create-chat      agent, participant (reaching the session), while
                      the session holds fewer than nine tenths of its chats
                      at most (the agent's while fewer than all of them)
-    dispose-chat     agent
+    dispose-chat     agent; a participant, a chat it created (not the
+                     session's default chat, no turn running:
+                     :func:`chat_disposal_refusal`)
     mint-token       agent
 
 Creating a session or a chat spends one action of the token's rate budget
@@ -150,13 +152,33 @@ def command_refusal(grant: Grant, command: Command) -> str | None:
         case Command.CREATE_CHAT:
             return None if grant.may_dispatch else "observers may not create chats"
         case Command.DISPOSE_CHAT:
-            return None if grant.role == "agent" else "only an agent token may dispose chats"
+            return None if grant.may_dispatch else "observers may not dispose chats"
         case Command.MINT_TOKEN:
             return None if grant.role == "agent" else "only an agent token may mint tokens"
         case Command.READ_AUDIT:
             return None if grant.may_dispatch else "observers may not read the audit"
         case Command.SET_EXPIRY:
             return None if grant.role == "agent" else "only an agent token may set an expiry"
+
+
+def chat_disposal_refusal(grant: Grant, state: ChatState) -> Rejection | None:
+    """Why ``grant`` may not dispose the chat in ``state`` (the session's
+    default chat is nobody's to dispose: server.core.sessions), or None.
+    The agent may dispose any; a person only one they created (its
+    ``_meta.huddle.creator``: server.core.sessions.new_chat), and not while a
+    turn runs in it: that would pull the agent's work from under it."""
+    if grant.role == "agent":
+        return None
+    if huddle_meta(state.meta, "creator") != grant.token_id:
+        return _refusal(
+            RejectionCode.FORBIDDEN, "only the agent, or whoever created it, may dispose a chat"
+        )
+    if state.active_turn is not None:
+        return _refusal(
+            RejectionCode.TURN_IN_PROGRESS,
+            f"turn '{state.active_turn.id}' is running; cancel it before disposing the chat",
+        )
+    return None
 
 
 def admission_refusal(grant: Grant) -> Rejection | None:

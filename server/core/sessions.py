@@ -18,7 +18,7 @@ import base64
 import contextlib
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final
 
 from msgspec.structs import replace
 
@@ -126,8 +126,10 @@ class Sessions:
         title: str | None = None,
         working_directories: list[str] | None = None,
         cap: Callable[[SessionState], Rejection | None] | None = None,
+        creator: str | None = None,
     ) -> None:
-        """Create chat ``chat`` in ``session`` and add it to the catalog; it
+        """Create chat ``chat`` in ``session`` and add it to the catalog, as
+        the person whose token id is ``creator`` (None: the agent); it
         works in ``working_directories`` (None: the session's, as AHP says),
         which the caller checked are the session's
         (:func:`reducers.validation.working_directories_problem`). ``cap``
@@ -153,6 +155,7 @@ class Sessions:
             title or f"Chat {number}",
             iso_time(self.core.now_ms()),
             working_directories,
+            creator,
         )
         added = SessionChatAdded(summary=chat_summary(state))
         if (refused := refusal(view, added)) is not None:
@@ -255,9 +258,15 @@ def new_chat(
     title: str,
     modified_at: str,
     working_directories: list[str] | None = None,
+    creator: str | None = None,
 ) -> ChatState:
     """The state a chat of ``session`` starts with; ``working_directories``
-    once each, in their order (None: absent, the session's whole set)."""
+    once each, in their order (None: absent, the session's whole set);
+    ``_meta.huddle.creator`` the token id of the person who created it
+    (server.core.policy.chat_disposal_refusal), None for the agent's."""
+    huddle: dict[str, Any] = {"session": session}
+    if creator is not None:
+        huddle["creator"] = creator
     return ChatState(
         resource=chat,
         title=title,
@@ -268,7 +277,7 @@ def new_chat(
             None if working_directories is None else list(dict.fromkeys(working_directories))
         ),
         turns=[],
-        meta={HUDDLE_META: {"session": session}},
+        meta={HUDDLE_META: huddle},
     )
 
 

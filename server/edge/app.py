@@ -5,7 +5,10 @@ Authentication happens before a WebSocket is accepted (HTTP 401/403 on
 refusal). A token is read from ``Authorization: Bearer``, from a WebSocket
 subprotocol ``huddle.token.<token>`` (browsers cannot set headers; offer
 ``ahp`` too and the server selects it), or from the ``huddle_token`` cookie
-that ``GET /?token=...`` sets. A request that carries an ``Origin`` header
+that ``GET /?token=...`` sets. A person is known by the session cookie of
+their sign-in, or by a trusted auth proxy's header (server.edge.signin):
+an explicit token (header, subprotocol) wins over both, both over the
+``huddle_token`` cookie. A request that carries an ``Origin`` header
 must come from the server's own origin (its ``Host``, and a name on the
 host allow-list when there is one: :func:`server.edge.headers.is_own_origin`) or
 one on the origin allow-list.
@@ -64,6 +67,7 @@ from server.edge.headers import Guard, allowed_hosts, is_own_origin, rebinding_w
 from server.edge.idempotency import Idempotency
 from server.edge.local import LocalSocket, ServerEnd
 from server.edge.rpc import LiveClients, Rpc
+from server.edge.signin import SessionCookie, SignIn, notice
 from server.errors import (
     ActionRejected,
     AuthError,
@@ -111,6 +115,8 @@ class Server:
     idempotency: Idempotency
     hosts: tuple[str, ...] | None
     """The ``Host`` names answered (None: any; server.edge.headers)."""
+    signin: SignIn
+    """Who a request's person is (server.edge.signin)."""
     failures: FailedAuthentications = field(default_factory=FailedAuthentications)
     """Failed authentications per client address."""
     polls: Slots = field(default_factory=Slots)
@@ -158,13 +164,18 @@ def _offered_subprotocols(conn: HTTPConnection) -> list[str]:
 
 def token_of(conn: HTTPConnection) -> str | None:
     """The token a request carries, from header, subprotocol or cookie."""
+    return _explicit_token(conn) or conn.cookies.get(TOKEN_COOKIE)
+
+
+def _explicit_token(conn: HTTPConnection) -> str | None:
+    """The token a request names itself (header or subprotocol), if any."""
     header = conn.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
         return header[7:].strip()
     for offered in _offered_subprotocols(conn):
         if offered.startswith(TOKEN_SUBPROTOCOL):
             return offered[len(TOKEN_SUBPROTOCOL) :]
-    return conn.cookies.get(TOKEN_COOKIE)
+    return None
 
 
 def check_origin(
@@ -187,9 +198,17 @@ def authenticate(server: Server, conn: HTTPConnection) -> Grant:
     origin, 401 for a token that does not verify (a guess counted against
     the client's address: :func:`verify_token`), AuthThrottled (429) while
     that address has no failure left to make (its token, valid or not, is
-    not looked at)."""
+    not looked at). Without an explicit token, the person a trusted proxy
+    names, or the one signed in (server.edge.signin), before the
+    ``huddle_token`` cookie."""
     check_origin(conn, server.settings.origins, server.hosts)
-    return verify_token(server, conn, token_of(conn))
+    token = _explicit_token(conn)
+    if token is None:
+        person = server.signin.proxied(conn)
+        if person is not None:
+            return person
+        token = server.signin.session_token(conn) or conn.cookies.get(TOKEN_COOKIE)
+    return verify_token(server, conn, token)
 
 
 def verify_token(server: Server, conn: HTTPConnection, token: str | None) -> Grant:
@@ -731,10 +750,20 @@ async def index(request: Request) -> Response:
     """The web client; ``?token=`` becomes a cookie and leaves the URL (a
     shared link's, a token of this browser's own). A token that does not
     verify sets nothing (a link must not plant someone else's credential in
-    a browser)."""
+    a browser). Where people sign in, a browser that holds no valid token
+    is sent to sign in; a person a trusted proxy names whom no role rule
+    takes is told so."""
+    server: Server = request.app.state.server
     token = request.query_params.get("token")
+    if not token and server.signin.enabled:
+        try:
+            authenticate(server, request)
+        except AuthError as error:
+            if error.status == 403:
+                return notice(403, html.escape(error.reason))
+            if server.signin.cookies and not isinstance(error, AuthThrottled):
+                return RedirectResponse("/login", status_code=303)
     if token:
-        server: Server = request.app.state.server
         try:
             grant = verify_token(server, request, token)
         except AuthThrottled as error:
@@ -816,6 +845,7 @@ def create_app(
             pool=parts.settings.idempotency_pool or None,
         ),
         hosts=hosts,
+        signin=SignIn(parts.settings, authority, commands.clock),
     )
 
     door_id = secrets.token_hex(4)
@@ -868,9 +898,13 @@ def create_app(
         Route("/readyz", readyz),
         Route("/metrics", read_metrics),
     ]
+    routes.extend(server.signin.routes())
     if WEB_ROOT.is_dir():
         routes.append(Mount("/web", StaticFiles(directory=WEB_ROOT), name="web"))
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, hosts=hosts)])
+    middleware = [Middleware(Guard, hosts=hosts)]
+    if server.signin.cookies:
+        middleware.append(Middleware(SessionCookie, secret=authority.derived_key("session")))
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.server = server
     app.state.agents = parts.service
     return app

@@ -297,7 +297,8 @@ async def settler(
 
 
 def identity_of(who: Any) -> Identity | None:
-    """A note's ``{"name", "role", "token", "declared"?}`` as an Identity."""
+    """A note's ``{"name", "role", "token", "declared"?, "email"?, "issuer"?}``
+    as an Identity."""
     if not isinstance(who, dict):
         return None
     role, name, token = who.get("role"), who.get("name"), who.get("token")
@@ -306,5 +307,13 @@ def identity_of(who: Any) -> Identity | None:
     for known in ROLES:
         if known == role:
             declared = who.get("declared") is True
-            return Identity(role=known, name=name, token=token, declared=declared)
+            email, issuer = who.get("email"), who.get("issuer")
+            return Identity(
+                role=known,
+                name=name,
+                token=token,
+                declared=declared,
+                email=email if isinstance(email, str) else None,
+                issuer=issuer if isinstance(issuer, str) else None,
+            )
     return None

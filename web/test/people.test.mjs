@@ -39,6 +39,14 @@ test('a name typed for a shared link is shown marked, as the server displays it'
   assert.equal(displayOf(null), 'Someone');
 });
 
+test('a signed-in person is shown with the email their issuer vouches for', () => {
+  const dana = { name: 'Dana Scully', email: 'dana@example.com', issuer: 'https://id.example' };
+  assert.equal(displayOf(dana), 'Dana Scully (dana@example.com)');
+  assert.equal(displayOf({ ...dana, name: 'dana@example.com' }), 'dana@example.com');
+  // An email without an issuer is nobody's word: a link's holder shows their name.
+  assert.equal(displayOf({ name: 'Lee', email: 'boss@example.com' }), 'Lee');
+});
+
 test('I am the holder of my token under my name: one shared link is many people', () => {
   assert.ok(isMe(LEE, ME_LEE));
   assert.ok(!isMe(DANA, ME_LEE));

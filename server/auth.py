@@ -85,12 +85,25 @@ def name_problem(typed: str) -> str | None:
     :data:`INVISIBLE`). The sentence names it by its code point, so that the
     person can see what to take out (web/people.js says the same)."""
     for c in unicodedata.normalize("NFC", typed):
-        if (unicodedata.category(c) in HIDDEN and not _is_space(c)) or c in INVISIBLE:
+        if _hidden(c):
             return (
                 f"a name cannot hold U+{ord(c):04X}: it shows as nothing or reorders the "
                 "text around it"
             )
     return None
+
+
+def _hidden(c: str) -> bool:
+    """Whether ``c`` shows as nothing or reorders the text around it."""
+    return (unicodedata.category(c) in HIDDEN and not _is_space(c)) or c in INVISIBLE
+
+
+def shown_name(given: str) -> str:
+    """A name someone else gave (an identity provider's, a proxy's: its
+    holder cannot be asked to take a character out), made fit to show as
+    :func:`typed_name` makes one, with what :func:`name_problem` refuses in
+    a typed one dropped."""
+    return typed_name("".join(c for c in unicodedata.normalize("NFC", given) if not _hidden(c)))
 
 
 def typed_name(typed: str) -> str:
@@ -130,7 +143,7 @@ class Person:
         cls, issuer: str, subject: str, name: str | None, email: str | None, groups: Iterable[str]
     ) -> Person:
         """The person as ``issuer`` describes them, made fit to record: the
-        name cleaned as a typed one is (:func:`typed_name`: a provider's
+        name made fit to show (:func:`shown_name`: a provider's
         directory may hold a right-to-left override too), else the email,
         else the subject; an email over :data:`MAX_EMAIL` characters or with
         a control character is none. ValueError for a subject that is empty
@@ -139,7 +152,7 @@ class Person:
             raise ValueError(f"a person's subject is 1 to {MAX_SUBJECT} characters")
         if email is not None and (len(email) > MAX_EMAIL or not email.isprintable()):
             email = None
-        shown = typed_name(name or "") or typed_name(email or "") or typed_name(subject)
+        shown = shown_name(name or "") or shown_name(email or "") or shown_name(subject)
         return cls(issuer, subject, shown or "someone", email or None, tuple(groups))
 
 

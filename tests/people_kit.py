@@ -162,9 +162,9 @@ class By:
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, dict)
-            and set(other) == {"name", "role", "token", "declared"}
-            and (other["name"], other["role"], other["declared"])
-            == (self.name, "participant", False)
+            and set(other) == {"name", "role", "token", "declared", "email", "issuer"}
+            and (other["name"], other["role"], other["declared"], other["email"])
+            == (self.name, "participant", False, None)
             and isinstance(other["token"], str)
         )
 

@@ -40,7 +40,7 @@ interrupt does not allow falls to what it does)::
 
 Each response carries ``answered_by`` beside ``type`` and ``args``: the
 person who decided as the server knows them, ``{name, role, token,
-declared}`` as the MCP server's tools say it (server.mcp.people.person;
+declared, email, issuer}`` as the MCP server's tools say it (server.mcp.people.person;
 None when nobody did). The same for the form's result.
 
 Restarts: each request's id is made from the thread, the checkpoint the

@@ -143,6 +143,8 @@ class Person(BaseModel):
     role: str
     token: str = Field(description="The id of the token they used (not the token)")
     declared: bool = Field(default=False, description="A name they typed in on a shared link")
+    email: str | None = Field(default=None, description="A signed-in person's email")
+    issuer: str | None = Field(default=None, description="Who vouches for a signed-in person")
 
     @classmethod
     def of(cls, who: Identity | None) -> Person | None:

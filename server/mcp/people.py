@@ -95,10 +95,18 @@ def person(who: Identity | None) -> dict[str, Any] | None:
     server's ``answered_by``, the adapters'): the server's word, never a
     name the agent chose; ``token`` is the id of the token they used (not
     the token), ``declared`` whether the name is one they typed in on a
-    shared link. None: nobody did."""
+    shared link, ``email`` and ``issuer`` those of a person who signed in
+    (else None). None: nobody did."""
     if who is None:
         return None
-    return {"name": who.name, "role": who.role, "token": who.token, "declared": who.declared}
+    return {
+        "name": who.name,
+        "role": who.role,
+        "token": who.token,
+        "declared": who.declared,
+        "email": who.email,
+        "issuer": who.issuer,
+    }
 
 
 DecisionKind = Literal["approved", "denied", "expired", "cancelled"]

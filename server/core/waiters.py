@@ -166,6 +166,13 @@ class Waiters:
         call = select_tool_call(view.state, tool_call_id)
         if not isinstance(call, ToolCallPendingConfirmation):
             raise InputAbandoned(f"tool call {tool_call_id} is not waiting for confirmation")
+        waiter = await self.expect_tool_decision(chat, tool_call_id, turn_id)
+        return await self.tool_decision(waiter)
+
+    async def expect_tool_decision(self, chat: str, tool_call_id: str, turn_id: str) -> Waiter:
+        """Start waiting for the confirmation of tool call ``tool_call_id``
+        of turn ``turn_id`` (it may be shown after this): then
+        :meth:`tool_decision`."""
 
         def match(action: StateAction, state: ChatState) -> Any:
             if isinstance(action, ChatToolCallConfirmed) and action.tool_call_id == tool_call_id:
@@ -173,7 +180,11 @@ class Waiters:
             _check_turn_alive(action, turn_id, f"tool call {tool_call_id}")
             return None
 
-        action, event = await self._result(await self._add(chat, match))
+        return await self._add(chat, match)
+
+    async def tool_decision(self, waiter: Waiter) -> ToolDecision:
+        """The decision an :meth:`expect_tool_decision` waiter waits for."""
+        action, event = await self._result(waiter)
         assert isinstance(action, ChatToolCallConfirmed)
         return ToolDecision(action.approved, action, event.envelope.origin, event.sender)
 

@@ -1,8 +1,12 @@
-"""Where an MCP server's questions go: the people of one chat.
+"""Where an agent's questions and approvals go, whichever door it came by
+(an MCP server behind the bridge, Huddle's MCP server, a framework
+adapter): the people of one chat.
 
 :class:`HostChat` asks through the server's own :class:`~server.core.host.Host`
-(in process: the schema is frozen with the request, so the host refuses an
-accept whose data fails it). :class:`RemoteChat` asks through a
+(in process, in a turn that is already active, a runner's tool's: the
+schema is frozen with the request, so the host refuses an accept whose data
+fails it; an approval is shown, decided and completed as the server's own
+actions). :class:`RemoteChat` asks through a
 :class:`~server.client.HuddleClient` with an agent token (a bridge living
 outside the server). Both raise :class:`~server.errors.InputAbandoned` when
 nobody will answer: the chat has no active turn, the turn ended, the chat
@@ -23,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed
+from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed, StateAction
 from protocol.chat import (
     ActiveTurn,
     ChatState,
@@ -38,6 +42,7 @@ from protocol.chat import (
 )
 from protocol.messages import ChannelState
 from protocol.rejections import RejectionCode
+from reducers import notes
 from reducers.chat import select_input_settlement
 from server.auth import Identity
 from server.client import Completion, HuddleClient, Mirror, ProtocolError
@@ -220,7 +225,46 @@ class HostChat:
         expiry: Expiry | None = None,
         call_id: str | None = None,
     ) -> Decision:
-        raise NotImplementedError("approvals through the host: being built (issue 40)")
+        call_id = call_id or f"approval-{secrets.token_hex(8)}"
+        try:
+            state = (await self.host.view(self.chat)).state
+        except ChannelGone as error:
+            raise InputAbandoned(str(error)) from None
+        assert isinstance(state, ChatState)
+        active = state.active_turn
+        if active is None or (self.in_turn is not None and not self.in_turn(active)):
+            raise InputAbandoned(f"{self.chat} has no turn to ask in")
+        found = latest_call(state, call_id)
+        if found is not None and not is_waiting(found[1]):
+            # Asked before (a tool run again after a crash) and settled since.
+            return decision_of(found[1], arguments, by=None, expired=False)
+        waiter = await self.host.waiters.expect_tool_decision(self.chat, call_id, active.id)
+        try:
+            if found is None:
+                await show_call(
+                    self._send, self.chat, active.id, call_id, tool, arguments, reason, expiry
+                )
+            with self.answering():
+                decided = await self.host.waiters.tool_decision(waiter)
+            if decided.approved:
+                await complete_approved(self._send, self.chat, active.id, call_id, tool)
+            state = (await self.host.view(self.chat)).state
+        except ActionRejected as error:
+            raise _not_asked(error) from None
+        except ChannelGone as error:
+            raise InputAbandoned(str(error)) from None
+        finally:
+            self.host.waiters.discard(waiter)
+        assert isinstance(state, ChatState)
+        found = latest_call(state, call_id)
+        if found is None:
+            raise InputAbandoned(f"tool call {call_id}: the chat was truncated first")
+        expired = notes.huddle_meta(decided.action.meta, "expired") is not None
+        return decision_of(found[1], arguments, by=decided.by, expired=expired)
+
+    async def _send(self, chat: str, action: StateAction) -> object:
+        """Put ``action`` to the chat as the server (the host's own)."""
+        return await self.host.dispatch(chat, action)
 
 
 class RemoteChat:
@@ -313,16 +357,7 @@ class RemoteChat:
             raise ElicitationExpired(self.chat, ended.message)
         state = (await self.turn.mirror()).chat
         who = await settler(self.turn, state, self.chat, "toolCalls", call_id, turn)
-        if approved(call):
-            return Decision("approved", call_arguments(call, arguments), decided_by=who.by)
-        if isinstance(call, ToolCallCancelled):
-            text = denial_reason(call)
-            if who.expired:
-                return Decision("expired", arguments, reason=text or "nobody approved it in time")
-            if call.reason == "denied":
-                return Decision("denied", arguments, reason=text, decided_by=who.by)
-        # Skipped: its turn ended with nobody deciding.
-        return Decision("cancelled", arguments, decided_by=who.by)
+        return decision_of(call, arguments, by=who.by, expired=who.expired)
 
     async def withdraw_call(self, call_id: str) -> None:
         """Settle the tool call ``call_id`` as skipped if nobody has decided
@@ -358,7 +393,14 @@ class RemoteChat:
             if active is None:
                 raise InputAbandoned(f"{self.chat} has no active turn to ask in")
             await show_call(
-                self.client, self.chat, active.id, call_id, tool, arguments, reason, expiry
+                self.client.dispatch_and_wait,
+                self.chat,
+                active.id,
+                call_id,
+                tool,
+                arguments,
+                reason,
+                expiry,
             )
 
         def settled(state: ChannelState) -> bool:
@@ -375,8 +417,27 @@ class RemoteChat:
         active = state.active_turn
         ours = active is not None and active.id == turn.id
         if ours and isinstance(call, ToolCallRunning) and approved(call):
-            await complete_approved(self.client, self.chat, turn.id, call_id, tool)
+            send = self.client.dispatch_and_wait
+            await complete_approved(send, self.chat, turn.id, call_id, tool)
         return turn, call
+
+
+def decision_of(
+    call: ToolCallState, arguments: dict[str, Any], *, by: Identity | None, expired: bool
+) -> Decision:
+    """People's decision on a settled ``call`` asked with ``arguments``
+    (``by`` who decided, ``expired`` whether its expiry did): the arguments
+    as people left them when approved, the reason when denied, cancelled
+    when its turn ended with nobody deciding (a skip)."""
+    if approved(call):
+        return Decision("approved", call_arguments(call, arguments), decided_by=by)
+    if isinstance(call, ToolCallCancelled):
+        text = denial_reason(call)
+        if expired:
+            return Decision("expired", arguments, reason=text or "nobody approved it in time")
+        if call.reason == "denied":
+            return Decision("denied", arguments, reason=text, decided_by=by)
+    return Decision("cancelled", arguments, decided_by=by)
 
 
 def _not_asked(rejected: ActionRejected) -> Unaskable | InputAbandoned:

@@ -29,7 +29,7 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -39,6 +39,7 @@ from protocol.actions import (
     ChatToolCallStart,
     ChatTurnComplete,
     ChatTurnStarted,
+    StateAction,
 )
 from protocol.chat import (
     ActiveTurn,
@@ -165,8 +166,13 @@ def is_waiting(call: ToolCallState) -> bool:
     return isinstance(call, ToolCallStreaming | ToolCallPendingConfirmation)
 
 
+Send = Callable[[str, StateAction], Awaitable[object]]
+"""How a door puts an action to a chat: a HuddleClient's ``dispatch_and_wait``
+(RemoteChat), the host's ``dispatch`` (HostChat)."""
+
+
 async def show_call(
-    client: HuddleClient,
+    send: Send,
     chat: str,
     turn_id: str,
     call_id: str,
@@ -176,7 +182,7 @@ async def show_call(
     expiry: Expiry | None,
 ) -> None:
     """Show a call of ``tool`` waiting for people's approval in the turn."""
-    await client.dispatch_and_wait(
+    await send(
         chat,
         ChatToolCallStart(turn_id=turn_id, tool_call_id=call_id, tool_name=tool, display_name=tool),
     )
@@ -184,7 +190,7 @@ async def show_call(
     if expiry is not None:
         meta = {notes.HUDDLE: {"expiry": {"seconds": expiry.seconds, "onExpiry": expiry.on_expiry}}}
     shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
-    await client.dispatch_and_wait(
+    await send(
         chat,
         ChatToolCallReady(
             turn_id=turn_id,
@@ -225,15 +231,13 @@ def denial_reason(call: ToolCallCancelled) -> str | None:
     return reason
 
 
-async def complete_approved(
-    client: HuddleClient, chat: str, turn_id: str, call_id: str, tool: str
-) -> None:
+async def complete_approved(send: Send, chat: str, turn_id: str, call_id: str, tool: str) -> None:
     """Complete an approved call in the chat: the agent runs it."""
     result = ToolCallResult(success=True, past_tense_message=f"Approved {tool}; the agent runs it")
     action = ChatToolCallComplete(turn_id=turn_id, tool_call_id=call_id, result=result)
     # The turn ended meanwhile, or the connection dropped: the decision stands.
     with contextlib.suppress(HuddleError):
-        await client.dispatch_and_wait(chat, action)
+        await send(chat, action)
 
 
 # ─── Who settled it ──────────────────────────────────────────────────────────

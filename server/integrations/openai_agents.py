@@ -20,6 +20,11 @@ How a decision reaches the run::
     expired, or the turn ended      state.reject, the message that nobody decided
                                     (in time, or before the turn ended)
 
+A form: :func:`ask_people_tool` is a tool the agent calls to ask the chat's
+people (a message and a flat JSON Schema form, as MCP elicitation has it;
+one text answer when it gives none); it returns what they submitted, checked
+against the schema, and who submitted it, as LangGraph's forms do.
+
 Restarts: ``keep`` is given the run's state (``RunState.to_json()``) each time
 it waits for people, before they are asked; keep it where the process
 started again finds it (a file, a database row). Started again, load it
@@ -40,13 +45,35 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from agents import Agent, Runner, RunResult, RunState, ToolApprovalItem
+from agents import Agent, FunctionTool, Runner, RunResult, RunState, ToolApprovalItem
+from agents.tool_context import ToolContext
 
 from server.core.expiry import Expiry
+from server.integrations.asking import ask_form
+from server.mcp.errors import Unaskable
 from server.mcp.people import Decision, People
 from server.runner.ids import adapter_id
 
 FRAMEWORK: Final = "openai-agents"
+
+ANSWER: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "title": "Answer"}},
+    "required": ["answer"],
+}
+"""The form of a question asked without one: a text answer."""
+ASK_PARAMETERS: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "message": {"type": "string", "description": "What to ask the people, in a sentence"},
+        "schema": {
+            "type": "object",
+            "description": "A flat JSON Schema object of the answers wanted (strings, numbers, "
+            "booleans, enums); one text answer when left out",
+        },
+    },
+    "required": ["message"],
+}
 
 Keep = Callable[[dict[str, Any]], Awaitable[None]]
 Told = Callable[[ToolApprovalItem, Decision], None]
@@ -143,3 +170,41 @@ async def run_with_people(
         if not result.interruptions:
             return result
         state = result.to_state()
+
+
+def ask_people_tool(
+    people: People, *, name: str = "ask_people", expiry: Expiry | None = None
+) -> FunctionTool:
+    """A tool the agent calls to ask ``people`` a form (see the module
+    docstring): co-edited in the chat, returned as ``{action: accept |
+    decline | cancel, content, answered_by}`` once someone submits (JSON),
+    or ``{error}`` for a form the chat cannot ask. Its request id is made
+    from the tool call's id, so a run resumed from kept state finds the
+    request it asked, never asks twice."""
+
+    async def invoke(context: ToolContext[Any], arguments: str) -> str:
+        given = json.loads(arguments or "{}")
+        schema = given.get("schema") or ANSWER
+        request_id = adapter_id(FRAMEWORK, f"form:{context.tool_call_id}")
+        try:
+            answer = await ask_form(
+                people,
+                request_id,
+                asker=context.agent.name if context.agent is not None else "An agent",
+                message=str(given.get("message", "")),
+                schema=schema,
+                expiry=expiry,
+            )
+        except Unaskable as error:
+            return json.dumps({"error": f"this form cannot be asked: {error}"})
+        return json.dumps(answer.as_json())
+
+    return FunctionTool(
+        name=name,
+        description="Ask the people in the chat and wait until one of them submits: for "
+        "details you lack or a choice that is theirs. Returns their answers (action, content, "
+        "answered_by).",
+        params_json_schema=ASK_PARAMETERS,
+        on_invoke_tool=invoke,
+        strict_json_schema=False,
+    )

@@ -409,6 +409,34 @@ async def test_a_decisions_own_expiry_overrides_the_agents_and_fail_fails_the_tu
     assert runs.count("deploy") == 0
 
 
+async def test_an_approval_asked_again_after_its_worker_died_keeps_the_time_it_had_left() -> None:
+    clock = WallClock()
+    runs = Runs()
+    helper, _ = approving(
+        runs, lambda: ApprovalDecision.require_approval(expiry=Expiry(600, "decline"))
+    )
+    huddle = await start_server(UNSWEPT, agent=helper, clock=clock, workers=0)
+    try:
+        service = huddle.server.parts.service
+        assert service is not None
+        _, chat, _ = await open_chat(huddle, "Deploy")
+        turn_id = await service.bridge.resuming.turn_of(chat, "t1")
+        assert turn_id is not None
+        opened = clock.now
+        # A worker with no chat to show it in: it dies before asking.
+        waiting = await Runner(service.runner.store, [helper], clock=clock).execute(turn_id)
+        assert waiting.status == TurnStatus.WAITING_FOR_APPROVAL
+        clock.now += 400
+        service.bridge.sweep.ask_again_after = 0.0
+        await service.bridge.reconcile()
+        served = Served(huddle, Ends())
+        at, policy = await noted(served, chat, "toolCalls", "c1")
+    finally:
+        await huddle.stop()
+    assert policy == "decline"
+    assert abs(at - (opened + 600) * 1000) <= 1  # not 400 s later: ms rounding only
+
+
 CLAIM = {"huddle": {"expired": {"family": "toolCalls", "id": "c1"}}}
 
 

@@ -129,6 +129,30 @@ async def test_a_turn_running_past_the_grace_is_handed_on_at_once(store: TurnSto
     assert turn.status == TurnStatus.RUNNING
 
 
+async def test_a_turn_handed_on_by_more_stops_than_its_attempts_is_not_failed(
+    store: TurnStore,
+) -> None:
+    runs, clock, slow = Runs(), Clock(), asyncio.Event()
+    helper = deployer(runs, slow)
+    server = Runner(store, [helper], clock=clock, owner="server", lease_seconds=LEASE)
+    await server.run(helper, "Deploy it", turn_id="t1")
+    await server.submit_resume("t1", APPROVE)
+    hops = server.max_attempts + 1  # a rolling deploy of that many workers
+    for hop in range(hops):
+        runner = Runner(store, [helper], clock=clock, owner=f"worker-{hop}", lease_seconds=LEASE)
+        crew = Crew(runner, 1, idle_wait=0.05, recover_every=600.0)
+        crew.start()
+        async with asyncio.timeout(10 * UNIT):
+            while runs.count("deploy") <= hop:  # noqa: ASYNC110 - the tool's body records it
+                await asyncio.sleep(0.01)
+        await crew.stop(0.0)
+    slow.set()
+    last = Runner(store, [helper], clock=clock, owner="last", lease_seconds=LEASE)
+    done = await last.execute("t1")
+    assert done.status == TurnStatus.COMPLETED
+    assert done.attempts == 0
+
+
 async def test_what_follows_the_drain_of_a_stop_has_its_own_patience(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -81,6 +81,13 @@ class Expiry:
         if self.on_expiry not in notes.EXPIRY_POLICIES:
             raise ValueError(f"onExpiry is one of {', '.join(notes.EXPIRY_POLICIES)}")
 
+    def left_after(self, waited: float) -> Expiry:
+        """This expiry for a wait asked again ``waited`` seconds after it
+        opened (its first asking lost in a crash): only the time left, so
+        that asking again never extends a deadline; a wait past it gets a
+        millisecond (it expires at the next sweep, its policy applied)."""
+        return Expiry(max(0.001, min(self.seconds, self.seconds - waited)), self.on_expiry)
+
     @classmethod
     def of(cls, raw: object) -> Expiry:
         """From its JSON form ``{"seconds": N, "onExpiry": P}``; ValueError."""

@@ -234,7 +234,20 @@ class Execution:
     async def _take_over(self, turn: Turn, lease: Lease) -> Turn:
         """``turn`` was RUNNING when claimed: the worker that ran it died or
         stalled. That is a failed attempt; the max_attempts-th fails the
-        turn (raises _Stop), else it carries on here."""
+        turn (raises _Stop), else it carries on here. A turn handed on by a
+        worker that stopped (``lease.freed``: a rolling deploy) failed
+        nothing: it carries on uncounted, however many deploys it spans
+        (each hop needs a stop, so a crash loop still counts: a killed
+        worker gives nothing up)."""
+        if lease.freed:
+            self.runner.emit(
+                EventType.TURN_TAKEN_OVER,
+                turn,
+                attempt=turn.attempts,
+                phase=turn.phase.value,
+                handed_on=True,
+            )
+            return turn
         reason = "its worker stopped before the step was saved"
         turn, _ = advance(turn, AttemptFailed(at=self.runner.clock(), error=reason))
         self.runner.emit(

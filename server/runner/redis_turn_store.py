@@ -33,7 +33,8 @@ Every write is one Lua script, so it is atomic:
   ``runnable`` that is not leased, else the turn whose lease expired first,
   under a new fencing token from ``tokens`` (tokens only grow and are never
   reused, so a worker id that is reused never inherits a lease: tokens
-  decide, not owners);
+  decide, not owners), and says whether the lease before was given up
+  (``lease_owner`` empty: ``Lease.freed``) rather than left to expire;
 - ``renew`` and ``release`` act only while the token is the current one,
   and so does ``give_up``, which releases the lease and queues the turn
   to be claimed at once, with a wake-up token (a stopping worker hands its
@@ -127,6 +128,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -271,8 +273,9 @@ end
 # KEYS: runnable, leases, tokens, waiting, waiters.  ARGV: turn key prefix,
 # owner, now, until, id or '', load (0 or 1), waiter or '', inbox key prefix,
 # the waiter's wait end, the waiter's "<lease seconds> <owner>".
-# Returns {'h', inbox item} for a turn handed to the waiter; {id, token} (and
-# with load: payload, version, cancel) for a claim; nil when nothing can be
+# Returns {'h', inbox item} for a turn handed to the waiter; {id, token,
+# freed: 1 when the lease before was given up, not lost} (and with load:
+# payload, version, cancel) for a claim; nil when nothing can be
 # claimed (and then the waiter, if any, is registered).
 CLAIM = (
     _INBOX_ITEM
@@ -298,15 +301,16 @@ local function leased(id)
 end
 local function take(id)
   local key = ARGV[1] .. id
+  local freed = (redis.call('HGET', key, 'lease_owner') or '') == '' and 1 or 0
   local token = redis.call('INCR', KEYS[3])
   redis.call('HSET', key, 'lease_owner', ARGV[2], 'lease_token', token, 'lease_until', ARGV[4])
   redis.call('ZREM', KEYS[1], id)
   redis.call('ZADD', KEYS[2], ARGV[4], id)
   if ARGV[6] == '1' then
     local held = redis.call('HMGET', key, 'payload', 'version', 'cancel')
-    return {id, token, held[1], held[2], held[3]}
+    return {id, token, freed, held[1], held[2], held[3]}
   end
-  return {id, token}
+  return {id, token, freed}
 end
 local function nothing()
   if ARGV[7] ~= '' then
@@ -589,8 +593,8 @@ class RedisTurnStore(TurnStore):
         out = await self._claim(owner, now, lease_seconds, turn_id, None, load=False)
         if out is None:
             return None
-        claimed, token = out
-        return Lease(claimed.decode(), owner, int(token), now + lease_seconds)
+        claimed, token, freed = out
+        return Lease(claimed.decode(), owner, int(token), now + lease_seconds, freed == 1)
 
     async def claim_turn(
         self,
@@ -609,8 +613,8 @@ class RedisTurnStore(TurnStore):
                 assert waiter is not None
                 claim = await self._handed(out[1], waiter.owner)
             else:
-                claimed, token, payload, version, cancel = out
-                lease = Lease(claimed.decode(), owner, int(token), now + lease_seconds)
+                claimed, token, freed, payload, version, cancel = out
+                lease = Lease(claimed.decode(), owner, int(token), now + lease_seconds, freed == 1)
                 claim = await self._taken(lease, payload, version, cancel == b"1")
             # None: that record was parked (or its hand-over dropped); each
             # pass takes one out of the queue, so this ends.
@@ -697,7 +701,7 @@ class RedisTurnStore(TurnStore):
         keys = [self._turn_key(lease.turn_id), self._leases]
         if not await self.link.run(_RENEW, keys, [lease.turn_id, lease.token, until]):
             return None
-        return Lease(lease.turn_id, lease.owner, lease.token, until)
+        return replace(lease, until=until)
 
     async def release(self, lease: Lease) -> None:
         keys = [self._turn_key(lease.turn_id), self._leases]

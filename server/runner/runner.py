@@ -498,8 +498,9 @@ class Runner:
 
         Cancelled (its worker stopping: server.runner.worker.Crew.stop), it
         hands the turn on (``store.give_up``): another worker takes it over
-        at once, as after a crash (one attempt counted, the step that was
-        running done again), instead of once the lease has expired.
+        at once, as after a crash (the step that was running done again, but
+        no attempt counted: ``Lease.freed``), instead of once the lease has
+        expired.
         """
         try:
             advanced = await self._advance_leased(lease, turn, running)

@@ -38,6 +38,8 @@ import json
 import logging
 from typing import Any
 
+import msgspec
+
 from protocol.chat import ChatState, ToolCallCancelled
 from reducers import notes
 from reducers.chat import select_input_settlement, select_latest_tool_call, select_tool_call
@@ -143,13 +145,20 @@ class Sweep:
 
     async def _ask_again_if_unseen(self, turn: Turn, state: ChatState) -> None:
         """Show ``turn``'s suspension in its chat if the chat never got it
-        (the worker died between saving the suspension and asking)."""
+        (the worker died between saving the suspension and asking), with
+        only the time its expiry has left: a blocked turn is not saved again
+        until it resumes, so ``updated_at`` is when it began to wait."""
         suspension = turn.suspension
         active = state.active_turn
         if suspension is None or active is None or not shows(turn, active):
             return
-        if self.runner.clock() - turn.updated_at < self.ask_again_after:
+        waited = self.runner.clock() - turn.updated_at
+        if waited < self.ask_again_after:
             return  # just suspended: its worker is likely showing it now
+        if suspension.expiry is not None:
+            suspension = msgspec.structs.replace(
+                suspension, expiry=suspension.expiry.left_after(waited)
+            )
         if suspension.type == SuspensionType.USER_INPUT:
             rid = input_request_id(active.id, suspension.correlation_id)
             if select_input_settlement(state, rid).part is None:

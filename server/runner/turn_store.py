@@ -55,7 +55,7 @@ import asyncio
 import itertools
 from abc import ABC, abstractmethod
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
@@ -70,10 +70,16 @@ from server.store.base import Rider
 
 @dataclass(frozen=True)
 class Lease:
+    """A turn's lease: held by ``owner`` until ``until`` while ``token`` is
+    the turn's current one. ``freed``: the lease before it was given up
+    (``give_up``: its worker stopped and handed the turn on), not lost to
+    a crash or a stall, so a RUNNING turn it takes is no failed attempt."""
+
     turn_id: str
     owner: str
     token: int
     until: float
+    freed: bool = False
 
 
 @dataclass(frozen=True)
@@ -320,9 +326,10 @@ class MemoryTurnStore(TurnStore):
         return None
 
     def _lease(self, turn_id: str, held: _Held, owner: str, until: float) -> Lease:
+        freed = held.lease_owner is None
         held.lease_owner, held.lease_token, held.lease_until = owner, next(self._tokens), until
         self._runnable.pop(turn_id, None)
-        return Lease(turn_id, owner, held.lease_token, until)
+        return Lease(turn_id, owner, held.lease_token, until, freed)
 
     async def request_cancel(self, turn_id: str) -> None:
         self._held(turn_id).cancel = True
@@ -414,7 +421,7 @@ class MemoryTurnStore(TurnStore):
         if held is None or held.lease_token != lease.token or held.lease_owner is None:
             return None
         held.lease_until = now + lease_seconds
-        return Lease(lease.turn_id, lease.owner, lease.token, held.lease_until)
+        return replace(lease, until=held.lease_until)
 
     async def release(self, lease: Lease) -> None:
         held = self._turns.get(lease.turn_id)

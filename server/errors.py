@@ -223,13 +223,18 @@ class SeqConflict(StoreError):
 
 class AlreadyApplied(StoreError):
     """The channel took this client's action already, as seq ``seq``;
-    ``envelope`` is that envelope once the host knows it."""
+    ``envelope`` is that envelope once the host knows it. ``same_action``:
+    the store knows it was this very action (its digest matched); False
+    when it was another under the same name, or the store cannot tell."""
 
-    def __init__(self, channel: str, seq: int, envelope: object = None) -> None:
+    def __init__(
+        self, channel: str, seq: int, envelope: object = None, *, same_action: bool = True
+    ) -> None:
         super().__init__(channel, seq)
         self.channel = channel
         self.seq = seq
         self.envelope = envelope
+        self.same_action = same_action
 
     def __str__(self) -> str:
         return f"{self.channel}: that action was applied already as seq {self.seq}"

@@ -47,7 +47,7 @@ from server.core.channels import Applied
 from server.core.host import Host
 from server.errors import ActionRejected, CommandError, InputAbandoned
 from server.frames import OutFrame
-from server.store.base import Listener
+from server.store.base import ClientAction, Listener
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, RecordReads, user_message
 
@@ -740,7 +740,11 @@ class GatedAppends(MemoryStore):
         self.waiting = asyncio.Event()
 
     async def append(
-        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+        self,
+        channel: str,
+        expected_seq: int,
+        envelope: bytes,
+        origin: ClientAction | None = None,
     ) -> None:
         self.waiting.set()
         await self.gate.wait()

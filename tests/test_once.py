@@ -25,6 +25,7 @@ from protocol.codec import encode
 from reducers.chat import select_input_settlement
 from server.auth import Grant
 from server.client import HuddleClient
+from server.config import Settings
 from server.edge.idempotency import Idempotency
 from server.store.base import ChannelStore
 from server.store.memory import MemoryStore
@@ -439,6 +440,33 @@ async def test_a_client_seq_used_again_for_another_action_is_refused_not_taken_f
     assert isinstance(state, ChatState)
     assert select_input_settlement(state, "details").status == "open"  # the accept did nothing
     await peer.close()
+
+
+async def test_a_client_seq_used_again_for_another_action_is_refused_after_its_log_is_trimmed() -> (
+    None
+):
+    store = MemoryStore(retention_bytes=1)  # nothing kept beyond a snapshot
+    huddle = await start_server(Settings(port=0), store)
+    try:
+        _, chat = await asked(huddle)
+        peer = await Peer.ready(huddle.ws, huddle.token(name="Lee"), "lee-browser")
+        await peer.subscribe(chat)
+        await peer.send(again(chat, 1, DRAFT))
+        first = await peer.envelope()
+        view = await huddle.server.parts.host.view(chat)
+        await store.save_snapshot(chat, view.seq, encode(view.state))
+        assert await store.read_log(chat, view.seq - 1, (await store.load(chat)).epoch) is None
+        await peer.send(again(chat, 1, ACCEPT))  # another action, the same clientSeq
+        echo = await peer.envelope()
+        state = (await huddle.server.parts.host.view(chat)).state
+        await peer.close()
+    finally:
+        await huddle.stop()
+
+    assert "rejectionReason" not in first
+    assert echo["rejectionReason"].startswith("client-seq-reused: clientSeq 1 was used already")
+    assert isinstance(state, ChatState)
+    assert select_input_settlement(state, "details").status == "open"
 
 
 async def test_a_client_id_used_again_by_a_new_process_numbers_on_and_is_not_refused(

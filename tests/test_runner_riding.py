@@ -30,7 +30,7 @@ from server.runner.redis_turn_store import RedisTurnStore
 from server.runner.service import AgentService
 from server.runner.turn import Turn, TurnStatus
 from server.runner.worker import Worker
-from server.store.base import Rider
+from server.store.base import ClientAction, Rider
 from server.store.memory import MemoryStore
 from server.store.redis import RedisStore
 from tests.conftest import UNIT, RunningServer, start_server
@@ -87,10 +87,11 @@ async def test_a_rider_of_an_append_that_does_not_land_does_not_run(store: Redis
     with pytest.raises(SeqConflict):
         await store.append_riding(CHANNEL, 5, b"late", None, rider)
     assert not rider.ran
-    await store.append_riding(CHANNEL, 0, b"once", "alice 1", counting(store.url))
+    alice = ClientAction("alice 1", "d1")
+    await store.append_riding(CHANNEL, 0, b"once", alice, counting(store.url))
     again = counting(store.url)
     with pytest.raises(AlreadyApplied):
-        await store.append_riding(CHANNEL, 1, b"once", "alice 1", again)
+        await store.append_riding(CHANNEL, 1, b"once", alice, again)
     assert not again.ran
     assert (await store.load(CHANNEL)).log == [b"once"]
     assert await runs_of(store) == 1

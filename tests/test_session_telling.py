@@ -33,6 +33,7 @@ from server.core.channels import Applied
 from server.core.host import Host
 from server.core.rollup import SESSION_RECORDS
 from server.errors import StoreUnavailable
+from server.store.base import ClientAction
 from server.store.memory import MemoryStore
 from tests.conftest import UNIT, RunningServer, user_message
 from tests.edge import http
@@ -86,7 +87,11 @@ class HeldAppend(MemoryStore):
         self.held = False
 
     async def append(
-        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+        self,
+        channel: str,
+        expected_seq: int,
+        envelope: bytes,
+        origin: ClientAction | None = None,
     ) -> None:
         if not self.held and self.tag in envelope:
             self.held = True
@@ -278,7 +283,11 @@ class LostReply(MemoryStore):
         self.lost = False
 
     async def append(
-        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+        self,
+        channel: str,
+        expected_seq: int,
+        envelope: bytes,
+        origin: ClientAction | None = None,
     ) -> None:
         await super().append(channel, expected_seq, envelope, origin)
         if not self.lost and self.tag in envelope:
@@ -345,7 +354,11 @@ class SessionDownAWhile(MemoryStore):
         self.refusals = refusals
 
     async def append(
-        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+        self,
+        channel: str,
+        expected_seq: int,
+        envelope: bytes,
+        origin: ClientAction | None = None,
     ) -> None:
         if self.refusals > 0 and self.tag in envelope:
             self.refusals -= 1

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from server.errors import AlreadyApplied, ChannelGone, SeqConflict
-from server.store.base import ChannelStore, Listener
+from server.store.base import ChannelStore, ClientAction, Listener
 from server.store.memory import MemoryStore
 from server.store.redis import RedisStore
 from tests.conftest import UNIT
@@ -184,21 +184,43 @@ async def test_a_record_kept_once_holds_the_first_value_whoever_comes_after(
     assert again in (b"one", b"two")
 
 
+async def test_another_action_under_a_name_the_channel_took_is_told_apart(
+    store: ChannelStore,
+) -> None:
+    await store.create("ahp-chat:/reused", b"{}")
+    await store.append("ahp-chat:/reused", 0, b"first", ClientAction("browser-1 7", "d7"))
+    other = ClientAction("browser-1 7", "another")
+
+    with pytest.raises(AlreadyApplied) as reused:
+        await store.append("ahp-chat:/reused", 1, b"second", other)
+    seen = await store.applied("ahp-chat:/reused", other)
+
+    assert (reused.value.seq, reused.value.same_action) == (1, False)
+    assert seen is not None
+    assert (seen.seq, seen.same_action) == (1, False)
+    assert (await store.load("ahp-chat:/reused")).log == [b"first"]
+
+
 async def test_a_clients_action_is_appended_once_however_often_it_comes(
     store: ChannelStore,
 ) -> None:
+    seventh, eighth = ClientAction("browser-1 7", "d7"), ClientAction("browser-1 8", "d8")
     await store.create("ahp-chat:/once", b"{}")
-    await store.append("ahp-chat:/once", 0, b"first", "browser-1 7")
-    await store.append("ahp-chat:/once", 1, b"other", "browser-1 8")
+    await store.append("ahp-chat:/once", 0, b"first", seventh)
+    await store.append("ahp-chat:/once", 1, b"other", eighth)
 
     with pytest.raises(AlreadyApplied) as again:
-        await store.append("ahp-chat:/once", 2, b"first", "browser-1 7")
+        await store.append("ahp-chat:/once", 2, b"first", seventh)
     with pytest.raises(AlreadyApplied) as stale:
-        await store.append("ahp-chat:/once", 0, b"first", "browser-1 7")  # even behind
+        await store.append("ahp-chat:/once", 0, b"first", seventh)  # even behind
 
     assert again.value.seq == stale.value.seq == 1
-    assert await store.applied("ahp-chat:/once", "browser-1 8") == 2
-    assert await store.applied("ahp-chat:/once", "browser-1 9") is None
+    assert again.value.same_action
+    assert stale.value.same_action
+    seen = await store.applied("ahp-chat:/once", eighth)
+    assert seen is not None
+    assert (seen.seq, seen.same_action) == (2, True)
+    assert await store.applied("ahp-chat:/once", ClientAction("browser-1 9", "d9")) is None
     stored = await store.load("ahp-chat:/once")
     assert stored.log == [b"first", b"other"]
     await store.append("ahp-chat:/once", 2, b"server", None)  # the server's own: no name

@@ -34,7 +34,7 @@ from protocol.session import SessionState
 from server.config import Settings
 from server.core.channels import Applied, ChannelCore, Step, step
 from server.frames import ActionFrame, OutFrame
-from server.store.base import encode_entry
+from server.store.base import ClientAction, encode_entry
 from server.store.memory import MemoryStore
 from server.store.redis import APPEND, RedisStore
 from tests.conftest import UNIT, RunningServer, start_server, user_message
@@ -132,7 +132,11 @@ class CountingStore(MemoryStore):
     appends = 0
 
     async def append(
-        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+        self,
+        channel: str,
+        expected_seq: int,
+        envelope: bytes,
+        origin: ClientAction | None = None,
     ) -> None:
         self.appends += 1
         await super().append(channel, expected_seq, envelope, origin)

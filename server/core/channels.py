@@ -33,6 +33,7 @@ moment, never the mutable record the core keeps.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import time
@@ -75,7 +76,14 @@ from server.errors import (
 )
 from server.frames import OutFrame, action_frame
 from server.periodic import Periodic
-from server.store.base import ChannelStore, Listener, Rider, decode_entry, encode_entry
+from server.store.base import (
+    ChannelStore,
+    ClientAction,
+    Listener,
+    Rider,
+    decode_entry,
+    encode_entry,
+)
 
 log = logging.getLogger("huddle.channels")
 
@@ -384,9 +392,9 @@ class ChannelCore(Listener):
         follow_ups: FollowUps = []
         try:
             async with ch.lock:
-                name = None if origin is None else origin_key(origin, seq_scope)
+                scope = None if origin is None else origin_key(origin, seq_scope)
                 return await self._commit(
-                    ch, change, origin, name, sender, validate, started, follow_ups
+                    ch, change, origin, scope, sender, validate, started, follow_ups
                 )
         finally:
             await self.background.follow_ups(follow_ups, f"an action on {uri}")
@@ -396,15 +404,15 @@ class ChannelCore(Listener):
         ch: HeldChannel,
         change: Change,
         origin: ActionOrigin | None,
-        name: str | None,
+        scope: str | None,
         sender: Identity | None,
         validate: Validator | None,
         started: float,
         follow_ups: FollowUps,
     ) -> Applied | None:
         """Step and append (the lock held), catching up and retrying when
-        another process appended first. ``name`` is what the store knows a
-        client's action by (:func:`origin_key`)."""
+        another process appended first. ``scope`` is the name the store
+        knows a client's action by (:func:`origin_key`)."""
         for attempt in range(MAX_APPEND_ATTEMPTS):
             if attempt >= 2:
                 await asyncio.sleep(random.uniform(0, 0.001 * attempt))  # jitter
@@ -412,15 +420,16 @@ class ChannelCore(Listener):
             action = change(ch.state)
             if action is None:
                 return None
+            name = None if scope is None else ClientAction(scope, action_digest(action))
             now = self.now_ms()
             result = step(ch.view(), action, origin, now, validate)
             if isinstance(result, Rejection):
                 # Re-sent after a drop, the first copy is often what makes
                 # the second invalid: say it was applied, not that it fails.
                 if origin is not None and name is not None:
-                    seq = await self.store.applied(ch.uri, name)
-                    if seq is not None:
-                        raise await self._applied(ch, seq, action, origin)
+                    seen = await self.store.applied(ch.uri, name)
+                    if seen is not None:
+                        raise await self._applied(ch, seen, action, origin)
                 raise ActionRejected.of(result)
             ch.appending = True
             try:
@@ -432,7 +441,7 @@ class ChannelCore(Listener):
                     await self.store.append_riding(ch.uri, ch.seq, entry, name, rider)
             except AlreadyApplied as applied:
                 assert origin is not None  # only a client's action has a name
-                raise await self._applied(ch, applied.seq, action, origin) from None
+                raise await self._applied(ch, applied, action, origin) from None
             except SeqConflict as conflict:
                 if conflict.current < ch.seq:
                     await self._following.restore(ch)
@@ -466,27 +475,29 @@ class ChannelCore(Listener):
         return None
 
     async def _applied(
-        self, ch: HeldChannel, seq: int, action: StateAction, origin: ActionOrigin
+        self, ch: HeldChannel, seen: AlreadyApplied, action: StateAction, origin: ActionOrigin
     ) -> AlreadyApplied:
         """A re-sent action's first outcome: its envelope as the log holds
-        it (rebuilt from what was re-sent when the log no longer does).
-        Raises ActionRejected when the log holds another action under that
-        ``(clientId, clientSeq)``: a client that numbers two actions alike
-        must not be told the second was applied."""
+        it (rebuilt from what was re-sent when the log no longer does, if
+        the store's digest says it was this action). Raises ActionRejected
+        when it was another action under that ``(clientId, clientSeq)``: a
+        client that numbers two actions alike must not be told the second
+        was applied. The log decides where the store cannot (a name kept
+        without a digest); a log that no longer holds it cannot confirm, so
+        then the action is refused rather than said applied."""
+        seq = seen.seq
         try:
             entries = await self.store.read_log(ch.uri, seq - 1, ch.epoch)
         except StoreError:
             entries = None
         if not entries:
+            if not seen.same_action:
+                raise _reused(origin, None)
             first = ActionEnvelope(channel=ch.uri, action=action, server_seq=seq, origin=origin)
             return AlreadyApplied(ch.uri, seq, first)
         first = decode_entry(entries[0]).envelope
         if _restamped(action, first.action) != first.action:
-            raise ActionRejected(
-                RejectionCode.CLIENT_SEQ_REUSED,
-                f"clientSeq {origin.client_seq} was used already, by another action "
-                f"({action_type(first.action)}): number each action anew",
-            )
+            raise _reused(origin, first.action)
         return AlreadyApplied(ch.uri, seq, first)
 
     def _apply(
@@ -626,6 +637,27 @@ class ChannelCore(Listener):
                 snapshot = Snapshot(resource=uri, state=ch.state, from_seq=ch.seq)
                 return SnapshotResume(channel=uri, snapshot=snapshot)
             return ReplayResume(channel=uri, actions=[decode_entry(e).envelope for e in entries])
+
+
+def _reused(origin: ActionOrigin, first: StateAction | None) -> ActionRejected:
+    """The refusal of an action sent under the ``(clientId, clientSeq)`` of
+    another (``first``, when the log still holds it)."""
+    by = "" if first is None else f" ({action_type(first)})"
+    return ActionRejected(
+        RejectionCode.CLIENT_SEQ_REUSED,
+        f"clientSeq {origin.client_seq} was used already, by another action{by}: "
+        "number each action anew",
+    )
+
+
+def action_digest(action: StateAction) -> str:
+    """What a client's action was, as the store compares re-sends
+    (:class:`~server.store.base.ClientAction`): a digest of it without the
+    turn stamp the server gives it anew each time it is sent
+    (:func:`_restamped`)."""
+    if isinstance(action, ChatTurnStarted) and turn_stamp(action.message) is not None:
+        action = replace(action, message=stamped(action.message, None))
+    return hashlib.blake2b(encode(action), digest_size=16).hexdigest()
 
 
 def _restamped(action: StateAction, first: StateAction) -> StateAction:

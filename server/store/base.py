@@ -40,6 +40,7 @@ import msgspec
 from protocol.codec import decode_envelope
 from protocol.messages import ActionEnvelope
 from server.auth import Identity
+from server.errors import AlreadyApplied
 
 
 class LogEntry(msgspec.Struct, frozen=True, gc=False):
@@ -79,6 +80,17 @@ def decode_entry(raw: bytes) -> Entry:
     entry = _read_entry.decode(raw)
     data = bytes(entry.e)
     return Entry(entry.t, decode_envelope(data), data, entry.w)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAction:
+    """How the store knows a client's action: ``name``, its ``(clientId,
+    clientSeq)`` (server.core.channels.origin_key), and ``digest``, what the
+    action was (server.core.channels.action_digest), so that another action
+    sent under a name the channel took is told apart from a re-send."""
+
+    name: str
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -157,14 +169,17 @@ class ChannelStore(ABC):
 
     @abstractmethod
     async def append(
-        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+        self,
+        channel: str,
+        expected_seq: int,
+        envelope: bytes,
+        origin: ClientAction | None = None,
     ) -> None:
-        """Append ``envelope`` as seq ``expected_seq + 1``. ``origin`` names a
-        client's action (``<clientId> <clientSeq>``, the clientId scoped to
-        its connection for a plain AHP client:
-        server.core.channels.origin_key): when the channel took one
-        of that name within its replay window, raises AlreadyApplied (before
-        anything else is compared). Raises SeqConflict when the channel is
+        """Append ``envelope`` as seq ``expected_seq + 1``. ``origin`` is the
+        client's action it records: when the channel took one of that name
+        within its replay window, raises AlreadyApplied (before anything
+        else is compared; ``same_action`` False when that one's digest was
+        another, or is not known). Raises SeqConflict when the channel is
         elsewhere, ChannelGone, or StoreUnavailable."""
 
     def carries(self, store: str) -> bool:
@@ -173,7 +188,12 @@ class ChannelStore(ABC):
         return False
 
     async def append_riding(
-        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None, rider: Rider
+        self,
+        channel: str,
+        expected_seq: int,
+        envelope: bytes,
+        origin: ClientAction | None,
+        rider: Rider,
     ) -> None:
         """:meth:`append`, and ``rider`` in the same atomic step once the
         entry landed (its outcome recorded in it). Only for a rider this
@@ -181,10 +201,10 @@ class ChannelStore(ABC):
         raise NotImplementedError(f"{type(self).__name__} carries no rider")
 
     @abstractmethod
-    async def applied(self, channel: str, origin: str) -> int | None:
-        """The seq at which ``channel`` took the client action ``origin``
-        (named as for :meth:`append`), while its replay window remembers it;
-        None when it did not (or no longer remembers)."""
+    async def applied(self, channel: str, origin: ClientAction) -> AlreadyApplied | None:
+        """What :meth:`append` of ``origin`` would raise as AlreadyApplied
+        (its seq, and whether it was the same action), while ``channel``'s
+        replay window remembers that name; None when it does not."""
 
     @abstractmethod
     async def read_log(self, channel: str, after_seq: int, epoch: str) -> list[bytes] | None:

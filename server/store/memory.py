@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.errors import AlreadyApplied, ChannelGone, SeqConflict
-from server.store.base import AuditCharge, ChannelStore, Listener, StoredChannel
+from server.store.base import AuditCharge, ChannelStore, ClientAction, Listener, StoredChannel
 
 KEPT_BYTES = 32 << 20
 """What :meth:`MemoryStore.remember` keeps at most, all keys together: the
@@ -32,7 +32,8 @@ class _Channel:
     snapshot: bytes
     log: deque[bytes] = field(default_factory=deque)  # seqs seq-len(log)+1 .. seq
     log_bytes: int = 0
-    origins: dict[str, int] = field(default_factory=dict)
+    origins: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """The replay window's client actions: name -> (seq, digest)."""
     """The clients' actions of the replay window, by origin: their seqs."""
 
     @property
@@ -85,26 +86,34 @@ class MemoryStore(ChannelStore):
         )
 
     async def append(
-        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+        self,
+        channel: str,
+        expected_seq: int,
+        envelope: bytes,
+        origin: ClientAction | None = None,
     ) -> None:
         ch = self._get(channel)
-        if origin is not None and origin in ch.origins:
-            raise AlreadyApplied(channel, ch.origins[origin])
+        if origin is not None and (applied := await self.applied(channel, origin)) is not None:
+            raise applied
         if ch.seq != expected_seq:
             raise SeqConflict(channel, expected_seq, ch.seq)
         ch.seq += 1
         ch.log.append(envelope)
         ch.log_bytes += len(envelope)
         if origin is not None:
-            ch.origins[origin] = ch.seq
+            ch.origins[origin.name] = (ch.seq, origin.digest)
             while len(ch.origins) > self.retention:
                 del ch.origins[next(iter(ch.origins))]
         self._trim(ch)
         for listener in list(self._listeners):
             listener.envelope_appended(channel, ch.seq, envelope)
 
-    async def applied(self, channel: str, origin: str) -> int | None:
-        return self._get(channel).origins.get(origin)
+    async def applied(self, channel: str, origin: ClientAction) -> AlreadyApplied | None:
+        seen = self._get(channel).origins.get(origin.name)
+        if seen is None:
+            return None
+        seq, digest = seen
+        return AlreadyApplied(channel, seq, same_action=digest == origin.digest)
 
     def _trim(self, ch: _Channel) -> None:
         # Keep `retention` envelopes and `retention_bytes`, and always

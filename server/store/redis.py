@@ -81,7 +81,14 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from server.errors import AlreadyApplied, ChannelGone, SeqConflict, StoreError, StoreUnavailable
-from server.store.base import AuditCharge, ChannelStore, Listener, Rider, StoredChannel
+from server.store.base import (
+    AuditCharge,
+    ChannelStore,
+    ClientAction,
+    Listener,
+    Rider,
+    StoredChannel,
+)
 from server.store.redis_link import RedisLink, Script
 from server.store.redis_topics import Topics
 
@@ -89,16 +96,23 @@ log = logging.getLogger("huddle.store.redis")
 
 
 # KEYS: meta, log, origins.  ARGV: expected seq, entry, the channel's topic,
-# the action's origin ('' for none), the retention.
-# Returns {1, seq} on success, {0, head} on a conflict, {-1} when gone, {2, seq}
-# when the origin was applied already (as seq).
+# the action's origin name ('' for none), the retention, its digest.
+# Returns {1, seq} on success, {0, head} on a conflict, {-1} when gone,
+# {2, seq, same} when the origin was applied already (as seq; same: 1 when
+# with this digest, 0 when with another or none known).
+# An origin is two members of the same score: its name, and its name and
+# digest (ORIGIN_DIGEST), so that one ZREMRANGEBYSCORE trims both.
 # XADD goes first: a script that fails keeps its earlier writes, and a
 # stream that refuses the id must not leave the head moved without an entry.
 APPEND = """
 local origin = ARGV[4] or ''
+local digested = origin .. '\\n' .. (ARGV[6] or '')
 if origin ~= '' then
   local seen = redis.call('ZSCORE', KEYS[3], origin)
-  if seen then return {2, tonumber(seen)} end
+  if seen then
+    local same = redis.call('ZSCORE', KEYS[3], digested) and 1 or 0
+    return {2, tonumber(seen), same}
+  end
 end
 local head = redis.call('HGET', KEYS[1], 'seq')
 if not head then return {-1} end
@@ -108,7 +122,7 @@ head = head + 1
 redis.call('XADD', KEYS[2], head .. '-0', 'e', ARGV[2])
 redis.call('HSET', KEYS[1], 'seq', head)
 if origin ~= '' then
-  redis.call('ZADD', KEYS[3], head, origin)
+  redis.call('ZADD', KEYS[3], head, origin, head, digested)
   if head % 64 == 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', head - tonumber(ARGV[5]))
   end
@@ -284,7 +298,7 @@ return 0
 """
 
 # APPEND, and a rider (server.store.base.Rider) once the entry landed, as one
-# script: KEYS and ARGV are APPEND's three and five, then the rider's. Each
+# script: KEYS and ARGV are APPEND's three and six, then the rider's. Each
 # body runs as a function of its own KEYS and ARGV. Returns {APPEND's reply}
 # when it did not append, {APPEND's reply, 1, the rider's reply (false for
 # none)} when it did, and {APPEND's reply, 0, the error} when the rider
@@ -302,7 +316,7 @@ for i = 1, #KEYS do
   if i <= 3 then own[i] = KEYS[i] else theirs[i - 3] = KEYS[i] end
 end
 for i = 1, #ARGV do
-  if i <= 5 then own_args[i] = ARGV[i] else their_args[i - 5] = ARGV[i] end
+  if i <= 6 then own_args[i] = ARGV[i] else their_args[i - 6] = ARGV[i] end
 end
 local appended = append(own, own_args)
 if appended[1] ~= 1 then return {appended} end
@@ -331,8 +345,15 @@ def _keys(channel: str) -> tuple[str, str, str]:
 
 
 def _origins(channel: str) -> str:
-    """The clients' actions of the replay window: a sorted set, origin by seq."""
+    """The clients' actions of the replay window: a sorted set, by seq, of
+    each one's name and its :func:`_digested` name."""
     return "huddle:{" + channel + "}:origins"
+
+
+def _digested(origin: ClientAction) -> str:
+    """The member of :func:`_origins` that says what ``origin`` was (APPEND
+    builds the same)."""
+    return f"{origin.name}\n{origin.digest}"
 
 
 def _audit(session: str) -> str:
@@ -367,7 +388,7 @@ class _Pending:
     expected: int
     entry: bytes
     future: asyncio.Future[None]
-    origin: str = ""
+    origin: ClientAction | None = None
 
 
 class RedisStore(ChannelStore):
@@ -414,10 +435,14 @@ class RedisStore(ChannelStore):
         )
 
     async def append(
-        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None = None
+        self,
+        channel: str,
+        expected_seq: int,
+        envelope: bytes,
+        origin: ClientAction | None = None,
     ) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(channel, expected_seq, envelope, future, origin or ""))
+        self._pending.append(_Pending(channel, expected_seq, envelope, future, origin))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         await future
@@ -428,7 +453,12 @@ class RedisStore(ChannelStore):
         return self.link.cluster is None and store == self.url
 
     async def append_riding(
-        self, channel: str, expected_seq: int, envelope: bytes, origin: str | None, rider: Rider
+        self,
+        channel: str,
+        expected_seq: int,
+        envelope: bytes,
+        origin: ClientAction | None,
+        rider: Rider,
     ) -> None:
         # Not group-committed: the caller holds the channel's lock, so this
         # is the channel's one append in flight, and it goes out at once.
@@ -440,7 +470,7 @@ class RedisStore(ChannelStore):
             source = RIDING % {"append": APPEND, "rider": rider.source}
             script = self._riding[rider.source] = Script(source)
         keys = [*_keys(channel)[:2], _origins(channel), *rider.keys]
-        args = [expected_seq, envelope, topic_of(channel), origin or "", self.retention]
+        args = [expected_seq, envelope, topic_of(channel), *_origin_args(origin, self.retention)]
         try:
             out = await self.link.run(script, keys, [*args, *rider.args])
         except (StoreUnavailable, RedisError) as error:
@@ -472,8 +502,7 @@ class RedisStore(ChannelStore):
                             item.expected,
                             item.entry,
                             topic_of(item.channel),
-                            item.origin,
-                            self.retention,
+                            *_origin_args(item.origin, self.retention),
                         ),
                     )
                     for item in batch
@@ -495,9 +524,14 @@ class RedisStore(ChannelStore):
                 if not isinstance(error, Exception):
                     raise
 
-    async def applied(self, channel: str, origin: str) -> int | None:
-        seen: Any = await self.link.call(self.client.zscore(_origins(channel), origin))
-        return None if seen is None else int(seen)
+    async def applied(self, channel: str, origin: ClientAction) -> AlreadyApplied | None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zscore(_origins(channel), origin.name)
+        pipe.zscore(_origins(channel), _digested(origin))
+        seen, same = await self.link.call(pipe.execute())
+        if seen is None:
+            return None
+        return AlreadyApplied(channel, int(seen), same_action=same is not None)
 
     async def read_log(self, channel: str, after_seq: int, epoch: str) -> list[bytes] | None:
         out = await self.link.run(
@@ -697,8 +731,15 @@ def _outcome(channel: str, expected: int, result: Any) -> StoreError | None:
     if int(result[0]) == 0:
         return SeqConflict(channel, expected, int(result[1]))
     if int(result[0]) == 2:
-        return AlreadyApplied(channel, int(result[1]))
+        return AlreadyApplied(channel, int(result[1]), same_action=int(result[2]) == 1)
     return ChannelGone(channel)
+
+
+def _origin_args(origin: ClientAction | None, retention: int) -> tuple[str, int, str]:
+    """APPEND's ARGV 4 to 6 for ``origin``."""
+    if origin is None:
+        return "", retention, ""
+    return origin.name, retention, origin.digest
 
 
 def _text(value: bytes | str) -> str:

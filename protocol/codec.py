@@ -35,7 +35,7 @@ from protocol.messages import (
 )
 from protocol.session import RootState, SessionState
 from protocol.uris import BadChannelUri, channel_kind
-from protocol.wire import quoted
+from protocol.wire import cut, quoted
 
 T = TypeVar("T")
 
@@ -58,11 +58,14 @@ class MalformedFrame(Exception):
 
 
 def _split(error: msgspec.ValidationError, prefix: str) -> tuple[str, str | None]:
+    """msgspec's reason and path, each :func:`cut`: its reason quotes the
+    value it refused (a 100 KB action type), its path the keys it went
+    through."""
     text = str(error)
     reason, sep, path = text.rpartition(" - at `")
     if not sep:
-        return text, prefix
-    return reason, prefix + path.rstrip("`")[1:]
+        return cut(text), prefix
+    return cut(reason), cut(prefix + path.rstrip("`")[1:])
 
 
 MAX_DEPTH: Final = 64

@@ -33,6 +33,14 @@ an id in an action, a connection's clientId, and so a form's property
 names and option values, which become question and option ids."""
 
 
+def cut(text: str, at_most: int = 2 * QUOTED) -> str:
+    """``text`` (a message that may hold what a client sent) whole up to
+    ``at_most`` characters, cut and sized beyond."""
+    if len(text) <= at_most:
+        return text
+    return f"{text[:at_most]}... ({len(text):,} characters)"
+
+
 def quoted(text: str) -> str:
     """``text`` as an error message shows it (its ``repr``): whole up to
     :data:`QUOTED` characters, cut and sized beyond, so that an error never

@@ -796,6 +796,22 @@ async def test_stalled_client_finds_its_socket_closed_when_it_reads_again(
     assert len(leftover) < sent * len(BIG_DRAFT)
 
 
+async def test_a_400_quotes_only_the_start_of_a_huge_value_the_decoder_refused(
+    huddle: RunningServer,
+) -> None:
+    action = {"type": "z" * 100_000}
+    reply = await http(
+        "POST",
+        f"{huddle.http}/api/dispatch",
+        token=huddle.token(role="agent"),
+        body={"channel": "ahp-chat:/x", "action": action},
+    )
+
+    assert reply.status == 400
+    assert len(reply.body) < 1_000
+    assert "characters)" in reply.json()["error"]
+
+
 async def test_errors_quote_only_the_start_of_a_huge_uri_or_method(huddle: RunningServer) -> None:
     huge = "ahp-chat:/" + "x" * 100_000
     reply = await http(

@@ -911,6 +911,29 @@ async def test_a_record_the_store_refused_is_written_without_waiting_for_the_nex
     assert record["what"] == "chat/turnStarted"
 
 
+async def test_no_action_is_accepted_while_its_sessions_audit_waits_in_memory() -> None:
+    # Accepted all the same, each action's record joined a queue that only
+    # this process held: a crash then lost every one of them.
+    store = AuditDownAWhile(refusals=1_000_000)
+    host = Host(store, agents=default_agents())
+    await host.start()
+    try:
+        chat = await host.create_session(SESSION)
+        await host.dispatch(chat, TURN)  # accepted as the audit's store failed
+        with pytest.raises(StoreUnavailable):
+            await host.dispatch(chat, ChatTurnComplete(turn_id="t1", duration=1))
+        refused = (await host.view(chat)).state
+        store.refusals = 0  # back
+        await host.dispatch(chat, ChatTurnComplete(turn_id="t1", duration=1))
+        records = [json.loads(line) for line in await store.read_audit(SESSION, 0, 100)]
+    finally:
+        await host.stop()
+
+    assert isinstance(refused, ChatState)
+    assert refused.active_turn is not None  # the completion was not taken
+    assert [r["what"] for r in records] == ["chat/turnStarted", "chat/turnComplete"]
+
+
 # ─── Signed by the server's key ──────────────────────────────────────────────
 
 

@@ -575,6 +575,29 @@ class AuditTrail:
                 log.warning("audit of %s: a charge could not be given back: %s", session, error)
             raise
 
+    def waiting(self) -> bool:
+        """Whether some session's audit has records the store refused
+        waiting here (cheap: asked before every action)."""
+        return bool(self._retrying)
+
+    async def caught_up(self, session: str) -> None:
+        """Before an action ``session``'s audit would record is accepted:
+        what the store refused of it is written first, or StoreUnavailable
+        (the action is refused as if the store were down for it too), so
+        that records never pile up in memory, where a crash loses them,
+        while actions go on being accepted. Bounded so: at most the records
+        of the actions accepted before the refusal was seen."""
+        chain = self._chains.get(session)
+        if chain is None or not chain.queue or session not in self._retrying:
+            return
+        try:
+            await self._write_through(session, chain, chain.queue[-1])
+        except StoreError as error:
+            raise StoreUnavailable(
+                f"the audit of {session} cannot be written now ({error}): nothing it "
+                "would record is accepted until it is"
+            ) from None
+
     def runner_resumed(self, chat: str, turn_id: str, resume: object) -> None:
         """Record that the runner took ``resume`` for turn ``turn_id``, shown
         in ``chat`` (in the background: the runner's listeners do not wait;

@@ -48,7 +48,7 @@ from reducers.chat import select_input_settlement
 from reducers.limits import SizeLimits, limit_problem
 from reducers.validation import reject_reason, working_directories_problem
 from server.auth import Identity
-from server.core.audit import GONE_RECORDS, AuditTrail, AuditValues
+from server.core.audit import AUDITED, GONE_RECORDS, AuditTrail, AuditValues
 from server.core.audit_key import AuditKeys
 from server.core.channels import Applied, ChannelCore, ChannelView, Hook, Hooks, Riding, Validator
 from server.core.expiry import Expiries, Expiry, Family, expiry_problem
@@ -271,7 +271,10 @@ class Host:
                 written = ahead(uri, action, sender)
                 if written is not None:
                     await written
-        session = await self.session_of(uri) if payer is not None else None
+        audited = isinstance(action, AUDITED) and self.audit.waiting()
+        session = await self.session_of(uri) if payer is not None or audited else None
+        if audited and session is not None:
+            await self.audit.caught_up(session)
         async with self.audit.charged(session, payer, action) as unrecorded:
             try:
                 event = await write(validate=_then(validator, unrecorded))

@@ -201,20 +201,20 @@ class Commands:
         if refusal is not None:
             raise CommandError(ErrorCode.PERMISSION_DENIED, refusal)
 
-    def admit(self, grant: Grant) -> None:
+    async def admit(self, grant: Grant) -> None:
         """ActionRejected unless ``grant`` may send an action now (not an
         observer; RateLimited beyond its token's rate limit): asked before
         the action is read."""
         refusal = admission_refusal(grant)
         if refusal is not None:
             raise ActionRejected.of(refusal)
-        self.spend(grant, ACTION_COST)
+        await self.spend(grant, ACTION_COST)
 
-    def spend(self, grant: Grant, cost: float) -> None:
+    async def spend(self, grant: Grant, cost: float) -> None:
         """Take ``cost`` (in actions) from the budget of ``grant``'s token
         (a shared link's browsers: the link's); RateLimited, nothing taken,
         when it does not fit now. Asked before the work it pays for."""
-        self.budgets.spend(grant, cost)
+        await self.budgets.spend(grant, cost)
 
     def charge(self, grant: Grant, cost: float) -> None:
         """Take ``cost`` from the token's budget even into debt: for what
@@ -366,7 +366,7 @@ class Commands:
         expect_kind(uri, "session", path)
         self._check_title(title)
         if not admitted:
-            self._spend(grant)
+            await self._spend(grant)
         root = (await self.host.view(ROOT_URI)).state
         held = (root.active_sessions if isinstance(root, RootState) else None) or 0
         if (refusal := cap_refusal(grant, held, self.max_sessions)) is not None:
@@ -464,7 +464,7 @@ class Commands:
         expect_kind(session, "session")
         expect_kind(chat, "chat", "$.chat")
         self._check_title(title)
-        self._spend(grant)
+        await self._spend(grant)
         await self.reach(grant, session)
         if working_directories is not None:
             try:
@@ -505,10 +505,10 @@ class Commands:
         if started is not None:
             await self._as_callers(grant, chat, started, client_id, sender, "$.initialMessage")
 
-    def _spend(self, grant: Grant) -> None:
+    async def _spend(self, grant: Grant) -> None:
         """:meth:`admit`, refused as a command is (:func:`refused`)."""
         try:
-            self.admit(grant)
+            await self.admit(grant)
         except ActionRejected as rejected:
             raise refused(rejected, "$") from None
 
@@ -575,20 +575,20 @@ class Commands:
             page, older = await self.host.sessions.older_turns(chat, cursor, fit)
         return page, older
 
-    def out_of_debt(self, grant: Grant) -> None:
+    async def out_of_debt(self, grant: Grant) -> None:
         """Refused as a command is (-32011) while the token's budget is in
         debt: for a request that costs nothing up front but answers reads
         charged afterwards (initialize, reconnect)."""
         try:
-            self.budgets.out_of_debt(grant)
+            await self.budgets.out_of_debt(grant)
         except ActionRejected as rejected:
             raise refused(rejected, "$") from None
 
-    def pay(self, grant: Grant, command: str) -> None:
+    async def pay(self, grant: Grant, command: str) -> None:
         """Spend what ``command`` costs up front (:data:`COSTS`); RateLimited,
         nothing spent, when it does not fit now (each edge answers it its
         way: 429 with ``Retry-After``, or the JSON-RPC conflict)."""
-        self.spend(grant, COSTS[command])
+        await self.spend(grant, COSTS[command])
 
     async def expire(self, grant: Grant, params: ExpireParams) -> int:
         """Give an open wait an expiry (server.core.expiry); when it expires (ms).
@@ -636,7 +636,7 @@ class Commands:
         MalformedFrame for a bad URI."""
         try:
             if not admitted:
-                self.admit(grant)
+                await self.admit(grant)
             await self._reachable(grant, uri, "$.channel")
             state = (await self.host.view(uri)).state
             refusal = dispatch_refusal(grant, uri, action, state, client_id)

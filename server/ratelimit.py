@@ -4,7 +4,8 @@ polls and sockets a token may hold at once.
 
 One budget per token, shared by every connection and the HTTP API (a
 participant opening ten sockets does not get ten times the budget; a shared
-link's browsers spend the link's). Its unit is one action: an HTTP request
+link's browsers spend the link's), and by every process of one store
+(:class:`Budgets` draws it from the store). Its unit is one action: an HTTP request
 costs what its route says (:mod:`server.edge.app`). Agent tokens have a budget of
 their own, larger by default: an agent streaming ``chat/delta`` into twenty
 chats over one socket is normal. A cost is paid up front, or, for what is
@@ -33,14 +34,14 @@ import hashlib
 import ipaddress
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
 from protocol.rejections import RejectionCode
 from server.auth import Grant
 from server.cache import Lru
-from server.errors import ActionRejected, AuthError
+from server.errors import ActionRejected, AuthError, StoreError
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,25 @@ class TokenBucket:
         self.tokens -= min(cost, self.budget.burst)
 
 
+Draw = Callable[[str, float, int, float, float], Awaitable[float]]
+"""``ChannelStore.draw``: take up to ``want`` from the shared bucket ``key``
+(``rate``, ``burst``) at wall-clock time ``now``; what it took."""
+
+DRAWN_SHARE: Final = 8
+"""What a process draws from a token's shared bucket at a time: a
+``DRAWN_SHARE``-th of the burst (or the cost at hand, if more). Spent
+here without asking the store again, so an action costs a round trip only
+once in that many; N processes hold at most N such draws unspent, all the
+excess a token can get by spreading over processes."""
+
+
 class Budgets:
-    """The buckets of every token seen lately."""
+    """The budgets of every token seen lately. With ``draw`` (the store's,
+    shared by every process), a token's budget is one bucket in the store:
+    each process draws a share of it at a time (:data:`DRAWN_SHARE`) and
+    spends that, so ten processes give a token what one gives it, but for
+    at most one unspent draw each (an eighth of the burst: DRAWN_SHARE). Without it, or while the store fails, each process keeps its own
+    bucket per token (the same budget per process)."""
 
     def __init__(
         self,
@@ -144,12 +162,19 @@ class Budgets:
         agent: Budget,
         *,
         clock: Callable[[], float] = time.monotonic,
+        draw: Draw | None = None,
+        wall: Callable[[], float] = time.time,
         max_tokens: int = 10_000,
     ) -> None:
         self.participant = participant
         self.agent = agent
         self.clock = clock
+        self.draw = draw
+        self.wall = wall
+        """The clock draws are made on: one every process shares."""
         self._buckets: Lru[str, TokenBucket] = Lru(max_tokens)
+        self._held: Lru[str, float] = Lru(max_tokens)
+        """Per token: what it drew and has not spent (below 0: a debt)."""
 
     def budget_of(self, grant: Grant) -> Budget:
         return self.agent if grant.role == "agent" else self.participant
@@ -161,24 +186,66 @@ class Budgets:
             self._buckets.put(grant.budget_key, bucket)
         return bucket
 
-    def spend(self, grant: Grant, cost: float = 1.0) -> None:
+    async def _drawn(self, grant: Grant, cost: float) -> float | None:
+        """What ``grant``'s token holds here once it has drawn enough for
+        ``cost`` (as much as the shared bucket had); None without a store
+        to draw from, or when it fails (then the process's own bucket
+        decides)."""
+        if self.draw is None:
+            return None
+        held = self._held.get(grant.budget_key) or 0.0
+        if held < cost:
+            budget = self.budget_of(grant)
+            want = max(budget.burst / DRAWN_SHARE, cost - held)
+            try:
+                took = await self.draw(
+                    "rate:" + grant.budget_key, budget.rate, budget.burst, want, self.wall()
+                )
+            except StoreError:
+                return None
+            # Another spend of this token may have spent or drawn meanwhile.
+            held = (self._held.get(grant.budget_key) or 0.0) + took
+            self._held.put(grant.budget_key, held)
+        return held
+
+    def _limited(self, grant: Grant, missing: float) -> RateLimited:
+        budget = self.budget_of(grant)
+        wait = missing / budget.rate if budget.rate > 0 else math.inf
+        return RateLimited(budget.rate, wait)
+
+    async def spend(self, grant: Grant, cost: float = 1.0) -> None:
         """Take ``cost`` from ``grant``'s budget; RateLimited (nothing taken)
         when it does not fit now."""
-        wait = self._bucket(grant).spend(cost, self.clock())
-        if wait > 0:
-            raise RateLimited(self.budget_of(grant).rate, wait)
+        cost = min(cost, self.budget_of(grant).burst)
+        held = await self._drawn(grant, cost)
+        if held is None:
+            wait = self._bucket(grant).spend(cost, self.clock())
+            if wait > 0:
+                raise RateLimited(self.budget_of(grant).rate, wait)
+            return
+        if held < cost:
+            raise self._limited(grant, cost - held)
+        self._held.put(grant.budget_key, held - cost)
 
     def charge(self, grant: Grant, cost: float) -> None:
         """Take ``cost`` from ``grant``'s budget even into debt (for what was
-        known only once done)."""
+        known only once done): the next spends draw to pay it first."""
+        cost = min(cost, self.budget_of(grant).burst)
         self._bucket(grant).charge(cost, self.clock())
+        if self.draw is not None:
+            self._held.put(grant.budget_key, (self._held.get(grant.budget_key) or 0.0) - cost)
 
-    def out_of_debt(self, grant: Grant) -> None:
+    async def out_of_debt(self, grant: Grant) -> None:
         """RateLimited while ``grant``'s budget is in debt (nothing taken):
         for what costs nothing up front but may run up a debt."""
-        wait = self._bucket(grant).wait(0, self.clock())
-        if wait > 0:
-            raise RateLimited(self.budget_of(grant).rate, wait)
+        held = await self._drawn(grant, 0.0)
+        if held is None:
+            wait = self._bucket(grant).wait(0, self.clock())
+            if wait > 0:
+                raise RateLimited(self.budget_of(grant).rate, wait)
+            return
+        if held < 0:
+            raise self._limited(grant, -held)
 
 
 class NewClientIds:

@@ -32,9 +32,18 @@ from protocol.chat import InputRequest, TextQuestion
 from protocol.codec import to_builtins
 from server.auth import Grant
 from server.config import Limits, Settings
-from server.ratelimit import FAILED_AUTHENTICATIONS, LONG_POLLS
+from server.ratelimit import (
+    DRAWN_SHARE,
+    FAILED_AUTHENTICATIONS,
+    LONG_POLLS,
+    Budget,
+    Budgets,
+    RateLimited,
+)
+from server.store.redis import RedisStore
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, WallClock, start_server, user_message
 from tests.edge import eventually
+from tests.redis_server import RedisServer
 
 SESSION = "ahp-session:/budget"
 Query = dict[str, str | float]
@@ -107,6 +116,50 @@ async def tight() -> AsyncIterator[RunningServer]:
         yield running
     finally:
         await running.stop()
+
+
+@pytest.mark.redis
+async def test_a_token_gets_one_budget_however_many_processes_it_talks_to(
+    redis_server: RedisServer, clock: WallClock
+) -> None:
+    burst = 16
+    limits = Limits(actions_per_second=0.001, action_burst=burst)
+    settings = Settings(port=0, limits=limits)
+    one = await start_server(settings, RedisStore(redis_server.url), clock=clock)
+    other = await start_server(settings, RedisStore(redis_server.url), clock=clock)
+    try:
+        chat = await chat_asking(one)
+        token = one.token("participant")
+        statuses = []
+        async with client(one, token) as first, client(other, token) as second:
+            for n in range(4 * burst):  # by turns, each process spending its draw
+                http = first if n % 2 else second
+                sent = await http.post(
+                    "/api/dispatch", json={"channel": chat, "action": draft(f"draft {n}")}
+                )
+                statuses.append(sent.status_code)
+    finally:
+        await one.stop()
+        await other.stop()
+
+    accepted = statuses.count(200)
+    # Each process holds at most one draw (a DRAWN_SHARE-th of the burst)
+    # it has not spent; on its own bucket each would have given the burst.
+    assert burst - 2 * burst // DRAWN_SHARE <= accepted <= burst
+    assert statuses.count(429) == 4 * burst - accepted
+
+
+async def test_while_the_store_fails_each_process_keeps_the_budget_itself() -> None:
+    gone = RedisStore("redis://127.0.0.1:1/0", timeout=UNIT)  # nothing listens there
+    budgets = Budgets(Budget(0.001, 2), Budget(0.001, 2), draw=gone.draw)
+    grant = Grant(role="participant", sessions=None, name="Lee", token_id="t-lee")
+    try:
+        await budgets.spend(grant)
+        await budgets.spend(grant)
+        with pytest.raises(RateLimited):
+            await budgets.spend(grant)
+    finally:
+        await gone.close()
 
 
 # ─── Every route spends the token's budget ───────────────────────────────────

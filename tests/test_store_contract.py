@@ -149,6 +149,21 @@ async def test_delete_removes_the_channel(store: ChannelStore) -> None:
         await store.load(CHAT)
 
 
+async def test_a_bucket_gives_at_most_what_it_holds_and_refills_on_the_callers_clock(
+    store: ChannelStore,
+) -> None:
+    first = await store.draw("token-a", 2.0, 10, 4, 1000.0)
+    second = await store.draw("token-a", 2.0, 10, 8, 1000.0)
+    empty = await store.draw("token-a", 2.0, 10, 1, 1000.0)
+    behind = await store.draw("token-a", 2.0, 10, 1, 999.0)  # another process's clock, behind
+    refilled = await store.draw("token-a", 2.0, 10, 5, 1001.5)
+    other = await store.draw("token-b", 2.0, 10, 10, 1000.0)
+
+    assert (first, second, empty, behind) == (4, 6, 0, 0)
+    assert refilled == pytest.approx(3.0)
+    assert other == 10
+
+
 async def test_a_tally_adds_up_to_its_bound_and_takes_back_what_is_given(
     store: ChannelStore,
 ) -> None:

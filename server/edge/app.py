@@ -370,7 +370,7 @@ def api(method: str, path: str, handler: Handler, pays: str | None = None) -> Ro
         try:
             grant = authenticate(server, request)
             if pays is not None:
-                server.commands.pay(grant, pays)
+                await server.commands.pay(grant, pays)
             return await handler(request, server, grant)
         except RateLimited as error:
             return over_budget(error)
@@ -454,7 +454,7 @@ def _json_object(raw: bytes) -> dict[str, Any]:
 
 async def create_session(request: Request, server: Server, grant: Grant) -> Response:
     server.commands.allow(grant, Command.CREATE_SESSION)
-    server.commands.admit(grant)  # the token's budget, before the body is read (429)
+    await server.commands.admit(grant)  # the token's budget, before the body is read (429)
     body = await _body(request, server)
     uri = session_uri(str(body.get("id") or secrets.token_hex(8)))
     title, provider = body.get("title"), body.get("provider")
@@ -560,7 +560,7 @@ async def dispatch_action(request: Request, server: Server, grant: Grant) -> Res
     the socket's actions are (observers 403, the token's budget 429),
     before the body is read."""
     try:
-        server.commands.admit(grant)
+        await server.commands.admit(grant)
     except ActionRejected as error:
         return http_answer(error)
     raw = await _raw_body(request, server)
@@ -697,7 +697,7 @@ class McpEndpoint:
             grant = authenticate(server, request)
             if grant.role != "agent":
                 raise AuthError(403, "Huddle's MCP server takes an agent token")
-            server.commands.pay(grant, "mcp")  # what its tools then do pays for itself
+            await server.commands.pay(grant, "mcp")  # what its tools then do pays for itself
         except RateLimited as error:
             await over_budget(error)(scope, receive, send)
             return
@@ -736,7 +736,7 @@ async def read_metrics(request: Request) -> Response:
     if not (scraper and token and hmac.compare_digest(token.encode(), scraper.encode())):
         try:
             grant = authenticate(server, request)
-            server.commands.pay(grant, "metrics")
+            await server.commands.pay(grant, "metrics")
         except RateLimited as error:
             return over_budget(error)
         except AuthError as error:
@@ -819,6 +819,8 @@ def create_app(
     budgets = Budgets(
         Budget(limits.actions_per_second, limits.action_burst),
         Budget(limits.agent_actions_per_second, limits.agent_action_burst),
+        draw=parts.host.store.draw,
+        wall=parts.clock,
     )
     commands = Commands(
         parts.host,

@@ -108,7 +108,7 @@ async def reconnect(
     rpc: Rpc, params: ReconnectParams
 ) -> ReconnectResult | ReconnectReplay | ReconnectSnapshots:
     """Answer ``reconnect`` on ``rpc``'s connection (see the module docstring)."""
-    rpc.commands.out_of_debt(rpc.grant)
+    await rpc.commands.out_of_debt(rpc.grant)
     if params.cursors is not None:
         if rpc.client_id is None or rpc.numbering is not None:
             raise MalformedFrame(

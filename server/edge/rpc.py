@@ -329,7 +329,7 @@ class Rpc:
                 f"no protocol version in common; this server speaks {supported}",
                 {"supportedVersions": list(SUPPORTED_PROTOCOL_VERSIONS)},
             )
-        self.commands.out_of_debt(self.grant)
+        await self.commands.out_of_debt(self.grant)
         capabilities = params.capabilities or {}
         asked = frozenset(capabilities.keys()) & EXTENSIONS.keys()
         identity = self.identity
@@ -418,7 +418,7 @@ class Rpc:
     # ─── Subscriptions ───────────────────────────────────────────────────
 
     async def _subscribe(self, params: SubscribeParams) -> SubscribeResult:
-        self.commands.pay(self.grant, "subscribe")
+        await self.commands.pay(self.grant, "subscribe")
         view = params.view if TURN_WINDOWS in self.extensions else None
         turns = view.turns if view is not None else None
         snapshot = await self.subscribe_to(params.channel, turns)
@@ -567,14 +567,14 @@ class Rpc:
         await self.commands.dispose_chat(self.grant, params.channel)
 
     async def _list_sessions(self, params: ListSessionsParams) -> ListSessionsResult:
-        self.commands.pay(self.grant, "listSessions")
+        await self.commands.pay(self.grant, "listSessions")
         page = await self.commands.list_sessions(
             self.grant, params.cursor, params.limit, budget=self.frame_budget
         )
         return ListSessionsResult(items=page.items, next_cursor=page.next_cursor)
 
     async def _fetch_turns(self, params: FetchTurnsParams) -> FetchTurnsResult | EmptyResult:
-        self.commands.pay(self.grant, "fetchTurns")
+        await self.commands.pay(self.grant, "fetchTurns")
         if CHANNEL_SEQS in self.extensions:
             turns, cursor = await self.commands.fetch_turns(
                 self.grant, params.channel, params.cursor, params.limit, self.frame_budget
@@ -602,7 +602,7 @@ class Rpc:
     async def _expire(self, params: ExpireParams) -> ExpireResult:
         if EXPIRY not in self.extensions:  # plain AHP has no such method
             raise MalformedFrame(ErrorCode.METHOD_NOT_FOUND, "unknown method 'huddle/expire'")
-        self.commands.pay(self.grant, "expire")
+        await self.commands.pay(self.grant, "expire")
         return ExpireResult(expires_at=await self.commands.expire(self.grant, params))
 
     # ─── Actions ─────────────────────────────────────────────────────────

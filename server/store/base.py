@@ -292,6 +292,16 @@ class ChannelStore(ABC):
         seconds from its first addition, then starts again from 0; a
         negative ``size`` (room given back) is always added."""
 
+    @abstractmethod
+    async def draw(self, key: str, rate: float, burst: int, want: float, now: float) -> float:
+        """Take up to ``want`` from the token bucket under ``key``,
+        atomically across processes, and return what was taken (0 when it
+        is empty; never more than it holds, so it never goes into debt
+        here). The bucket holds ``burst`` when new and refills at ``rate``
+        a second, on the callers' wall clock ``now`` (a clock behind the
+        last one seen refills nothing); it is forgotten once full again,
+        so buckets stay bounded by the keys drawing lately."""
+
     # ─── Audit ───────────────────────────────────────────────────────────
 
     @abstractmethod

@@ -54,6 +54,9 @@ class MemoryStore(ChannelStore):
         """Per key: the owner, until when (the monotonic clock's), and
         until when on the caller's clock (None: it passed none)."""
         self._tallies: dict[str, tuple[int, float]] = {}
+        self._buckets: dict[str, tuple[float, float, float, int]] = {}
+        """Per key: a :meth:`draw` bucket's tokens, when they were counted,
+        its rate and its burst."""
         self._claims_seen = 1024
         """Expired claims are swept when the map doubles past this."""
         self._kept: dict[str, tuple[bytes, float]] = {}
@@ -206,6 +209,21 @@ class MemoryStore(ChannelStore):
         if len(self._tallies) > 2 * self._claims_seen:
             self._tallies = {k: v for k, v in self._tallies.items() if v[1] > now}
         return 0.0
+
+    async def draw(self, key: str, rate: float, burst: int, want: float, now: float) -> float:
+        tokens, stamp, _, _ = self._buckets.get(key, (float(burst), now, rate, burst))
+        if now > stamp:
+            tokens, stamp = min(float(burst), tokens + (now - stamp) * rate), now
+        took = min(want, max(tokens, 0.0))
+        self._buckets[key] = (tokens - took, stamp, rate, burst)
+        if len(self._buckets) > 2 * self._claims_seen:
+            # Those full again by now hold nothing a new bucket would not.
+            self._buckets = {
+                k: held
+                for k, held in self._buckets.items()
+                if held[2] <= 0 or held[0] + (now - held[1]) * held[2] < held[3]
+            }
+        return took
 
     async def remember(self, key: str, value: bytes, ttl: float) -> None:
         now = time.monotonic()

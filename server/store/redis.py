@@ -270,6 +270,28 @@ if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) 
 return 0
 """
 
+# KEYS: the bucket.  ARGV: rate, burst, want, now (s).  Returns what it took
+# (server.store.base.draw), as a string (Lua would cut a number to an integer).
+DRAW = """
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local want, now = tonumber(ARGV[3]), tonumber(ARGV[4])
+local held = redis.call('HMGET', KEYS[1], 'tokens', 'stamp')
+local tokens, stamp = tonumber(held[1]), tonumber(held[2])
+if not tokens or not stamp then tokens, stamp = burst, now end
+if now > stamp then
+  tokens = math.min(burst, tokens + (now - stamp) * rate)
+  stamp = now
+end
+local took = math.min(want, math.max(tokens, 0))
+tokens = tokens - took
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens),
+  'stamp', string.format('%.17g', stamp))
+local full = 86400
+if rate > 0 then full = math.min(full, math.ceil((burst - tokens) / rate) + 1) end
+redis.call('EXPIRE', KEYS[1], math.max(1, full))
+return string.format('%.17g', took)
+"""
+
 # KEYS: the audit list.  ARGV: n, record.  Returns -1 when appended, else
 # how many records the audit holds.
 AUDIT = """
@@ -331,6 +353,7 @@ return {appended, 1, reply}
 
 _CREATE, _LOAD, _APPEND = Script(CREATE), Script(LOAD), Script(APPEND)
 _CLAIM, _AUDIT, _TALLY, _KEEP = Script(CLAIM), Script(AUDIT), Script(TALLY), Script(KEEP)
+_DRAW = Script(DRAW)
 _CHARGE = Script(CHARGE)
 _READ_LOG, _SNAPSHOT, _RESTORE = Script(READ_LOG), Script(SNAPSHOT), Script(RESTORE)
 
@@ -598,6 +621,11 @@ class RedisStore(ChannelStore):
         name = "huddle:tally:{" + key + "}"
         left = await self.link.run(_TALLY, [name], [size, most, max(1, int(ttl * 1000))])
         return int(left) / 1000
+
+    async def draw(self, key: str, rate: float, burst: int, want: float, now: float) -> float:
+        name = "huddle:bucket:{" + key + "}"
+        took = await self.link.run(_DRAW, [name], [repr(rate), burst, repr(want), repr(now)])
+        return float(took)
 
     async def claim(self, key: str, owner: str, ttl: float, now: float | None = None) -> str | None:
         milliseconds = max(1, int(ttl * 1000)) if ttl > 0 else 0

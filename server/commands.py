@@ -320,11 +320,27 @@ class Commands:
     def unsubscribe(self, uri: str, subscriber: Subscriber) -> None:
         self.host.core.unsubscribe(uri, subscriber)
 
-    def leave(self, session: str, client_id: str, back: Callable[[], bool]) -> None:
+    def leave(
+        self, session: str, client_id: str, back: Callable[[], bool], grant: Grant | None
+    ) -> None:
         """``client_id``'s connection went: take its entry out of
         ``session``'s active clients, in the background, unless it is
-        ``back`` by then (server.core.presence)."""
-        self.host.core.spawn(presence.leave(self.host, session, client_id, back))
+        ``back`` by then (server.core.presence), and give it back to the
+        count of ``grant``'s token (None: it passed to another connection,
+        or is an agent's, which is not counted)."""
+        payer = None if grant is None or grant.role == "agent" else grant.budget_key
+        self.host.core.spawn(presence.leave(self.host, session, client_id, back, payer))
+
+    async def arrive(self, grant: Grant, session: str, limit: int) -> bool:
+        """Count one more of ``grant``'s token's entries in ``session``'s
+        active clients, over every process (server.core.presence.arrive);
+        False when it holds ``limit``. Raises StoreError."""
+        return await presence.arrive(self.host, session, grant.budget_key, limit)
+
+    def depart(self, grant: Grant, session: str) -> None:
+        """One of ``grant``'s entries in ``session`` went, or was not taken
+        (counted in the background)."""
+        self.host.core.spawn(presence.depart(self.host, session, grant.budget_key))
 
     @staticmethod
     def window(state: ChatState, turns: int | None, max_bytes: int) -> ChatState:

@@ -153,8 +153,9 @@ class Budgets:
     shared by every process), a token's budget is one bucket in the store:
     each process draws a share of it at a time (:data:`DRAWN_SHARE`) and
     spends that, so ten processes give a token what one gives it, but for
-    at most one unspent draw each (an eighth of the burst: DRAWN_SHARE). Without it, or while the store fails, each process keeps its own
-    bucket per token (the same budget per process)."""
+    at most one unspent draw each. Without it, or while the store fails,
+    each process keeps its own bucket per token (the same budget per
+    process)."""
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Callable
 
+import pytest
 from msgspec.structs import replace
 
 from protocol.actions import (
@@ -46,9 +47,12 @@ from protocol.session import ActiveClient, SessionState
 from protocol.uris import ROOT_URI
 from reducers.chat import select_tool_call
 from server.auth import token_id
+from server.config import Settings
 from server.edge.rpc import PRESENT_PER_TOKEN
-from tests.conftest import UNIT, RunningServer, user_message
+from server.store.redis import RedisStore
+from tests.conftest import UNIT, RunningServer, start_server, user_message
 from tests.edge import Frame, Peer, eventually, http, initialize_params
+from tests.redis_server import RedisServer
 
 SESSION = "ahp-session:/trust"
 TURN = ChatTurnStarted(
@@ -290,6 +294,55 @@ async def test_one_token_cannot_crowd_a_session_out_with_its_sockets(
     assert [e.get("rejectionReason") for e in echoes[:-1]] == [None] * PRESENT_PER_TOKEN
     assert echoes[-1]["rejectionReason"].startswith("too-many: a token may be among")
     assert "rejectionReason" not in await own_echo(dana)
+
+
+@pytest.mark.redis
+async def test_one_token_cannot_crowd_a_session_out_by_spreading_over_processes(
+    redis_server: RedisServer,
+) -> None:
+    one = await start_server(Settings(port=0), RedisStore(redis_server.url))
+    other = await start_server(Settings(port=0), RedisStore(redis_server.url))
+    try:
+        await chat_of(one)
+        token = one.token(name="mallory")
+        sockets = [
+            await Peer.ready((one, other)[n % 2].ws, token, f"m-{n}")
+            for n in range(PRESENT_PER_TOKEN + 1)
+        ]
+        watcher = await (await other.client(name="watcher")).subscribe(SESSION)
+        echoes = []
+        for peer in sockets:  # one by one: the last is the one too many
+            await peer.subscribe(SESSION)
+            entry = ActiveClient(client_id=peer.client_id, tools=[])
+            await peer.dispatch(SESSION, SessionActiveClientSet(active_client=entry))
+            echoes.append(await own_echo(peer))
+        await sockets[0].close()  # its place comes free, for this token too
+        await watcher.wait_for(
+            lambda state: (
+                isinstance(state, SessionState)
+                and all(c.client_id != "m-0" for c in state.active_clients)
+            )
+        )
+        again = sockets[-1]
+        entry = ActiveClient(client_id=again.client_id, tools=[])
+        await again.dispatch(SESSION, SessionActiveClientSet(active_client=entry))
+        taken = await own_echo(again)
+        for peer in sockets[1:]:
+            await peer.close()
+    finally:
+        await one.stop()
+        await other.stop()
+
+    assert [e.get("rejectionReason") for e in echoes[:-1]] == [None] * PRESENT_PER_TOKEN
+    assert echoes[-1]["rejectionReason"].startswith("too-many: a token may be among")
+    assert "rejectionReason" not in taken
+
+
+async def own_echo(peer: Peer) -> Frame:
+    """The next envelope of ``peer``'s own action."""
+    while (envelope := await peer.envelope()).get("origin", {}).get("clientId") != peer.client_id:
+        pass
+    return envelope
 
 
 async def test_a_connection_that_takes_over_a_client_id_takes_its_presence_too(

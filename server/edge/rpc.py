@@ -497,8 +497,10 @@ class Rpc:
             def back() -> bool:
                 return self.clients.live(client_id) not in (None, self)
 
+            # Back already: its entries are another connection's, counted so.
+            payer = None if back() else self.grant
             for session in self.present:
-                self.commands.leave(session, client_id, back)
+                self.commands.leave(session, client_id, back, payer)
         self.present.clear()
         for uri in self.subscriptions:
             self.commands.unsubscribe(uri, self.connection)
@@ -525,21 +527,25 @@ class Rpc:
                     "$.params.activeClient.clientId",
                 )
             try:
-                self._may_be_present(params.channel)
+                await self._may_be_present(params.channel)
             except ActionRejected as rejected:
                 raise refused(rejected, "$.activeClient") from None
-        await self.commands.create_session(
-            self.grant,
-            params.channel,
-            provider=params.provider,
-            title=params.title if TITLES in self.extensions else None,
-            working_directories=params.working_directories,
-            active_client=joining,
-            client_id=self.client_id,
-            sender=self.identity,
-        )
-        if joining is not None:
-            self.present.add(params.channel)
+        joined = False
+        try:
+            await self.commands.create_session(
+                self.grant,
+                params.channel,
+                provider=params.provider,
+                title=params.title if TITLES in self.extensions else None,
+                working_directories=params.working_directories,
+                active_client=joining,
+                client_id=self.client_id,
+                sender=self.identity,
+            )
+            joined = joining is not None
+        finally:
+            if joining is not None:
+                self._present(params.channel, joined)
 
     async def _dispose_session(self, params: ChannelParams) -> None:
         await self.commands.dispose_session(self.grant, params.channel)
@@ -612,22 +618,30 @@ class Rpc:
             raise MalformedFrame(ErrorCode.INVALID_REQUEST, "initialize first")
         origin = ActionOrigin(client_id=self.client_id, client_seq=params.client_seq)
         uri, action = params.channel, params.action
+        joining = isinstance(action, SessionActiveClientSet) and uri not in self.present
         try:
-            if isinstance(action, SessionActiveClientSet):
-                self._may_be_present(uri)
-            await self.commands.dispatch(
-                self.grant,
-                uri,
-                action,
-                origin=origin,
-                seq_scope=self.seq_scope,
-                client_id=self.client_id,
-                sender=self.identity,
-            )
-            if isinstance(action, SessionActiveClientSet):
-                self.present.add(uri)
-            elif isinstance(action, SessionActiveClientRemoved):
+            if joining:
+                await self._may_be_present(uri)
+            try:
+                await self.commands.dispatch(
+                    self.grant,
+                    uri,
+                    action,
+                    origin=origin,
+                    seq_scope=self.seq_scope,
+                    client_id=self.client_id,
+                    sender=self.identity,
+                )
+            except BaseException:
+                if joining:
+                    self._present(uri, False)
+                raise
+            if joining:
+                self._present(uri, True)
+            elif isinstance(action, SessionActiveClientRemoved) and uri in self.present:
                 self.present.discard(uri)
+                if self.grant.role != "agent":
+                    self.commands.depart(self.grant, uri)
         except ChannelGone:
             pass  # AHP: an action for a channel that does not exist is ignored
         except AlreadyApplied as applied:
@@ -642,19 +656,28 @@ class Rpc:
             await self.echoes.rejection(uri, encode(action), origin, reason)
         self.connection.count_action(limited=False)
 
-    def _may_be_present(self, session: str) -> None:
+    async def _may_be_present(self, session: str) -> None:
         """A person's token is in a session's active clients with at most
-        PRESENT_PER_TOKEN connections (of this process; a shared link's
-        browsers PRESENT_PER_LINK together): one token opening many sockets
-        must not crowd everyone else out of the list."""
+        PRESENT_PER_TOKEN connections (of every process: counted in the
+        store; a shared link's browsers PRESENT_PER_LINK together): one
+        token opening many sockets must not crowd everyone else out of the
+        list. Counted once it returns: :meth:`_present` says how it went."""
         if self.grant.role == "agent" or session in self.present:
             return
         limit = PRESENT_PER_LINK if self.grant.shared else PRESENT_PER_TOKEN
-        if self.clients.present_in(session, self.grant.budget_key) >= limit:
+        if not await self.commands.arrive(self.grant, session, limit):
             raise ActionRejected(
                 RejectionCode.TOO_MANY,
                 f"a token may be among a session's active clients {limit} times",
             )
+
+    def _present(self, session: str, joined: bool) -> None:
+        """After :meth:`_may_be_present` counted ``session``: it is this
+        connection's now, or the count is given back."""
+        if joined:
+            self.present.add(session)
+        elif self.grant.role != "agent":
+            self.commands.depart(self.grant, session)
 
 
 _REQUESTS: Final[dict[str, Callable[[Rpc, Any], Awaitable[Any]]]] = {

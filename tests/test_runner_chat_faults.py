@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -246,18 +247,18 @@ def deploying(runs: Runs) -> Agent:
 
 
 async def saved_not_shown(
-    huddle: RunningServer, agent: Agent
+    huddle: RunningServer, agent: Agent, clock: Callable[[], float] = time.time
 ) -> tuple[AgentService, HuddleClient, str, Mirror, str]:
     """Alice's chat turn t1, whose runner's turn a worker with no chat to
     show it in (one that dies before its chat shows it) left waiting for
-    approval: the service, Alice, the chat, her mirror of it and the turn's
-    id."""
+    approval (at ``clock``'s now): the service, Alice, the chat, her mirror
+    of it and the turn's id."""
     service = huddle.server.parts.service
     assert service is not None
     alice, chat, mirror = await open_chat(huddle, "Deploy it")
     turn_id = await service.bridge.resuming.turn_of(chat, "t1")
     assert turn_id is not None
-    waiting = await Runner(service.runner.store, [agent]).execute(turn_id)
+    waiting = await Runner(service.runner.store, [agent], clock=clock).execute(turn_id)
     assert waiting.status == TurnStatus.WAITING_FOR_APPROVAL
     return service, alice, chat, mirror, turn_id
 

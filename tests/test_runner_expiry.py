@@ -63,7 +63,7 @@ from tests.mcp_kit import (
 )
 from tests.redis_server import RedisServer
 from tests.runner_kit import Model, Runs, call, say, scripted, started, use
-from tests.test_runner_chat_faults import ended, open_chat, pending, until
+from tests.test_runner_chat_faults import ended, open_chat, pending, saved_not_shown, until
 
 WITHIN = 10 * UNIT
 
@@ -417,15 +417,8 @@ async def test_an_approval_asked_again_after_its_worker_died_keeps_the_time_it_h
     )
     huddle = await start_server(UNSWEPT, agent=helper, clock=clock, workers=0)
     try:
-        service = huddle.server.parts.service
-        assert service is not None
-        _, chat, _ = await open_chat(huddle, "Deploy")
-        turn_id = await service.bridge.resuming.turn_of(chat, "t1")
-        assert turn_id is not None
         opened = clock.now
-        # A worker with no chat to show it in: it dies before asking.
-        waiting = await Runner(service.runner.store, [helper], clock=clock).execute(turn_id)
-        assert waiting.status == TurnStatus.WAITING_FOR_APPROVAL
+        service, _, chat, _, _ = await saved_not_shown(huddle, helper, clock)
         clock.now += 400
         service.bridge.sweep.ask_again_after = 0.0
         await service.bridge.reconcile()

@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ from server.core.audit import (
 from server.core.audit_key import key_id, read_public_keys
 from server.core.host import Host
 from server.errors import ActionRejected, StoreUnavailable
+from server.frames import OutFrame
 from server.runner.demo import agent as demo
 from server.store.memory import MemoryStore
 from tests.conftest import (
@@ -909,6 +911,51 @@ async def test_a_record_the_store_refused_is_written_without_waiting_for_the_nex
         await host.stop()
 
     assert record["what"] == "chat/turnStarted"
+
+
+class Happenings(MemoryStore):
+    """A memory store that notes each audit record once it is in, in
+    ``happened``, which the :class:`Watching` subscriber writes to too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.happened: list[str] = []
+
+    async def append_audit(self, session: str, n: int, record: bytes) -> None:
+        await super().append_audit(session, n, record)
+        self.happened.append("recorded " + json.loads(record)["what"])
+
+
+@dataclass(eq=False)
+class Watching:
+    """A subscriber noting each envelope it is sent."""
+
+    happened: list[str]
+
+    def send_frame(
+        self, frame: OutFrame, session: str | None = None, channel: str | None = None
+    ) -> None:
+        action = json.loads(frame.payload)["params"]["action"]
+        self.happened.append("shown " + action["type"])
+
+    def resync(self, channel: str) -> None:
+        raise AssertionError("no log is lost here")
+
+
+async def test_an_action_is_shown_only_once_its_record_is_in_the_store() -> None:
+    # Shown first (its sender's echo among them), then recorded: a kill -9
+    # in between left an acknowledged action with no record.
+    store = Happenings()
+    host = Host(store, agents=default_agents())
+    await host.start()
+    try:
+        chat = await host.create_session(SESSION)
+        await host.core.subscribe(chat, Watching(store.happened))
+        await host.dispatch(chat, TURN)
+    finally:
+        await host.stop()
+
+    assert store.happened == ["recorded chat/turnStarted", "shown chat/turnStarted"]
 
 
 async def test_no_action_is_accepted_while_its_sessions_audit_waits_in_memory() -> None:

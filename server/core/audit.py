@@ -68,8 +68,12 @@ person's action is refused (``audit-share-used``, ``audit-full``), so one
 person cannot fill the reserve to keep the others' decisions out of it,
 and no decisive action is ever accepted without its record.
 
-Records of one process are appended in the order it accepted the actions;
-the store's compare-and-set orders processes.
+Records of one process are appended in the order it accepted the actions,
+each before its action is shown to anyone here (the core's ``recorded``
+phase): an acknowledged action is on the record. While the store refuses
+a session's records, nothing more it would record is accepted
+(:meth:`AuditTrail.caught_up`). The store's compare-and-set orders
+processes.
 """
 
 from __future__ import annotations

@@ -143,10 +143,16 @@ class Step:
 
 @dataclass(slots=True)
 class Hooks:
-    """The core's hooks, in three named phases run in this order on every
+    """The core's hooks, in named phases run in this order on every
     applied envelope (each phase's hooks in their list's order, as are
     their follow-ups):
 
+    * ``recorded``: what must be durable before this process shows its own
+      action to anyone, its sender's echo included (the audit's record: an
+      action acknowledged is never one a crash leaves unrecorded); their
+      follow-ups are awaited, under the channel's lock, before the envelope
+      goes out (a failure is logged, and the envelope goes out all the
+      same: it is in the log);
     * ``bookkeeping``: what the envelope settles of the host's own
       records (waiters woken, a form read ahead, an expiry armed or
       disarmed);
@@ -155,11 +161,13 @@ class Hooks:
       (notes, audit, the session's aggregate).
     """
 
+    recorded: list[Hook] = field(default_factory=list)
     bookkeeping: list[Hook] = field(default_factory=list)
     reactions: list[Hook] = field(default_factory=list)
     records: list[Hook] = field(default_factory=list)
 
     def __iter__(self) -> Iterator[Hook]:
+        yield from self.recorded
         yield from self.bookkeeping
         yield from self.reactions
         yield from self.records
@@ -454,9 +462,23 @@ class ChannelCore(Listener):
             finally:
                 ch.appending = False
             latency = time.perf_counter() - started
-            return self._apply(
-                ch, result, sender, local=True, latency=latency, follow_ups=follow_ups
+            recorded: FollowUps = []
+            event = self._apply(
+                ch,
+                result,
+                sender,
+                local=True,
+                latency=latency,
+                follow_ups=follow_ups,
+                recorded=recorded,
             )
+            try:
+                # In a task of their own: a caller cancelled meanwhile leaves
+                # the record being written, and the envelope still goes out.
+                await self.background.follow_ups(recorded, f"recording an action on {ch.uri}")
+            finally:
+                self._show(ch, result)
+            return event
         raise ActionRejected(
             RejectionCode.CONFLICT, f"{ch.uri} is too busy to write now; try again"
         )
@@ -509,15 +531,18 @@ class ChannelCore(Listener):
         local: bool,
         follow_ups: FollowUps,
         latency: float = 0.0,
+        recorded: FollowUps | None = None,
     ) -> Applied:
-        """Make ``result`` current: state, seq, subscribers, snapshot, hooks."""
+        """Make ``result`` current: state, seq, subscribers, snapshot, hooks.
+        With ``recorded``, the ``recorded`` phase's follow-ups go there and
+        the subscribers are not sent the envelope: the caller awaits those,
+        then :meth:`_show` s it."""
         before = ch.state
         ch.state, ch.seq = result.after, result.envelope.server_seq
         if ch.unconfirmed is not None and ch.unconfirmed[0] <= ch.seq:
             ch.unconfirmed = None  # applied, as ours or as another's
-        frame = action_frame(result.data, ch.uri, result.envelope.server_seq)
-        for subscriber in list(ch.subscribers):
-            subscriber.send_frame(frame, channel=ch.uri)
+        if recorded is None:
+            self._show(ch, result)
         ch.since_snapshot += 1
         ch.since_snapshot_bytes += len(result.data)
         ch.size += len(result.data)
@@ -533,9 +558,20 @@ class ChannelCore(Listener):
             except Exception:
                 log.exception("hook failed on %s", ch.uri)
                 continue
-            if follow_up is not None:
+            if follow_up is None:
+                continue
+            if recorded is not None and hook in self.hooks.recorded:
+                recorded.append(follow_up)
+            else:
                 follow_ups.append(follow_up)
         return event
+
+    def _show(self, ch: HeldChannel, result: Step) -> None:
+        """Send ``result``'s envelope to ``ch``'s subscribers (the same bytes
+        to each)."""
+        frame = action_frame(result.data, ch.uri, result.envelope.server_seq)
+        for subscriber in list(ch.subscribers):
+            subscriber.send_frame(frame, channel=ch.uri)
 
     # ─── Other processes ─────────────────────────────────────────────────
 

@@ -139,7 +139,8 @@ class Host:
         )
         self.expiries = Expiries(self.core, store, self.notes, check_interval=expiry_check_interval)
         self.hooks.bookkeeping += [self.waiters.hook, self._read_form_ahead, self.expiries.hook]
-        self.hooks.records += [self.notes.hook, self.audit.hook, self.aggregate.hook]
+        self.hooks.recorded.append(self.audit.hook)
+        self.hooks.records += [self.notes.hook, self.aggregate.hook]
         self._ahead: list[WriteAhead] = []
 
     def add_hook(self, hook: Hook) -> None:

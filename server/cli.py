@@ -295,10 +295,13 @@ async def serve(settings: Settings) -> None:
     generated = settings.token is None
     token = settings.token or TokenAuthority.generate_agent_token()
     authority = TokenAuthority(token)
-    app = create_app(build(settings, agent=load_agent(settings.agent)), authority)
+    parts = build(settings, agent=load_agent(settings.agent), authority=authority)
+    app = create_app(parts, authority)
 
     def announce(port: int) -> None:
         host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
+        if not settings.public_url:  # the port is known now (--port 0 picks one)
+            parts.notifier.base_url = f"http://{host}:{port}"
         participant = authority.mint(
             "participant",
             name="participant",

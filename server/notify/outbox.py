@@ -333,8 +333,10 @@ class Notifier:
         """Send the record's due deliveries, under its claim."""
         async with self._sending:
             claim = "outbox:" + key
-            if await self.store.claim(claim, self._owner, CLAIM_SECONDS) is not None:
-                return  # another process sends it
+            # An owner per send: two sends of one process exclude each other too.
+            owner = f"{self._owner}.{secrets.token_hex(4)}"
+            if await self.store.claim(claim, owner, CLAIM_SECONDS) is not None:
+                return  # another send has it
             try:
                 raw = await self.store.get_record(OUTBOX, key)
                 if raw is None:
@@ -353,7 +355,7 @@ class Notifier:
                     done = msgspec.structs.replace(record, deliveries=list(tried))
                     await self.store.put_record(OUTBOX, key, msgspec.json.encode(done))
             finally:
-                await self.store.claim(claim, self._owner, 0)
+                await self.store.claim(claim, owner, 0)
 
     async def _try(self, record: Outgoing, delivery: Delivery, now: float) -> Delivery:
         kind, _, name = delivery.target.partition(":")
@@ -432,8 +434,8 @@ class Notifier:
     async def resend(self, key: str, target: str | None = None) -> bool:
         """Send a delivery again now (every one of the record without
         ``target``); False when there is no such record."""
-        claim = "outbox:" + key
-        if await self.store.claim(claim, self._owner, CLAIM_SECONDS) is not None:
+        claim, owner = "outbox:" + key, f"{self._owner}.{secrets.token_hex(4)}"
+        if await self.store.claim(claim, owner, CLAIM_SECONDS) is not None:
             return True  # being sent right now
         try:
             raw = await self.store.get_record(OUTBOX, key)
@@ -449,7 +451,7 @@ class Notifier:
             ready = msgspec.structs.replace(record, deliveries=again)
             await self.store.put_record(OUTBOX, key, msgspec.json.encode(ready))
         finally:
-            await self.store.claim(claim, self._owner, 0)
+            await self.store.claim(claim, owner, 0)
         self._spawn(self._send(key))
         return True
 

@@ -1,0 +1,332 @@
+"""Notifications (server.notify): Standard Webhooks to a real receiver that
+verifies each signature with the ``standardwebhooks`` package, retries on
+the hosts' own clock (moved by the tests; sweeps are called, not waited
+for), 410 Gone, the Slack format, email to a real SMTP server, escalation,
+and who may add endpoints where."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed
+from server.auth import TokenAuthority
+from server.config import Settings
+from server.notify.outbox import Notifier
+from tests.conftest import (
+    AGENT_TOKEN,
+    RunningServer,
+    WallClock,
+    session_chat_with_turn,
+    start_server,
+)
+from tests.edge import http
+from tests.notify_kit import Receiver, add_webhook, ask, ask_approval, receiving, smtp_server
+from tests.test_trust import TURN
+
+SESSION = "ahp-session:/notified"
+QUIET = Settings(port=0, notify_interval=3600.0, public_url="https://huddle.example")
+"""No sweep runs by itself: the tests call it."""
+
+
+@pytest.fixture
+async def quiet(clock: WallClock) -> AsyncIterator[RunningServer]:
+    running = await start_server(QUIET, clock=clock)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    async with receiving() as receiving_one:
+        yield receiving_one
+
+
+def notifier_of(huddle: RunningServer) -> Notifier:
+    return huddle.server.parts.notifier
+
+
+async def test_a_receiver_gets_each_event_once_with_a_valid_signature(
+    quiet: RunningServer, receiver: Receiver
+) -> None:
+    added = await add_webhook(quiet, url=receiver.url)
+    receiver.secret = added["secret"]
+    assert added["secret"].startswith("whsec_")
+    agent = await quiet.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await ask(agent, chat, "q1", "Which region?")
+    requested = await receiver.next()
+    assert requested.verified is not None, requested.headers
+    assert requested.json["type"] == "input.requested"
+    data = requested.json["data"]
+    assert (data["session"], data["chat"], data["requestId"]) == (SESSION, chat, "q1")
+    assert data["message"] == "Which region?"
+    assert data["link"].startswith("https://huddle.example/#/s/notified/c/")
+    assert "token" not in data["link"]
+
+    dana = await quiet.client("participant", name="Dana")
+    await dana.dispatch_and_wait(chat, ChatInputCompleted(request_id="q1", response="decline"))
+    completed = await receiver.next()
+    assert completed.verified is not None
+    assert completed.json["type"] == "input.completed"
+    assert completed.json["data"]["settledBy"]["name"] == "Dana"
+    assert completed.json["data"]["response"] == "decline"
+    assert completed.headers["webhook-id"] != requested.headers["webhook-id"]
+
+    await notifier_of(quiet).sweep()
+    assert receiver.nothing_more()
+    shown = await http("GET", f"{quiet.http}/api/webhooks/deliveries", token=AGENT_TOKEN)
+    outcomes = {(d["type"], d["outcome"]) for d in shown.json()["deliveries"]}
+    assert outcomes == {("input.requested", "delivered"), ("input.completed", "delivered")}
+
+
+async def test_approvals_are_told_when_asked_and_when_decided(
+    quiet: RunningServer, receiver: Receiver
+) -> None:
+    receiver.secret = (await add_webhook(quiet, url=receiver.url))["secret"]
+    agent = await quiet.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await ask_approval(agent, chat)
+    asked = await receiver.next()
+    assert asked.json["type"] == "approval.requested"
+    assert asked.json["data"]["toolCallId"] == "deploy"
+    assert asked.json["data"]["message"] == "Deploy to prod"
+    lee = await quiet.client("participant", name="Lee")
+    await lee.dispatch_and_wait(
+        chat,
+        ChatToolCallConfirmed(
+            turn_id="t1", tool_call_id="deploy", approved=True, confirmed="user-action"
+        ),
+    )
+    decided = await receiver.next()
+    assert decided.verified is not None
+    assert decided.json["type"] == "approval.decided"
+    assert decided.json["data"]["approved"] is True
+    assert decided.json["data"]["settledBy"]["name"] == "Lee"
+
+
+async def test_an_endpoint_hears_only_the_events_and_sessions_it_names(
+    quiet: RunningServer, receiver: Receiver
+) -> None:
+    await add_webhook(quiet, url=receiver.url, events=["input.completed"], sessions=["other"])
+    both = await add_webhook(quiet, url=receiver.url, events=["input.completed"])
+    receiver.secret = both["secret"]
+    agent = await quiet.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await ask(agent, chat, "q1", "Which?")
+    await agent.dispatch_and_wait(chat, ChatInputCompleted(request_id="q1", response="cancel"))
+    got = await receiver.next()
+    assert got.json["type"] == "input.completed"
+    assert got.verified is not None
+    await notifier_of(quiet).settled()
+    assert receiver.nothing_more()
+
+
+async def test_a_failing_receiver_is_tried_again_on_the_backoff(
+    quiet: RunningServer, clock: WallClock
+) -> None:
+    async with receiving(answers=[500, 503]) as receiver:
+        receiver.secret = (await add_webhook(quiet, url=receiver.url))["secret"]
+        agent = await quiet.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        await ask(agent, chat, "q1", "Which?")
+        first = await receiver.next()
+        await notifier_of(quiet).settled()
+        await notifier_of(quiet).sweep()  # not due yet: nothing is sent
+        assert receiver.nothing_more()
+        clock.now += 5
+        await notifier_of(quiet).sweep()
+        second = await receiver.next()
+        clock.now += 299
+        await notifier_of(quiet).sweep()
+        assert receiver.nothing_more()
+        clock.now += 1
+        await notifier_of(quiet).sweep()
+        third = await receiver.next()
+        assert third.verified is not None
+        ids = {r.headers["webhook-id"] for r in (first, second, third)}
+        assert len(ids) == 1
+        shown = await http("GET", f"{quiet.http}/api/webhooks/deliveries", token=AGENT_TOKEN)
+        (delivery,) = shown.json()["deliveries"]
+        assert [a["status"] for a in delivery["attempts"]] == [500, 503, 200]
+        assert delivery["outcome"] == "delivered"
+        assert delivery["nextTry"] is None
+
+
+async def test_a_delivery_can_be_sent_again(quiet: RunningServer, receiver: Receiver) -> None:
+    receiver.secret = (await add_webhook(quiet, url=receiver.url))["secret"]
+    agent = await quiet.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await ask(agent, chat, "q1", "Which?")
+    first = await receiver.next()
+    await notifier_of(quiet).settled()
+    shown = await http("GET", f"{quiet.http}/api/webhooks/deliveries", token=AGENT_TOKEN)
+    delivery = shown.json()["deliveries"][0]["id"]
+    url = f"{quiet.http}/api/webhooks/deliveries/{delivery}/resend"
+    assert (await http("POST", url, token=AGENT_TOKEN, body={})).status == 202
+    again = await receiver.next()
+    assert again.headers["webhook-id"] == first.headers["webhook-id"]
+    assert again.verified is not None
+
+
+async def test_410_gone_disables_the_endpoint(quiet: RunningServer) -> None:
+    async with receiving(answers=[410]) as receiver:
+        await add_webhook(quiet, url=receiver.url)
+        agent = await quiet.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        await ask(agent, chat, "q1", "Which?")
+        await receiver.next()
+        await notifier_of(quiet).settled()
+        listed = await http("GET", f"{quiet.http}/api/webhooks", token=AGENT_TOKEN)
+        (endpoint,) = listed.json()["webhooks"]
+        assert endpoint["disabled"] == "410 Gone"
+        assert "secrets" not in endpoint
+        await ask(agent, chat, "q2", "And?")
+        await notifier_of(quiet).settled()
+        await notifier_of(quiet).sweep()
+        assert receiver.nothing_more()
+
+
+async def test_a_slack_endpoint_gets_a_block_kit_message_with_a_button_to_the_chat(
+    quiet: RunningServer, receiver: Receiver
+) -> None:
+    receiver.secret = (await add_webhook(quiet, url=receiver.url, format="slack"))["secret"]
+    agent = await quiet.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await ask(agent, chat, "q1", "Ship <it> & tell")
+    got = await receiver.next()
+    assert got.verified is not None
+    message = got.json
+    assert message["text"] == "Input requested: Ship <it> & tell"
+    section, context, actions = message["blocks"]
+    assert section["type"] == "section"
+    assert section["text"] == {
+        "type": "mrkdwn",
+        "text": "*Input requested*\nShip &lt;it&gt; &amp; tell",
+    }
+    assert context["type"] == "context"
+    assert SESSION in context["elements"][0]["text"]
+    (button,) = actions["elements"]
+    assert button["type"] == "button"
+    assert button["url"].startswith("https://huddle.example/#/s/notified/c/")
+
+
+async def test_a_wait_still_open_escalates_once(
+    quiet: RunningServer, receiver: Receiver, clock: WallClock
+) -> None:
+    receiver.secret = (await add_webhook(quiet, url=receiver.url, escalateAfter=60))["secret"]
+    agent = await quiet.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await ask(agent, chat, "open", "Still there?")
+    await ask(agent, chat, "answered", "Quick one")
+    assert {(await receiver.next()).json["type"] for _ in range(2)} == {"input.requested"}
+    await agent.dispatch_and_wait(
+        chat, ChatInputCompleted(request_id="answered", response="cancel")
+    )
+    assert (await receiver.next()).json["type"] == "input.completed"
+    notifier = notifier_of(quiet)
+    await notifier.settled()
+    clock.now += 59
+    await notifier.sweep()
+    assert receiver.nothing_more()
+    clock.now += 1
+    await notifier.sweep()
+    escalated = await receiver.next()
+    assert escalated.verified is not None
+    assert escalated.json["type"] == "input.escalated"
+    assert escalated.json["data"]["requestId"] == "open"
+    clock.now += 3600
+    await notifier.sweep()
+    assert receiver.nothing_more()
+
+
+async def test_an_invited_person_gets_the_request_and_a_sign_in_link_by_email(
+    clock: WallClock,
+) -> None:
+    async with smtp_server() as (mailbox, port):
+        settings = Settings(
+            port=0,
+            notify_interval=3600.0,
+            public_url="https://huddle.example",
+            smtp_url=f"smtp://127.0.0.1:{port}",
+            token=AGENT_TOKEN,
+        )
+        huddle = await start_server(settings, clock=clock)
+        try:
+            invite = {"email": "dana@example.com", "name": "Dana", "sessions": ["notified"]}
+            url = f"{huddle.http}/api/invites/email"
+            assert (await http("POST", url, token=AGENT_TOKEN, body=invite)).status == 204
+            agent = await huddle.client("agent", name="agent")
+            chat = await session_chat_with_turn(agent, SESSION, TURN)
+            await ask(agent, chat, "q1", "Which region?")
+            mail = await mailbox.next()
+        finally:
+            await huddle.stop()
+    assert mail["To"] == "dana@example.com"
+    assert "Which region?" in mail["Subject"]
+    text = mail.get_payload(decode=True)
+    assert isinstance(text, bytes)
+    (link,) = [w for w in text.decode().split() if w.startswith("https://huddle.example/?token=")]
+    token, _, route = link.removeprefix("https://huddle.example/?token=").partition("#")
+    grant = TokenAuthority(AGENT_TOKEN).verify(token, clock.now)
+    assert (grant.name, grant.role, grant.sessions) == ("Dana", "participant", frozenset({SESSION}))
+    assert route.startswith("/s/notified/c/")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("ftp://example.com/hook", id="not-http"),
+        pytest.param("file:///etc/passwd", id="file"),
+        pytest.param("http:///nohost", id="no-host"),
+        pytest.param("SELF", id="the-server-itself"),
+        pytest.param("SELF-LOCALHOST", id="the-server-by-localhost"),
+        pytest.param("https://huddle.example/api/tokens", id="its-public-url"),
+    ],
+)
+async def test_a_url_that_is_not_http_or_points_at_the_server_is_refused(
+    quiet: RunningServer, url: str
+) -> None:
+    url = url.replace("SELF-LOCALHOST", f"http://localhost:{quiet.port}/api/dispatch")
+    url = url.replace("SELF", f"http://127.0.0.1:{quiet.port}/api/sessions")
+    reply = await http("POST", f"{quiet.http}/api/webhooks", token=AGENT_TOKEN, body={"url": url})
+    assert reply.status == 400, reply.body
+    listed = await http("GET", f"{quiet.http}/api/webhooks", token=AGENT_TOKEN)
+    assert listed.json()["webhooks"] == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/api/webhooks"),
+        ("GET", "/api/webhooks"),
+        ("DELETE", "/api/webhooks/wh_x"),
+        ("GET", "/api/webhooks/deliveries"),
+        ("POST", "/api/invites/email"),
+    ],
+)
+async def test_participants_may_not_manage_webhooks(
+    quiet: RunningServer, method: str, path: str
+) -> None:
+    token = quiet.token("participant", name="Dana")
+    body = {"url": "http://example.com/hook"} if method == "POST" else None
+    reply = await http(method, f"{quiet.http}{path}", token=token, body=body)
+    assert reply.status == 403, reply.body
+
+
+async def test_an_endpoint_removed_gets_nothing_more(
+    quiet: RunningServer, receiver: Receiver
+) -> None:
+    added = await add_webhook(quiet, url=receiver.url)
+    url = f"{quiet.http}/api/webhooks/{added['id']}"
+    assert (await http("DELETE", url, token=AGENT_TOKEN)).status == 204
+    assert (await http("DELETE", url, token=AGENT_TOKEN)).status == 404
+    agent = await quiet.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await ask(agent, chat, "q1", "Which?")
+    await notifier_of(quiet).settled()
+    await notifier_of(quiet).sweep()
+    assert receiver.nothing_more()

@@ -6,6 +6,7 @@ and who may add endpoints where."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,7 +14,9 @@ import pytest
 from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed
 from server.auth import TokenAuthority
 from server.config import Settings
-from server.notify.outbox import Notifier
+from server.core.expiry import Expiry
+from server.notify.outbox import AHEAD_GRACE, Notifier
+from server.store.redis import RedisStore
 from tests.conftest import (
     AGENT_TOKEN,
     RunningServer,
@@ -23,6 +26,7 @@ from tests.conftest import (
 )
 from tests.edge import http
 from tests.notify_kit import Receiver, add_webhook, ask, ask_approval, receiving, smtp_server
+from tests.redis_server import RedisServer
 from tests.test_trust import TURN
 
 SESSION = "ahp-session:/notified"
@@ -329,4 +333,115 @@ async def test_an_endpoint_removed_gets_nothing_more(
     await ask(agent, chat, "q1", "Which?")
     await notifier_of(quiet).settled()
     await notifier_of(quiet).sweep()
+    assert receiver.nothing_more()
+
+
+async def test_a_wait_that_expires_is_told_as_expired(
+    quiet: RunningServer, receiver: Receiver, clock: WallClock
+) -> None:
+    receiver.secret = (await add_webhook(quiet, url=receiver.url))["secret"]
+    agent = await quiet.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await ask(agent, chat, "q1", "Anyone?")
+    assert (await receiver.next()).json["type"] == "input.requested"
+    host = quiet.server.parts.host
+    await host.expire(chat, "requests", "q1", Expiry(60))
+    clock.now += 61
+    assert await host.expiries.sweep() == 1
+    expired = await receiver.next()
+    assert expired.verified is not None
+    assert expired.json["type"] == "wait.expired"
+    assert expired.json["data"]["settledBy"] is None
+    assert expired.json["data"]["requestId"] == "q1"
+
+
+# ─── Durable, and once, with Redis ───────────────────────────────────────────
+
+
+def without_hook(huddle: RunningServer) -> None:
+    """As if the process died between an append and its hooks: the event
+    written ahead of the append is all that is left of it."""
+    notifier = notifier_of(huddle)
+    huddle.server.parts.host.hooks.reactions.remove(notifier.hook)
+
+
+@pytest.mark.redis
+async def test_an_event_whose_process_died_after_the_append_is_sent_after_a_restart(
+    redis_server: RedisServer, receiver: Receiver, clock: WallClock
+) -> None:
+    first = await start_server(QUIET, RedisStore(redis_server.url), clock=clock)
+    try:
+        receiver.secret = (await add_webhook(first, url=receiver.url))["secret"]
+        without_hook(first)
+        agent = await first.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        await ask(agent, chat, "q1", "Which?")
+    finally:
+        await first.stop()
+    assert receiver.nothing_more()
+    clock.now += AHEAD_GRACE
+    second = await start_server(QUIET, RedisStore(redis_server.url), clock=clock)
+    try:
+        assert await notifier_of(second).sweep() == 1
+        got = await receiver.next()
+        await notifier_of(second).sweep()
+    finally:
+        await second.stop()
+    assert got.verified is not None
+    assert (got.json["type"], got.json["data"]["chat"]) == ("input.requested", chat)
+    assert receiver.nothing_more()
+
+
+@pytest.mark.redis
+async def test_a_delivery_that_failed_before_a_restart_is_tried_again_after_it(
+    redis_server: RedisServer, clock: WallClock
+) -> None:
+    async with receiving(answers=[503]) as receiver:
+        first = await start_server(QUIET, RedisStore(redis_server.url), clock=clock)
+        try:
+            receiver.secret = (await add_webhook(first, url=receiver.url))["secret"]
+            agent = await first.client("agent", name="agent")
+            chat = await session_chat_with_turn(agent, SESSION, TURN)
+            await ask(agent, chat, "q1", "Which?")
+            failed = await receiver.next()
+            await notifier_of(first).settled()
+        finally:
+            await first.stop()
+        clock.now += 5
+        second = await start_server(QUIET, RedisStore(redis_server.url), clock=clock)
+        try:
+            await notifier_of(second).sweep()
+            again = await receiver.next()
+        finally:
+            await second.stop()
+    assert again.verified is not None
+    assert again.headers["webhook-id"] == failed.headers["webhook-id"]
+
+
+@pytest.mark.redis
+async def test_two_processes_on_one_redis_send_each_event_once(
+    redis_server: RedisServer, receiver: Receiver, clock: WallClock
+) -> None:
+    a = await start_server(QUIET, RedisStore(redis_server.url), clock=clock)
+    b = await start_server(QUIET, RedisStore(redis_server.url), clock=clock)
+    try:
+        receiver.secret = (await add_webhook(a, url=receiver.url))["secret"]
+        for huddle in (a, b):
+            without_hook(huddle)  # left to the sweeps, which both run at once
+        chats = []
+        for n, huddle in enumerate((a, b, a)):
+            agent = await huddle.client("agent", name="agent")
+            chat = await session_chat_with_turn(agent, f"{SESSION}-{n}", TURN)
+            await ask(agent, chat, "q1", f"Question {n}")
+            chats.append(chat)
+        clock.now += AHEAD_GRACE
+        for _ in range(3):
+            await asyncio.gather(notifier_of(a).sweep(), notifier_of(b).sweep())
+        got = [await receiver.next() for _ in chats]
+        await asyncio.gather(notifier_of(a).sweep(), notifier_of(b).sweep())
+    finally:
+        await a.stop()
+        await b.stop()
+    assert sorted(r.json["data"]["chat"] for r in got) == sorted(chats)
+    assert all(r.verified is not None for r in got)
     assert receiver.nothing_more()

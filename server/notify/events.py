@@ -56,6 +56,7 @@ EVENT_TYPES = (
 REQUESTED = ("input.requested", "approval.requested")
 """The events that open a wait: what email and escalation follow."""
 Family = Literal["requests", "toolCalls"]
+WAIT_ACTIONS = (ChatInputRequested, ChatToolCallReady, ChatInputCompleted, ChatToolCallConfirmed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,10 @@ def event_of(
     base_url: str,
 ) -> Event | None:
     """The event ``action`` makes on chat ``uri`` (``before`` and ``after``
-    it), sent by ``sender`` (None: the server), or None."""
+    it), sent by ``sender`` (None: the server), or None. Asked of every
+    append: anything but the four actions of waits is turned away first."""
+    if not isinstance(action, WAIT_ACTIONS):
+        return None
     if not isinstance(after, ChatState) or not isinstance(before, ChatState):
         return None
     session = chat_session(after)

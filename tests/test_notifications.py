@@ -13,6 +13,7 @@ import pytest
 
 from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed
 from server.auth import TokenAuthority
+from server.cli import main
 from server.config import Settings
 from server.core.expiry import Expiry
 from server.notify.outbox import AHEAD_GRACE, Notifier
@@ -445,3 +446,60 @@ async def test_two_processes_on_one_redis_send_each_event_once(
     assert sorted(r.json["data"]["chat"] for r in got) == sorted(chats)
     assert all(r.verified is not None for r in got)
     assert receiver.nothing_more()
+
+
+# ─── The command line ────────────────────────────────────────────────────────
+
+
+async def test_huddle_webhook_adds_lists_and_removes_on_a_running_server(
+    quiet: RunningServer, receiver: Receiver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reach = ["--url", quiet.http, "--token", AGENT_TOKEN]
+    add = ["webhook", "add", receiver.url, "--format", "slack", "--escalate-after", "90", *reach]
+    assert await asyncio.to_thread(main, add) == 0
+    endpoint, secret_line = capsys.readouterr().out.splitlines()
+    assert secret_line.startswith("secret (shown this once): whsec_")
+    assert await asyncio.to_thread(main, ["webhook", "list", *reach]) == 0
+    listed = capsys.readouterr().out
+    assert listed.startswith(f"{endpoint} {receiver.url} ")
+    assert "format=slack" in listed
+    assert "escalateAfter=90.0" in listed
+    assert "whsec_" not in listed
+    assert await asyncio.to_thread(main, ["webhook", "remove", endpoint, *reach]) == 0
+    assert await asyncio.to_thread(main, ["webhook", "remove", endpoint, *reach]) == 2
+    assert "404" in capsys.readouterr().err
+    participant = ["--url", quiet.http, "--token", quiet.token("participant", name="Dana")]
+    assert await asyncio.to_thread(main, ["webhook", "list", *participant]) == 2
+    assert "403" in capsys.readouterr().err
+
+
+@pytest.mark.redis
+async def test_huddle_webhook_adds_to_the_store_what_a_server_on_it_sends_to(
+    redis_server: RedisServer, receiver: Receiver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    add = ["webhook", "add", receiver.url, "--store", redis_server.url]
+    assert await asyncio.to_thread(main, add) == 0
+    receiver.secret = capsys.readouterr().out.split()[-1]
+    bad = ["webhook", "add", "gopher://example.com", "--store", redis_server.url]
+    assert await asyncio.to_thread(main, bad) == 2
+    assert "http" in capsys.readouterr().err
+    huddle = await start_server(QUIET, RedisStore(redis_server.url))
+    try:
+        agent = await huddle.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        await ask(agent, chat, "q1", "Which?")
+        got = await receiver.next()
+    finally:
+        await huddle.stop()
+    assert got.verified is not None
+
+
+async def test_huddle_invite_email_tells_the_server_whom_to_email(
+    quiet: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    invite = ["invite", "Dana", "--email", "dana@example.com", "--session", "notified"]
+    invite += ["--url", quiet.http, "--token", AGENT_TOKEN]
+    assert await asyncio.to_thread(main, invite) == 0
+    assert capsys.readouterr().out.startswith(f"{quiet.http}/?token=")
+    (kept,) = await notifier_of(quiet).endpoints.invites()
+    assert (kept.email, kept.name, kept.sessions) == ("dana@example.com", "Dana", [SESSION])

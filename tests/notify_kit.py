@@ -29,6 +29,14 @@ from tests.conftest import AGENT_TOKEN, UNIT, RunningServer
 from tests.edge import http
 
 
+def verifies(secret: str, received: Received) -> bool:
+    try:
+        Webhook(secret).verify(received.body, received.headers)
+    except WebhookVerificationError:
+        return False
+    return True
+
+
 @dataclass
 class Received:
     headers: dict[str, str]
@@ -50,6 +58,8 @@ class Receiver:
     answers: list[int] = field(default_factory=list)
     got: asyncio.Queue[Received] = field(default_factory=asyncio.Queue)
     port: int = 0
+    gate: asyncio.Event | None = None
+    """When set up, each answer waits for it (a slow endpoint)."""
 
     @property
     def url(self) -> str:
@@ -63,6 +73,8 @@ class Receiver:
             with contextlib.suppress(WebhookVerificationError):
                 verified = Webhook(self.secret).verify(body, headers)
         await self.got.put(Received(headers, body, verified))
+        if self.gate is not None:
+            await self.gate.wait()
         return Response(status_code=self.answers.pop(0) if self.answers else 200)
 
     async def next(self) -> Received:

@@ -11,22 +11,33 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from protocol.actions import ChatInputCompleted, ChatToolCallConfirmed
+from protocol.actions import ChatInputCompleted, ChatInputRequested, ChatToolCallConfirmed
+from protocol.chat import InputRequest
 from server.auth import TokenAuthority
 from server.cli import main
 from server.config import Settings
 from server.core.expiry import Expiry
+from server.notify.endpoints import MAX_PER_TOKEN
 from server.notify.outbox import AHEAD_GRACE, Notifier
 from server.store.redis import RedisStore
 from tests.conftest import (
     AGENT_TOKEN,
+    UNIT,
     RunningServer,
     WallClock,
     session_chat_with_turn,
     start_server,
 )
 from tests.edge import http
-from tests.notify_kit import Receiver, add_webhook, ask, ask_approval, receiving, smtp_server
+from tests.notify_kit import (
+    Receiver,
+    add_webhook,
+    ask,
+    ask_approval,
+    receiving,
+    smtp_server,
+    verifies,
+)
 from tests.redis_server import RedisServer
 from tests.test_trust import TURN
 
@@ -503,3 +514,99 @@ async def test_huddle_invite_email_tells_the_server_whom_to_email(
     assert capsys.readouterr().out.startswith(f"{quiet.http}/?token=")
     (kept,) = await notifier_of(quiet).endpoints.invites()
     assert (kept.email, kept.name, kept.sessions) == ("dana@example.com", "Dana", [SESSION])
+
+
+# ─── Bounds, rotation, slow endpoints ────────────────────────────────────────
+
+
+async def test_a_slow_endpoint_never_slows_the_chat(
+    quiet: RunningServer, receiver: Receiver
+) -> None:
+    receiver.gate = asyncio.Event()
+    await add_webhook(quiet, url=receiver.url)
+    agent = await quiet.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await ask(agent, chat, "q1", "Which?")
+    await receiver.next()  # held: the endpoint has not answered
+    host = quiet.server.parts.host
+    # The in-process API returns once an action's follow-ups are done: a
+    # send among them would hold it for as long as the endpoint does.
+    async with asyncio.timeout(10 * UNIT):
+        await host.dispatch(chat, ChatInputRequested(request=InputRequest(id="q2")))
+        await host.dispatch(chat, ChatInputCompleted(request_id="q2", response="cancel"))
+    assert not receiver.gate.is_set()
+    receiver.gate.set()
+    await notifier_of(quiet).settled()
+
+
+async def test_during_a_rotation_both_secrets_sign(
+    quiet: RunningServer, receiver: Receiver, clock: WallClock
+) -> None:
+    added = await add_webhook(quiet, url=receiver.url)
+    url = f"{quiet.http}/api/webhooks/{added['id']}/secret"
+    rotated = (await http("POST", url, token=AGENT_TOKEN)).json()["secret"]
+    agent = await quiet.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await ask(agent, chat, "q1", "Which?")
+    got = await receiver.next()
+    assert len(got.headers["webhook-signature"].split(" ")) == 2
+    assert verifies(added["secret"], got)
+    assert verifies(rotated, got)
+    clock.now += 24 * 3600
+    await ask(agent, chat, "q2", "And?")
+    later = await receiver.next()
+    assert verifies(rotated, later)
+    assert not verifies(added["secret"], later)
+
+
+async def test_five_days_of_failures_disable_the_endpoint(
+    quiet: RunningServer, clock: WallClock
+) -> None:
+    async with receiving(answers=[500] * 20) as receiver:
+        await add_webhook(quiet, url=receiver.url)
+        agent = await quiet.client("agent", name="agent")
+        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        notifier = notifier_of(quiet)
+        await ask(agent, chat, "q1", "Which?")
+        await receiver.next()
+        await notifier.settled()
+        clock.now += 4 * 86400
+        await ask(agent, chat, "q2", "Still?")
+        await receiver.next()
+        await notifier.settled()
+        listed = await http("GET", f"{quiet.http}/api/webhooks", token=AGENT_TOKEN)
+        assert listed.json()["webhooks"][0].get("disabled") is None
+        clock.now += 86400
+        await notifier.sweep()  # every delivery due: tried, failing
+        listed = await http("GET", f"{quiet.http}/api/webhooks", token=AGENT_TOKEN)
+        assert listed.json()["webhooks"][0]["disabled"] == "failing for 5 days"
+
+
+async def test_a_token_adds_a_bounded_number_of_endpoints(quiet: RunningServer) -> None:
+    for n in range(MAX_PER_TOKEN):
+        await add_webhook(quiet, url=f"https://example.com/{n}")
+    body = {"url": "https://example.com/more"}
+    reply = await http("POST", f"{quiet.http}/api/webhooks", token=AGENT_TOKEN, body=body)
+    assert reply.status == 409
+    assert f"at most {MAX_PER_TOKEN}" in reply.json()["error"]
+
+
+async def test_a_full_outbox_drops_new_events_and_keeps_the_chat_going(
+    quiet: RunningServer, receiver: Receiver
+) -> None:
+    receiver.answers = [500]
+    await add_webhook(quiet, url=receiver.url)
+    notifier = notifier_of(quiet)
+    notifier.max_outbox = 1
+    agent = await quiet.client("agent", name="agent")
+    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    await ask(agent, chat, "q1", "Which?")  # failing: it stays in the outbox
+    await receiver.next()
+    await notifier.settled()
+    await ask(agent, chat, "q2", "And?")
+    await notifier.settled()
+    assert receiver.nothing_more()
+    shown = await http("GET", f"{quiet.http}/api/webhooks/deliveries", token=AGENT_TOKEN)
+    assert [(d["type"], d["outcome"]) for d in shown.json()["deliveries"]] == [
+        ("input.requested", "pending")
+    ]

@@ -25,11 +25,12 @@ the endpoint, and so do :data:`FAILING_DISABLES` of failures. All sending
 runs in the background: a slow or dead endpoint never slows a chat, only
 its own deliveries.
 
-Bounded: at most :data:`MAX_OUTBOX` records (an event beyond it is logged
-and dropped, counted in the store so across processes), finished records
-kept :data:`KEEP_DONE` for ``GET /api/webhooks/deliveries`` and the oldest
-dropped first when the outbox is full, at most :data:`MAX_ATTEMPTS` tries
-kept per delivery.
+Bounded: at most :data:`MAX_OUTBOX` records waiting (an event beyond it
+is logged and dropped, counted in the store so across processes); a record
+whose every delivery is over moves to :data:`DONE`, which the sweeps do not
+read, kept for ``GET /api/webhooks/deliveries`` up to :data:`KEEP_DONE`
+and :data:`MAX_DONE` records (the oldest go first); at most
+:data:`MAX_ATTEMPTS` tries kept per delivery.
 
 Escalation: an endpoint with ``escalateAfter`` gets, for each wait opened
 that it wants, a record due that many seconds later; when due, it is sent
@@ -43,7 +44,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -62,7 +63,9 @@ from server.periodic import Periodic
 log = logging.getLogger("huddle.notify")
 
 OUTBOX = "outbox"
+DONE = "outbox-done"
 MAX_OUTBOX = 10_000
+MAX_DONE = 10_000
 RETRIES = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
 """Seconds before each try after the first (which is at once): 5 s, 5 min,
 30 min, 2 h, 5 h, 10 h, 10 h; eight tries in all."""
@@ -146,11 +149,14 @@ class Notifier:
         """A token in an invited person's name (None: emails carry the
         chat's link only)."""
         self.clock = clock
+        self.max_outbox = MAX_OUTBOX
         self._owner = secrets.token_hex(8)
         self._periodic = Periodic(
             self.sweep, interval, log=log, what="sending notifications", expected=(StoreError,)
         )
         self._read_at = -REFRESH
+        self._pruned_at = time.monotonic()
+        self._stopped = False
         self._targets: tuple[list[Endpoint], list[Invite]] = ([], [])
         self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False)
         self._sending = asyncio.Semaphore(SENDING)
@@ -166,6 +172,7 @@ class Notifier:
     async def stop(self) -> None:
         """Stop sending; tries under way are cut off (their claims expire,
         and another process, or this one's next life, tries again)."""
+        self._stopped = True
         await self._periodic.stop()
         for task in list(self._tasks):
             task.cancel()
@@ -196,8 +203,8 @@ class Notifier:
         endpoints, invites = await self._read_targets()
         if not self._deliveries(event, endpoints, invites):
             return
-        if await self.store.count_records(OUTBOX) >= MAX_OUTBOX:
-            log.warning("the outbox is full (%d events): %s not sent", MAX_OUTBOX, event.type)
+        if await self.store.count_records(OUTBOX) >= self.max_outbox:
+            log.warning("the outbox is full (%d events): %s not sent", self.max_outbox, event.type)
             return
         now = self.clock()
         record = _outgoing(event, "ahead", now, now + AHEAD_GRACE, [])
@@ -278,7 +285,6 @@ class Notifier:
         now = self.clock()
         records = await self.store.records(OUTBOX)
         due: list[str] = []
-        finished: list[tuple[float, str]] = []
         for key, raw in records.items():
             try:
                 record = _decode.decode(raw)
@@ -292,17 +298,34 @@ class Notifier:
                 if await self._escalate(key, record):
                     due.append(key)
             elif record.finished:
-                if now - record.created >= KEEP_DONE:
-                    await self.store.delete_record(OUTBOX, key)
-                else:
-                    finished.append((record.created, key))
+                await self._finish(key, record)
             elif any(_is_due(d, now) for d in record.deliveries):
                 due.append(key)
-        over = len(records) - MAX_OUTBOX * 9 // 10
-        for _, key in sorted(finished)[: max(0, over)]:
-            await self.store.delete_record(OUTBOX, key)
         await asyncio.gather(*(self._send(key) for key in due))
+        await self._prune(now)
         return len(due)
+
+    async def _finish(self, key: str, record: Outgoing) -> None:
+        """Move a record whose deliveries are all over out of the outbox."""
+        await self.store.put_record(DONE, key, msgspec.json.encode(record))
+        await self.store.delete_record(OUTBOX, key)
+
+    async def _prune(self, now: float) -> None:
+        """Drop finished records beyond MAX_DONE (the oldest), and those
+        older than KEEP_DONE (looked for once an hour)."""
+        over = await self.store.count_records(DONE) > MAX_DONE
+        if not over and time.monotonic() - self._pruned_at < 3600:
+            return
+        self._pruned_at = time.monotonic()
+        kept = sorted(
+            (record.created, key)
+            for key, raw in (await self.store.records(DONE)).items()
+            if (record := _maybe(raw)) is not None
+        )
+        drop = max(0, len(kept) - MAX_DONE * 9 // 10)
+        for n, (created, key) in enumerate(kept):
+            if n < drop or now - created >= KEEP_DONE:
+                await self.store.delete_record(DONE, key)
 
     async def _check_ahead(self, key: str, record: Outgoing) -> bool:
         """An event whose append's hook never ran here: ready when its action
@@ -353,7 +376,10 @@ class Notifier:
                 )
                 if tried != record.deliveries:
                     done = msgspec.structs.replace(record, deliveries=list(tried))
-                    await self.store.put_record(OUTBOX, key, msgspec.json.encode(done))
+                    if done.finished:
+                        await self._finish(key, done)
+                    else:
+                        await self.store.put_record(OUTBOX, key, msgspec.json.encode(done))
             finally:
                 await self.store.claim(claim, owner, 0)
 
@@ -420,10 +446,9 @@ class Notifier:
         """The latest deliveries (of ``endpoint``, an id), newest first."""
         target = None if endpoint is None else "wh:" + endpoint
         shown: list[dict[str, Any]] = []
-        for key, raw in (await self.store.records(OUTBOX)).items():
-            try:
-                record = _decode.decode(raw)
-            except msgspec.DecodeError:
+        held = {**(await self.store.records(DONE)), **(await self.store.records(OUTBOX))}
+        for key, raw in held.items():
+            if (record := _maybe(raw)) is None:
                 continue
             for d in record.deliveries:
                 if target is None or d.target == target:
@@ -438,7 +463,7 @@ class Notifier:
         if await self.store.claim(claim, owner, CLAIM_SECONDS) is not None:
             return True  # being sent right now
         try:
-            raw = await self.store.get_record(OUTBOX, key)
+            raw = await self.store.get_record(OUTBOX, key) or await self.store.get_record(DONE, key)
             if raw is None or (record := _decode.decode(raw)).stage != "ready":
                 return False
             now = self.clock()
@@ -450,6 +475,7 @@ class Notifier:
             ]
             ready = msgspec.structs.replace(record, deliveries=again)
             await self.store.put_record(OUTBOX, key, msgspec.json.encode(ready))
+            await self.store.delete_record(DONE, key)
         finally:
             await self.store.claim(claim, owner, 0)
         self._spawn(self._send(key))
@@ -460,7 +486,13 @@ class Notifier:
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
-    def _spawn(self, work: Awaitable[None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background (nothing once stopped: what it
+        would send, the sweeps of the next process do)."""
+        if self._stopped:
+            work.close()
+            return
+
         async def run() -> None:
             try:
                 await work
@@ -508,6 +540,13 @@ def _event_of_record(record: Outgoing) -> Event:
         payload["data"],
         payload["timestamp"],
     )
+
+
+def _maybe(raw: bytes) -> Outgoing | None:
+    try:
+        return _decode.decode(raw)
+    except msgspec.DecodeError:
+        return None
 
 
 def _is_due(delivery: Delivery, now: float) -> bool:

@@ -209,6 +209,24 @@ class Notifier:
         now = self.clock()
         record = _outgoing(event, "ahead", now, now + AHEAD_GRACE, [])
         await self.store.keep_record(OUTBOX, event.id, msgspec.json.encode(record))
+        if event.type in REQUESTED:
+            await self._write_escalations(event, endpoints, now)
+
+    async def _write_escalations(self, event: Event, endpoints: list[Endpoint], now: float) -> None:
+        """Ahead too: an ``input.escalated`` record per endpoint that wants
+        one, due ``escalateAfter`` on (one whose append did not land finds
+        no open wait when due, and is dropped)."""
+        escalation = escalation_of(event, self._now_ms())
+        for endpoint in endpoints:
+            if endpoint.escalate_after is None:
+                continue
+            if not endpoint.wants(escalation.type, event.session):
+                continue
+            due = now + endpoint.escalate_after
+            target = [Delivery(target="wh:" + endpoint.id, next_at=due)]
+            later = _outgoing(escalation, "escalation", now, due, target)
+            name = f"{escalation.id}.{endpoint.id}"
+            await self.store.keep_record(OUTBOX, name, msgspec.json.encode(later))
 
     def hook(self, event: Applied) -> None:
         """The host's hook: an event of an append of this process is
@@ -235,19 +253,6 @@ class Notifier:
         deliveries = self._deliveries(event, endpoints, invites)
         record = _outgoing(event, "ready", now, now, deliveries)
         await self.store.put_record(OUTBOX, key, msgspec.json.encode(record))
-        if event.type not in REQUESTED:
-            return
-        escalation = escalation_of(event, self._now_ms())
-        for endpoint in endpoints:
-            if endpoint.escalate_after is None or not endpoint.wants(
-                escalation.type, event.session
-            ):
-                continue
-            due = now + endpoint.escalate_after
-            target = [Delivery(target="wh:" + endpoint.id, next_at=due)]
-            later = _outgoing(escalation, "escalation", now, due, target)
-            name = f"{escalation.id}.{endpoint.id}"
-            await self.store.keep_record(OUTBOX, name, msgspec.json.encode(later))
 
     def _deliveries(
         self, event: Event, endpoints: list[Endpoint], invites: list[Invite]

@@ -15,6 +15,7 @@ from protocol.actions import ChatInputCompleted, ChatInputRequested, ChatToolCal
 from protocol.chat import InputRequest
 from server.auth import TokenAuthority
 from server.cli import main
+from server.client import HuddleClient
 from server.config import Settings
 from server.core.expiry import Expiry
 from server.notify.endpoints import MAX_PER_TOKEN
@@ -65,14 +66,19 @@ def notifier_of(huddle: RunningServer) -> Notifier:
     return huddle.server.parts.notifier
 
 
+async def agent_in_chat(huddle: RunningServer, session: str = SESSION) -> tuple[HuddleClient, str]:
+    """An agent and the chat of a new session, a turn started in it."""
+    agent = await huddle.client("agent", name="agent")
+    return agent, await session_chat_with_turn(agent, session, TURN)
+
+
 async def test_a_receiver_gets_each_event_once_with_a_valid_signature(
     quiet: RunningServer, receiver: Receiver
 ) -> None:
     added = await add_webhook(quiet, url=receiver.url)
     receiver.secret = added["secret"]
     assert added["secret"].startswith("whsec_")
-    agent = await quiet.client("agent", name="agent")
-    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    agent, chat = await agent_in_chat(quiet)
     await ask(agent, chat, "q1", "Which region?")
     requested = await receiver.next()
     assert requested.verified is not None, requested.headers
@@ -103,8 +109,7 @@ async def test_approvals_are_told_when_asked_and_when_decided(
     quiet: RunningServer, receiver: Receiver
 ) -> None:
     receiver.secret = (await add_webhook(quiet, url=receiver.url))["secret"]
-    agent = await quiet.client("agent", name="agent")
-    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    agent, chat = await agent_in_chat(quiet)
     await ask_approval(agent, chat)
     asked = await receiver.next()
     assert asked.json["type"] == "approval.requested"
@@ -130,8 +135,7 @@ async def test_an_endpoint_hears_only_the_events_and_sessions_it_names(
     await add_webhook(quiet, url=receiver.url, events=["input.completed"], sessions=["other"])
     both = await add_webhook(quiet, url=receiver.url, events=["input.completed"])
     receiver.secret = both["secret"]
-    agent = await quiet.client("agent", name="agent")
-    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    agent, chat = await agent_in_chat(quiet)
     await ask(agent, chat, "q1", "Which?")
     await agent.dispatch_and_wait(chat, ChatInputCompleted(request_id="q1", response="cancel"))
     got = await receiver.next()
@@ -146,8 +150,7 @@ async def test_a_failing_receiver_is_tried_again_on_the_backoff(
 ) -> None:
     async with receiving(answers=[500, 503]) as receiver:
         receiver.secret = (await add_webhook(quiet, url=receiver.url))["secret"]
-        agent = await quiet.client("agent", name="agent")
-        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        agent, chat = await agent_in_chat(quiet)
         await ask(agent, chat, "q1", "Which?")
         first = await receiver.next()
         await notifier_of(quiet).settled()
@@ -174,8 +177,7 @@ async def test_a_failing_receiver_is_tried_again_on_the_backoff(
 
 async def test_a_delivery_can_be_sent_again(quiet: RunningServer, receiver: Receiver) -> None:
     receiver.secret = (await add_webhook(quiet, url=receiver.url))["secret"]
-    agent = await quiet.client("agent", name="agent")
-    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    agent, chat = await agent_in_chat(quiet)
     await ask(agent, chat, "q1", "Which?")
     first = await receiver.next()
     await notifier_of(quiet).settled()
@@ -191,8 +193,7 @@ async def test_a_delivery_can_be_sent_again(quiet: RunningServer, receiver: Rece
 async def test_410_gone_disables_the_endpoint(quiet: RunningServer) -> None:
     async with receiving(answers=[410]) as receiver:
         await add_webhook(quiet, url=receiver.url)
-        agent = await quiet.client("agent", name="agent")
-        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        agent, chat = await agent_in_chat(quiet)
         await ask(agent, chat, "q1", "Which?")
         await receiver.next()
         await notifier_of(quiet).settled()
@@ -210,8 +211,7 @@ async def test_a_slack_endpoint_gets_a_block_kit_message_with_a_button_to_the_ch
     quiet: RunningServer, receiver: Receiver
 ) -> None:
     receiver.secret = (await add_webhook(quiet, url=receiver.url, format="slack"))["secret"]
-    agent = await quiet.client("agent", name="agent")
-    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    agent, chat = await agent_in_chat(quiet)
     await ask(agent, chat, "q1", "Ship <it> & tell")
     got = await receiver.next()
     assert got.verified is not None
@@ -234,8 +234,7 @@ async def test_a_wait_still_open_escalates_once(
     quiet: RunningServer, receiver: Receiver, clock: WallClock
 ) -> None:
     receiver.secret = (await add_webhook(quiet, url=receiver.url, escalateAfter=60))["secret"]
-    agent = await quiet.client("agent", name="agent")
-    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    agent, chat = await agent_in_chat(quiet)
     await ask(agent, chat, "open", "Still there?")
     await ask(agent, chat, "answered", "Quick one")
     assert {(await receiver.next()).json["type"] for _ in range(2)} == {"input.requested"}
@@ -275,8 +274,7 @@ async def test_an_invited_person_gets_the_request_and_a_sign_in_link_by_email(
             invite = {"email": "dana@example.com", "name": "Dana", "sessions": ["notified"]}
             url = f"{huddle.http}/api/invites/email"
             assert (await http("POST", url, token=AGENT_TOKEN, body=invite)).status == 204
-            agent = await huddle.client("agent", name="agent")
-            chat = await session_chat_with_turn(agent, SESSION, TURN)
+            agent, chat = await agent_in_chat(huddle)
             await ask(agent, chat, "q1", "Which region?")
             mail = await mailbox.next()
         finally:
@@ -340,8 +338,7 @@ async def test_an_endpoint_removed_gets_nothing_more(
     url = f"{quiet.http}/api/webhooks/{added['id']}"
     assert (await http("DELETE", url, token=AGENT_TOKEN)).status == 204
     assert (await http("DELETE", url, token=AGENT_TOKEN)).status == 404
-    agent = await quiet.client("agent", name="agent")
-    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    agent, chat = await agent_in_chat(quiet)
     await ask(agent, chat, "q1", "Which?")
     await notifier_of(quiet).settled()
     await notifier_of(quiet).sweep()
@@ -352,8 +349,7 @@ async def test_a_wait_that_expires_is_told_as_expired(
     quiet: RunningServer, receiver: Receiver, clock: WallClock
 ) -> None:
     receiver.secret = (await add_webhook(quiet, url=receiver.url))["secret"]
-    agent = await quiet.client("agent", name="agent")
-    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    agent, chat = await agent_in_chat(quiet)
     await ask(agent, chat, "q1", "Anyone?")
     assert (await receiver.next()).json["type"] == "input.requested"
     host = quiet.server.parts.host
@@ -385,8 +381,7 @@ async def test_an_event_whose_process_died_after_the_append_is_sent_after_a_rest
     try:
         receiver.secret = (await add_webhook(first, url=receiver.url))["secret"]
         without_hook(first)
-        agent = await first.client("agent", name="agent")
-        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        agent, chat = await agent_in_chat(first)
         await ask(agent, chat, "q1", "Which?")
     finally:
         await first.stop()
@@ -412,8 +407,7 @@ async def test_a_delivery_that_failed_before_a_restart_is_tried_again_after_it(
         first = await start_server(QUIET, RedisStore(redis_server.url), clock=clock)
         try:
             receiver.secret = (await add_webhook(first, url=receiver.url))["secret"]
-            agent = await first.client("agent", name="agent")
-            chat = await session_chat_with_turn(agent, SESSION, TURN)
+            agent, chat = await agent_in_chat(first)
             await ask(agent, chat, "q1", "Which?")
             failed = await receiver.next()
             await notifier_of(first).settled()
@@ -442,8 +436,7 @@ async def test_two_processes_on_one_redis_send_each_event_once(
             without_hook(huddle)  # left to the sweeps, which both run at once
         chats = []
         for n, huddle in enumerate((a, b, a)):
-            agent = await huddle.client("agent", name="agent")
-            chat = await session_chat_with_turn(agent, f"{SESSION}-{n}", TURN)
+            agent, chat = await agent_in_chat(huddle, f"{SESSION}-{n}")
             await ask(agent, chat, "q1", f"Question {n}")
             chats.append(chat)
         clock.now += AHEAD_GRACE
@@ -496,8 +489,7 @@ async def test_huddle_webhook_adds_to_the_store_what_a_server_on_it_sends_to(
     assert "http" in capsys.readouterr().err
     huddle = await start_server(QUIET, RedisStore(redis_server.url))
     try:
-        agent = await huddle.client("agent", name="agent")
-        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        agent, chat = await agent_in_chat(huddle)
         await ask(agent, chat, "q1", "Which?")
         got = await receiver.next()
     finally:
@@ -524,8 +516,7 @@ async def test_a_slow_endpoint_never_slows_the_chat(
 ) -> None:
     receiver.gate = asyncio.Event()
     await add_webhook(quiet, url=receiver.url)
-    agent = await quiet.client("agent", name="agent")
-    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    agent, chat = await agent_in_chat(quiet)
     await ask(agent, chat, "q1", "Which?")
     await receiver.next()  # held: the endpoint has not answered
     host = quiet.server.parts.host
@@ -545,8 +536,7 @@ async def test_during_a_rotation_both_secrets_sign(
     added = await add_webhook(quiet, url=receiver.url)
     url = f"{quiet.http}/api/webhooks/{added['id']}/secret"
     rotated = (await http("POST", url, token=AGENT_TOKEN)).json()["secret"]
-    agent = await quiet.client("agent", name="agent")
-    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    agent, chat = await agent_in_chat(quiet)
     await ask(agent, chat, "q1", "Which?")
     got = await receiver.next()
     assert len(got.headers["webhook-signature"].split(" ")) == 2
@@ -564,8 +554,7 @@ async def test_five_days_of_failures_disable_the_endpoint(
 ) -> None:
     async with receiving(answers=[500] * 20) as receiver:
         await add_webhook(quiet, url=receiver.url)
-        agent = await quiet.client("agent", name="agent")
-        chat = await session_chat_with_turn(agent, SESSION, TURN)
+        agent, chat = await agent_in_chat(quiet)
         notifier = notifier_of(quiet)
         await ask(agent, chat, "q1", "Which?")
         await receiver.next()
@@ -598,8 +587,7 @@ async def test_a_full_outbox_drops_new_events_and_keeps_the_chat_going(
     await add_webhook(quiet, url=receiver.url)
     notifier = notifier_of(quiet)
     notifier.max_outbox = 1
-    agent = await quiet.client("agent", name="agent")
-    chat = await session_chat_with_turn(agent, SESSION, TURN)
+    agent, chat = await agent_in_chat(quiet)
     await ask(agent, chat, "q1", "Which?")  # failing: it stays in the outbox
     await receiver.next()
     await notifier.settled()

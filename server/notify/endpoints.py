@@ -21,6 +21,7 @@ import asyncio
 import base64
 import secrets
 from collections.abc import Iterable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
@@ -102,6 +103,21 @@ class Invite(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 _endpoint = msgspec.json.Decoder(Endpoint)
 _invite = msgspec.json.Decoder(Invite)
+
+
+T = TypeVar("T")
+
+
+def decoded(records: dict[str, bytes], decoder: msgspec.json.Decoder[T]) -> dict[str, T]:
+    """The records that decode, by key (one of another version that does
+    not is left out, never a failure)."""
+    found: dict[str, T] = {}
+    for key, raw in records.items():
+        try:
+            found[key] = decoder.decode(raw)
+        except msgspec.DecodeError:
+            continue
+    return found
 
 
 def new_secret() -> str:
@@ -187,13 +203,8 @@ class Endpoints:
         return endpoint, endpoint.secrets[0]
 
     async def all(self) -> list[Endpoint]:
-        found = []
-        for raw in (await self.store.records(ENDPOINTS)).values():
-            try:
-                found.append(_endpoint.decode(raw))
-            except msgspec.DecodeError:
-                continue
-        return sorted(found, key=lambda e: e.created)
+        found = decoded(await self.store.records(ENDPOINTS), _endpoint)
+        return sorted(found.values(), key=lambda e: e.created)
 
     async def get(self, endpoint_id: str) -> Endpoint | None:
         raw = await self.store.get_record(ENDPOINTS, endpoint_id)
@@ -232,13 +243,7 @@ class Endpoints:
         await self.store.put_record(INVITES, invite.email, msgspec.json.encode(invite))
 
     async def invites(self) -> list[Invite]:
-        found = []
-        for raw in (await self.store.records(INVITES)).values():
-            try:
-                found.append(_invite.decode(raw))
-            except msgspec.DecodeError:
-                continue
-        return found
+        return list(decoded(await self.store.records(INVITES), _invite).values())
 
 
 def _invalid(message: str, path: str = "$") -> MalformedFrame:

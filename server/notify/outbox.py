@@ -55,7 +55,7 @@ from server.auth import Identity
 from server.core.channels import Applied, Step
 from server.core.host import Host
 from server.errors import ChannelGone, StoreError
-from server.notify.endpoints import Endpoint, Endpoints, Invite
+from server.notify.endpoints import Endpoint, Endpoints, Invite, decoded
 from server.notify.events import REQUESTED, Event, escalation_of, event_of, landed, wait_open
 from server.notify.sending import Smtp, Tried, email_text, post
 from server.periodic import Periodic
@@ -322,11 +322,8 @@ class Notifier:
         if not over and time.monotonic() - self._pruned_at < 3600:
             return
         self._pruned_at = time.monotonic()
-        kept = sorted(
-            (record.created, key)
-            for key, raw in (await self.store.records(DONE)).items()
-            if (record := _maybe(raw)) is not None
-        )
+        done = decoded(await self.store.records(DONE), _decode)
+        kept = sorted((record.created, key) for key, record in done.items())
         drop = max(0, len(kept) - MAX_DONE * 9 // 10)
         for n, (created, key) in enumerate(kept):
             if n < drop or now - created >= KEEP_DONE:
@@ -452,9 +449,7 @@ class Notifier:
         target = None if endpoint is None else "wh:" + endpoint
         shown: list[dict[str, Any]] = []
         held = {**(await self.store.records(DONE)), **(await self.store.records(OUTBOX))}
-        for key, raw in held.items():
-            if (record := _maybe(raw)) is None:
-                continue
+        for key, record in decoded(held, _decode).items():
             for d in record.deliveries:
                 if target is None or d.target == target:
                     shown.append(_shown(key, record, d))
@@ -545,13 +540,6 @@ def _event_of_record(record: Outgoing) -> Event:
         payload["data"],
         payload["timestamp"],
     )
-
-
-def _maybe(raw: bytes) -> Outgoing | None:
-    try:
-        return _decode.decode(raw)
-    except msgspec.DecodeError:
-        return None
 
 
 def _is_due(delivery: Delivery, now: float) -> bool:

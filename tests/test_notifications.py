@@ -598,3 +598,34 @@ async def test_a_full_outbox_drops_new_events_and_keeps_the_chat_going(
     assert [(d["type"], d["outcome"]) for d in shown.json()["deliveries"]] == [
         ("input.requested", "pending")
     ]
+
+
+async def test_a_request_the_server_withdraws_is_completed_not_expired(
+    quiet: RunningServer, receiver: Receiver
+) -> None:
+    receiver.secret = (await add_webhook(quiet, url=receiver.url))["secret"]
+    agent, chat = await agent_in_chat(quiet)
+    await ask(agent, chat, "q1", "Anyone?")
+    await receiver.next()
+    host = quiet.server.parts.host
+    await host.dispatch(chat, ChatInputCompleted(request_id="q1", response="cancel"))
+    withdrawn = await receiver.next()
+    assert withdrawn.json["type"] == "input.completed"
+    assert withdrawn.json["data"]["settledBy"] is None
+
+
+async def test_an_approval_that_expires_is_told_as_expired(
+    quiet: RunningServer, receiver: Receiver, clock: WallClock
+) -> None:
+    receiver.secret = (await add_webhook(quiet, url=receiver.url))["secret"]
+    agent, chat = await agent_in_chat(quiet)
+    await ask_approval(agent, chat)
+    assert (await receiver.next()).json["type"] == "approval.requested"
+    host = quiet.server.parts.host
+    await host.expire(chat, "toolCalls", "deploy", Expiry(60, "decline"))
+    clock.now += 61
+    assert await host.expiries.sweep() == 1
+    expired = await receiver.next()
+    assert expired.verified is not None
+    assert (expired.json["type"], expired.json["data"]["toolCallId"]) == ("wait.expired", "deploy")
+    assert expired.json["data"]["approved"] is False

@@ -103,9 +103,13 @@ def event_of(
     sender: Identity | None,
     now_ms: int,
     base_url: str,
+    session_meta: dict[str, Any] | None = None,
 ) -> Event | None:
     """The event ``action`` makes on chat ``uri`` (``before`` and ``after``
-    it), sent by ``sender`` (None: the server), or None. Asked of every
+    it), sent by ``sender`` (None: the server), or None. ``session_meta``
+    is the session's notes: a settlement of the server's own is an expiry's
+    only when they say the wait's time is up (the server also withdraws
+    requests, and that is no expiry). Asked of every
     append: anything but the four actions of waits is turned away first."""
     if not isinstance(action, WAIT_ACTIONS):
         return None
@@ -115,8 +119,12 @@ def event_of(
     if session is None:
         return None
     turn = active_turn_stamp(before) or active_turn_stamp(after)
-    expired = notes.huddle_meta(getattr(action, "meta", None), "expired") is not None
     by = None if sender is None else sender.who()
+
+    def expired(family: str, key: str) -> bool:
+        due = notes.expiry_of(session_meta, family, uri, key, turn)
+        return sender is None and due is not None and due[0] <= now_ms
+
     family: Family
     match action:
         case ChatInputRequested(request=request):
@@ -133,7 +141,7 @@ def event_of(
             message = part.request.message if part is not None else None
             # Only the server settles a wait by its expiry; a person's
             # _meta saying so proves nothing.
-            kind = "wait.expired" if sender is None else "input.completed"
+            kind = "wait.expired" if expired("requests", key) else "input.completed"
             family = "requests"
             extra = {"requestId": key, "response": action.response}
         case ChatToolCallConfirmed(tool_call_id=key):
@@ -141,7 +149,7 @@ def event_of(
             if not isinstance(call, ToolCallPendingConfirmation):
                 return None
             message = _text(call.confirmation_title) or _text(call.invocation_message)
-            kind = "wait.expired" if sender is None and expired else "approval.decided"
+            kind = "wait.expired" if expired("toolCalls", key) else "approval.decided"
             family = "toolCalls"
             extra = {"toolCallId": key, "approved": action.approved}
         case _:

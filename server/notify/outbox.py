@@ -51,8 +51,10 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
+from protocol.chat import ChatState
 from server.auth import Identity
 from server.core.channels import Applied, Step
+from server.core.frozen_forms import chat_session
 from server.core.host import Host
 from server.errors import ChannelGone, StoreError
 from server.notify.endpoints import Endpoint, Endpoints, Invite, decoded
@@ -192,7 +194,11 @@ class Notifier:
             action, after, before = applied.action, applied.view.state, applied.before
         if before is None:
             return None
-        return event_of(uri, action, before, after, sender, self._now_ms(), self.base_url)
+        session = chat_session(after) if isinstance(after, ChatState) else None
+        held_session = self.host.core.cached(session) if session is not None else None
+        meta = getattr(held_session.state, "meta", None) if held_session is not None else None
+        now = self._now_ms()
+        return event_of(uri, action, before, after, sender, now, self.base_url, meta)
 
     def ahead(self, uri: str, step: Step, sender: Identity | None) -> Awaitable[None] | None:
         """The core's write ahead (server.core.channels.Ahead)."""

@@ -629,3 +629,16 @@ async def test_an_approval_that_expires_is_told_as_expired(
     assert expired.verified is not None
     assert (expired.json["type"], expired.json["data"]["toolCallId"]) == ("wait.expired", "deploy")
     assert expired.json["data"]["approved"] is False
+
+
+async def test_a_request_asked_again_under_a_settled_ones_id_is_another_event(
+    quiet: RunningServer, receiver: Receiver
+) -> None:
+    await add_webhook(quiet, url=receiver.url, events=["input.requested"])
+    agent, chat = await agent_in_chat(quiet)
+    await ask(agent, chat, "q1", "Which?")
+    await agent.dispatch_and_wait(chat, ChatInputCompleted(request_id="q1", response="cancel"))
+    await ask(agent, chat, "q1", "Which, again?")
+    first, second = await receiver.next(), await receiver.next()
+    assert second.json["data"]["message"] == "Which, again?"
+    assert first.headers["webhook-id"] != second.headers["webhook-id"]

@@ -40,7 +40,7 @@ from protocol.chat import ChatState, ToolCallPart, ToolCallPendingConfirmation
 from protocol.messages import ChannelState
 from protocol.uris import CHAT_SCHEME, SESSION_SCHEME
 from reducers import notes
-from reducers.chat import select_input_settlement, select_tool_call
+from reducers.chat import select_input_settlement, select_open_input_part, select_tool_call
 from server.auth import Identity
 from server.core.frozen_forms import chat_session
 from server.core.policy import active_turn_stamp
@@ -77,10 +77,14 @@ class Event:
         return {"type": self.type, "timestamp": self.timestamp, "data": self.data}
 
 
-def event_id(kind: str, chat: str, family: str, key: str, turn: str | None) -> str:
+def event_id(
+    kind: str, chat: str, family: str, key: str, turn: str | None, part: int | None = None
+) -> str:
     """The message id of the event ``kind`` of a wait: a later turn's wait
-    of the same id (AHP lets a client reuse it) is another event."""
-    digest = hashlib.sha256(f"{kind} {chat} {family} {key} {turn}".encode()).hexdigest()
+    of the same id (AHP lets a client reuse it) is another event, and so is
+    a request asked again under a resolved one's id (AHP appends a new
+    part: ``part`` is its place in the turn)."""
+    digest = hashlib.sha256(f"{kind} {chat} {family} {key} {turn} {part}".encode()).hexdigest()
     return "msg_" + digest[:32]
 
 
@@ -126,8 +130,10 @@ def event_of(
         return sender is None and due is not None and due[0] <= now_ms
 
     family: Family
+    part: int | None = None
     match action:
         case ChatInputRequested(request=request):
+            part = _open_part(after, request.id)
             kind, family, key, message = "input.requested", "requests", request.id, request.message
             extra: dict[str, Any] = {"requestId": key, "url": request.url}
         case ChatToolCallReady(confirmed=None) if _pending(after, action.tool_call_id):
@@ -137,8 +143,9 @@ def event_of(
         case ChatInputCompleted(request_id=key):
             if select_input_settlement(before, key).status != "open":
                 return None
-            part = select_input_settlement(before, key).part
-            message = part.request.message if part is not None else None
+            part = _open_part(before, key)
+            asked = select_input_settlement(before, key).part
+            message = asked.request.message if asked is not None else None
             # Only the server settles a wait by its expiry; a person's
             # _meta saying so proves nothing.
             kind = "wait.expired" if expired("requests", key) else "input.completed"
@@ -165,7 +172,14 @@ def event_of(
     if kind == "wait.expired":
         data["family"] = family
     return Event(
-        event_id(kind, uri, family, key, turn), kind, uri, session, family, key, data, iso(now_ms)
+        event_id(kind, uri, family, key, turn, part),
+        kind,
+        uri,
+        session,
+        family,
+        key,
+        data,
+        iso(now_ms),
     )
 
 
@@ -208,6 +222,13 @@ def landed(state: ChannelState, event_type: str, family: str, key: str) -> bool:
     if state.active_turn is not None:
         parts += state.active_turn.response_parts
     return any(type(p) is ToolCallPart and p.tool_call.tool_call_id == key for p in parts)
+
+
+def _open_part(state: ChatState, request_id: str) -> int | None:
+    """Where the open request ``request_id`` is in the active turn."""
+    active = state.active_turn
+    found = select_open_input_part(active.response_parts, request_id) if active else None
+    return None if found is None else found[0]
 
 
 def _pending(state: ChatState, tool_call_id: str) -> bool:

@@ -642,3 +642,45 @@ async def test_a_request_asked_again_under_a_settled_ones_id_is_another_event(
     first, second = await receiver.next(), await receiver.next()
     assert second.json["data"]["message"] == "Which, again?"
     assert first.headers["webhook-id"] != second.headers["webhook-id"]
+
+
+@pytest.mark.redis
+async def test_every_kind_of_target_gets_each_event_once_from_two_processes_after_a_restart(
+    redis_server: RedisServer, clock: WallClock
+) -> None:
+    async with receiving() as standard, receiving() as slack, smtp_server() as (mailbox, port):
+        settings = Settings(
+            port=0,
+            notify_interval=3600.0,
+            smtp_url=f"smtp://127.0.0.1:{port}",
+            token=AGENT_TOKEN,
+        )
+        first = await start_server(settings, RedisStore(redis_server.url), clock=clock)
+        try:
+            standard.secret = (await add_webhook(first, url=standard.url))["secret"]
+            slack.secret = (await add_webhook(first, url=slack.url, format="slack"))["secret"]
+            invite = {"email": "dana@example.com", "name": "Dana"}
+            url = f"{first.http}/api/invites/email"
+            assert (await http("POST", url, token=AGENT_TOKEN, body=invite)).status == 204
+            without_hook(first)
+            agent, chat = await agent_in_chat(first)
+            await ask(agent, chat, "q1", "Which?")
+        finally:
+            await first.stop()  # as if killed after the append: nothing was sent
+        clock.now += AHEAD_GRACE
+        a = await start_server(settings, RedisStore(redis_server.url), clock=clock)
+        b = await start_server(settings, RedisStore(redis_server.url), clock=clock)
+        try:
+            for _ in range(3):
+                await asyncio.gather(notifier_of(a).sweep(), notifier_of(b).sweep())
+            got = (await standard.next(), await slack.next(), await mailbox.next())
+        finally:
+            await a.stop()
+            await b.stop()
+    assert got[0].verified is not None
+    assert got[1].verified is not None
+    assert got[1].json["text"] == "Input requested: Which?"
+    assert got[2]["To"] == "dana@example.com"
+    assert standard.nothing_more()
+    assert slack.nothing_more()
+    assert mailbox.got.empty()

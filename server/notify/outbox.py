@@ -245,20 +245,17 @@ class Notifier:
 
     async def _confirm(self, event: Event) -> None:
         try:
-            raw = await self.store.get_record(OUTBOX, event.id)
-            if raw is None or _decode.decode(raw).stage != "ahead":
-                return  # not written (no targets, full) or confirmed already
-            await self._make_ready(event.id, event)
-            await self._send(event.id)
+            await self._send(event.id, confirmed=event)
         except StoreError as error:  # the sweep checks it after the grace
             log.warning("could not confirm %s %s: %s", event.type, event.id, error)
 
-    async def _make_ready(self, key: str, event: Event) -> None:
+    async def _make_ready(self, key: str, event: Event) -> Outgoing:
         endpoints, invites = await self._read_targets()
         now = self.clock()
         deliveries = self._deliveries(event, endpoints, invites)
         record = _outgoing(event, "ready", now, now, deliveries)
         await self.store.put_record(OUTBOX, key, msgspec.json.encode(record))
+        return record
 
     def _deliveries(
         self, event: Event, endpoints: list[Endpoint], invites: list[Invite]
@@ -302,12 +299,9 @@ class Notifier:
             except msgspec.DecodeError:
                 await self.store.delete_record(OUTBOX, key)
                 continue
-            if record.stage == "ahead" and record.due <= now:
-                if await self._check_ahead(key, record):
-                    due.append(key)
-            elif record.stage == "escalation" and record.due <= now:
-                if await self._escalate(key, record):
-                    due.append(key)
+            if record.stage != "ready":
+                if record.due <= now:
+                    due.append(key)  # to check (ahead) or to escalate
             elif record.finished:
                 await self._finish(key, record)
             elif any(_is_due(d, now) for d in record.deliveries):
@@ -335,33 +329,40 @@ class Notifier:
             if n < drop or now - created >= KEEP_DONE:
                 await self.store.delete_record(DONE, key)
 
-    async def _check_ahead(self, key: str, record: Outgoing) -> bool:
-        """An event whose append's hook never ran here: ready when its action
-        landed, else dropped."""
+    async def _readied(
+        self, key: str, record: Outgoing, confirmed: Event | None, now: float
+    ) -> Outgoing | None:
+        """The record ready to send (the claim held), or None: an event
+        written ahead, confirmed by its hook (``confirmed``) or, once due,
+        when the chat shows its action landed; an escalation once due, when
+        its wait is still open. One that no longer holds is dropped."""
+        if record.stage == "ready":
+            return record
+        if record.stage == "ahead" and confirmed is not None:
+            return await self._make_ready(key, confirmed)
+        if record.due > now:
+            return None
         try:
             state = (await self.host.core.view(record.chat)).state
         except ChannelGone:
             state = None
-        if state is None or not landed(state, record.type, record.family, record.key):
+        if record.stage == "ahead":
+            holds = state is not None and landed(state, record.type, record.family, record.key)
+        else:
+            holds = state is not None and wait_open(state, record.family, record.key)
+        if not holds:
             await self.store.delete_record(OUTBOX, key)
-            return False
-        await self._make_ready(key, _event_of_record(record))
-        return True
-
-    async def _escalate(self, key: str, record: Outgoing) -> bool:
-        try:
-            state = (await self.host.core.view(record.chat)).state
-        except ChannelGone:
-            state = None
-        if state is None or not wait_open(state, record.family, record.key):
-            await self.store.delete_record(OUTBOX, key)
-            return False
+            return None
+        if record.stage == "ahead":
+            return await self._make_ready(key, _event_of_record(record))
         ready = msgspec.structs.replace(record, stage="ready")
         await self.store.put_record(OUTBOX, key, msgspec.json.encode(ready))
-        return True
+        return ready
 
-    async def _send(self, key: str) -> None:
-        """Send the record's due deliveries, under its claim."""
+    async def _send(self, key: str, confirmed: Event | None = None) -> None:
+        """Send the record's due deliveries, under its claim: every change of
+        a record's stage is made under it too, so that two processes never
+        both make one ready (the second would send it again)."""
         async with self._sending:
             claim = "outbox:" + key
             # An owner per send: two sends of one process exclude each other too.
@@ -371,11 +372,11 @@ class Notifier:
             try:
                 raw = await self.store.get_record(OUTBOX, key)
                 if raw is None:
+                    return  # not written (no targets, full), or finished
+                record = await self._readied(key, _decode.decode(raw), confirmed, self.clock())
+                if record is None:
                     return
-                record = _decode.decode(raw)
-                if record.stage != "ready":
-                    return
-                now = self.clock()
+                now = self.clock()  # after: a record just made ready is due now
                 tried = await asyncio.gather(
                     *(
                         self._try(record, d, now) if _is_due(d, now) else _same(d)

@@ -18,7 +18,7 @@ from server.cli import main
 from server.client import HuddleClient
 from server.config import Settings
 from server.core.expiry import Expiry
-from server.notify.endpoints import MAX_PER_TOKEN
+from server.notify.endpoints import MAX_PER_TOKEN, Endpoints
 from server.notify.outbox import AHEAD_GRACE, Notifier
 from server.store.redis import RedisStore
 from tests.conftest import (
@@ -684,3 +684,26 @@ async def test_every_kind_of_target_gets_each_event_once_from_two_processes_afte
     assert standard.nothing_more()
     assert slack.nothing_more()
     assert mailbox.got.empty()
+
+
+@pytest.mark.redis
+async def test_an_endpoint_in_the_store_that_points_at_the_server_is_never_sent_to(
+    redis_server: RedisServer, receiver: Receiver
+) -> None:
+    # Added to the store before the server's --public-url said it was there.
+    endpoints = Endpoints(RedisStore(redis_server.url))
+    await endpoints.add("cli", receiver.url, own=[], now=0.0)
+    await endpoints.store.close()
+    settings = Settings(port=0, notify_interval=3600.0, public_url=receiver.url)
+    huddle = await start_server(settings, RedisStore(redis_server.url))
+    try:
+        agent, chat = await agent_in_chat(huddle)
+        await ask(agent, chat, "q1", "Which?")
+        await notifier_of(huddle).settled()
+        shown = await http("GET", f"{huddle.http}/api/webhooks/deliveries", token=AGENT_TOKEN)
+    finally:
+        await huddle.stop()
+    assert receiver.nothing_more()
+    (delivery,) = shown.json()["deliveries"]
+    assert delivery["outcome"] == "disabled"
+    assert delivery["attempts"][0]["error"] == "url points at this server itself"

@@ -57,7 +57,7 @@ from server.core.channels import Applied, Step
 from server.core.frozen_forms import chat_session
 from server.core.host import Host
 from server.errors import ChannelGone, StoreError
-from server.notify.endpoints import Endpoint, Endpoints, Invite, decoded
+from server.notify.endpoints import Endpoint, Endpoints, Invite, decoded, url_problem
 from server.notify.events import REQUESTED, Event, escalation_of, event_of, landed, wait_open
 from server.notify.sending import Smtp, Tried, email_text, post
 from server.periodic import Periodic
@@ -400,6 +400,10 @@ class Notifier:
                 return msgspec.structs.replace(delivery, outcome="dropped", next_at=None)
             if endpoint.disabled is not None:
                 return msgspec.structs.replace(delivery, outcome="disabled", next_at=None)
+            if (problem := url_problem(endpoint.url, [self.base_url])) is not None:
+                # Written to the store before --public-url named this server.
+                refused = Tried(None, problem)
+                return _after(delivery, refused, now, disabled=True)
             tried = await post(
                 self._client,
                 endpoint.url,

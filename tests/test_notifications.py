@@ -11,7 +11,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from protocol.actions import ChatInputCompleted, ChatInputRequested, ChatToolCallConfirmed
+from protocol.actions import (
+    ChatInputCompleted,
+    ChatInputRequested,
+    ChatToolCallConfirmed,
+    ChatToolCallReady,
+    ChatToolCallStart,
+)
 from protocol.chat import InputRequest
 from server.auth import TokenAuthority
 from server.cli import main
@@ -707,3 +713,36 @@ async def test_an_endpoint_in_the_store_that_points_at_the_server_is_never_sent_
     (delivery,) = shown.json()["deliveries"]
     assert delivery["outcome"] == "disabled"
     assert delivery["attempts"][0]["error"] == "url points at this server itself"
+
+
+async def test_an_approval_asks_for_its_own_escalation(
+    quiet: RunningServer, receiver: Receiver, clock: WallClock
+) -> None:
+    events = ["approval.requested", "input.escalated"]
+    receiver.secret = (await add_webhook(quiet, url=receiver.url, events=events))["secret"]
+    agent, chat = await agent_in_chat(quiet)
+    start = ChatToolCallStart(turn_id="t1", tool_call_id="rm", tool_name="rm", display_name="rm")
+    await agent.dispatch_and_wait(chat, start)
+    ready = ChatToolCallReady(
+        turn_id="t1",
+        tool_call_id="rm",
+        invocation_message="Remove the backups",
+        meta={"huddle": {"escalateAfter": 30}},
+    )
+    await agent.dispatch_and_wait(chat, ready)
+    assert (await receiver.next()).json["type"] == "approval.requested"
+    notifier = notifier_of(quiet)
+    await notifier.settled()
+    clock.now += 29
+    await notifier.sweep()
+    assert receiver.nothing_more()
+    clock.now += 1
+    await notifier.sweep()
+    escalated = await receiver.next()
+    assert escalated.verified is not None
+    assert (escalated.json["type"], escalated.json["data"]["toolCallId"]) == (
+        "input.escalated",
+        "rm",
+    )
+    await notifier.sweep()
+    assert receiver.nothing_more()

@@ -30,6 +30,7 @@ from protocol.codec import MalformedFrame
 from protocol.messages import ErrorCode
 from server.errors import CommandError
 from server.notify.events import EVENT_TYPES
+from server.notify.events import MAX_ESCALATE_AFTER as MAX_AFTER
 from server.store.base import ChannelStore
 
 ENDPOINTS = "webhooks"
@@ -71,8 +72,8 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             return False
         if self.sessions is not None and session not in self.sessions:
             return False
-        if event_type == "input.escalated":
-            return self.escalate_after is not None
+        if event_type == "input.escalated" and self.escalate_after is not None:
+            return True
         return self.events is None or event_type in self.events
 
     def signing(self, now: float) -> list[str]:
@@ -285,6 +286,6 @@ def session_uris(value: object) -> list[str] | None:
 def _seconds(value: object) -> float | None:
     if value is None:
         return None
-    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 7 * 86400:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= MAX_AFTER:
         raise _invalid("escalateAfter must be seconds above 0, at most 7 days")
     return float(value)

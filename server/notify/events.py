@@ -72,6 +72,10 @@ class Event:
     key: str
     data: dict[str, Any]
     timestamp: str
+    escalate_after: float | None = None
+    """Seconds after which the wait, still open, escalates, as the request
+    asks (``_meta.huddle.escalateAfter`` of a tool call; None: as each
+    endpoint says)."""
 
     def payload(self) -> dict[str, Any]:
         return {"type": self.type, "timestamp": self.timestamp, "data": self.data}
@@ -131,6 +135,7 @@ def event_of(
 
     family: Family
     part: int | None = None
+    escalate: float | None = None
     match action:
         case ChatInputRequested(request=request):
             part = _open_part(after, request.id)
@@ -138,6 +143,7 @@ def event_of(
             extra: dict[str, Any] = {"requestId": key, "url": request.url}
         case ChatToolCallReady(confirmed=None) if _pending(after, action.tool_call_id):
             kind, family, key = "approval.requested", "toolCalls", action.tool_call_id
+            escalate = _seconds(notes.huddle_meta(action.meta, "escalateAfter"))
             message = _text(action.confirmation_title) or _text(action.invocation_message)
             extra = {"toolCallId": key, "turnId": action.turn_id}
         case ChatInputCompleted(request_id=key):
@@ -180,6 +186,7 @@ def event_of(
         key,
         data,
         iso(now_ms),
+        escalate,
     )
 
 
@@ -229,6 +236,17 @@ def _open_part(state: ChatState, request_id: str) -> int | None:
     active = state.active_turn
     found = select_open_input_part(active.response_parts, request_id) if active else None
     return None if found is None else found[0]
+
+
+MAX_ESCALATE_AFTER = 7 * 86400.0
+
+
+def _seconds(value: object) -> float | None:
+    """A request's own ``escalateAfter``, if it is a number of seconds in
+    (0, MAX_ESCALATE_AFTER]; anything else is no escalation of its own."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 < value <= MAX_ESCALATE_AFTER else None
 
 
 def _pending(state: ChatState, tool_call_id: str) -> bool:

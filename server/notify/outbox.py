@@ -220,15 +220,15 @@ class Notifier:
 
     async def _write_escalations(self, event: Event, endpoints: list[Endpoint], now: float) -> None:
         """Ahead too: an ``input.escalated`` record per endpoint that wants
-        one, due ``escalateAfter`` on (one whose append did not land finds
-        no open wait when due, and is dropped)."""
+        one, due the request's ``escalateAfter`` on (else the endpoint's);
+        one whose append did not land finds no open wait when due, and is
+        dropped."""
         escalation = escalation_of(event, self._now_ms())
         for endpoint in endpoints:
-            if endpoint.escalate_after is None:
+            after = event.escalate_after or endpoint.escalate_after
+            if after is None or not endpoint.wants(escalation.type, event.session):
                 continue
-            if not endpoint.wants(escalation.type, event.session):
-                continue
-            due = now + endpoint.escalate_after
+            due = now + after
             target = [Delivery(target="wh:" + endpoint.id, next_at=due)]
             later = _outgoing(escalation, "escalation", now, due, target)
             name = f"{escalation.id}.{endpoint.id}"

@@ -37,6 +37,7 @@ from tests.conftest import (
 )
 from tests.edge import http
 from tests.notify_kit import (
+    Received,
     Receiver,
     add_webhook,
     ask,
@@ -236,6 +237,27 @@ async def test_a_slack_endpoint_gets_a_block_kit_message_with_a_button_to_the_ch
     assert button["url"].startswith("https://huddle.example/#/s/notified/c/")
 
 
+async def escalated_after(
+    huddle: RunningServer, receiver: Receiver, clock: WallClock, seconds: float
+) -> Received:
+    """The one ``input.escalated`` the receiver gets ``seconds`` on, not before
+    and never again."""
+    notifier = notifier_of(huddle)
+    await notifier.settled()
+    clock.now += seconds - 1
+    await notifier.sweep()
+    assert receiver.nothing_more()
+    clock.now += 1
+    await notifier.sweep()
+    escalated = await receiver.next()
+    assert escalated.verified is not None
+    assert escalated.json["type"] == "input.escalated"
+    clock.now += 3600
+    await notifier.sweep()
+    assert receiver.nothing_more()
+    return escalated
+
+
 async def test_a_wait_still_open_escalates_once(
     quiet: RunningServer, receiver: Receiver, clock: WallClock
 ) -> None:
@@ -248,20 +270,8 @@ async def test_a_wait_still_open_escalates_once(
         chat, ChatInputCompleted(request_id="answered", response="cancel")
     )
     assert (await receiver.next()).json["type"] == "input.completed"
-    notifier = notifier_of(quiet)
-    await notifier.settled()
-    clock.now += 59
-    await notifier.sweep()
-    assert receiver.nothing_more()
-    clock.now += 1
-    await notifier.sweep()
-    escalated = await receiver.next()
-    assert escalated.verified is not None
-    assert escalated.json["type"] == "input.escalated"
+    escalated = await escalated_after(quiet, receiver, clock, 60)
     assert escalated.json["data"]["requestId"] == "open"
-    clock.now += 3600
-    await notifier.sweep()
-    assert receiver.nothing_more()
 
 
 async def test_an_invited_person_gets_the_request_and_a_sign_in_link_by_email(
@@ -731,18 +741,5 @@ async def test_an_approval_asks_for_its_own_escalation(
     )
     await agent.dispatch_and_wait(chat, ready)
     assert (await receiver.next()).json["type"] == "approval.requested"
-    notifier = notifier_of(quiet)
-    await notifier.settled()
-    clock.now += 29
-    await notifier.sweep()
-    assert receiver.nothing_more()
-    clock.now += 1
-    await notifier.sweep()
-    escalated = await receiver.next()
-    assert escalated.verified is not None
-    assert (escalated.json["type"], escalated.json["data"]["toolCallId"]) == (
-        "input.escalated",
-        "rm",
-    )
-    await notifier.sweep()
-    assert receiver.nothing_more()
+    escalated = await escalated_after(quiet, receiver, clock, 30)
+    assert escalated.json["data"]["toolCallId"] == "rm"

@@ -87,6 +87,8 @@ from server.core.waiters import InputOutcome
 from server.credentials import AGENT_CLAIM_TTL, Credentials
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable, refused
 from server.metrics import Metrics
+from server.notify.endpoints import Invite, session_uris
+from server.notify.outbox import Notifier
 from server.ratelimit import Budgets, NewClientIds
 
 PAGE_SIZE = 100
@@ -112,6 +114,7 @@ COSTS: Final[dict[str, float]] = {
     "expire": ACTION_COST,
     "mintToken": ACTION_COST,
     "mcp": READ_COST,
+    "webhooks": ACTION_COST,
 }
 """What each command costs of its token's budget up front, in actions
 (server.ratelimit), the same over HTTP and the socket, paid before any of
@@ -154,8 +157,10 @@ class Commands:
         max_sessions: int = 10_000,
         client_ids: NewClientIds | None = None,
         client_claim_ttl: float = AGENT_CLAIM_TTL,
+        notifier: Notifier | None = None,
     ) -> None:
         self.host = host
+        self.notifier = notifier
         self.credentials = Credentials(
             host,
             authority,
@@ -297,6 +302,83 @@ class Commands:
         public key is not a secret, and whoever checks an export needs it."""
         self.allow(grant, Command.READ)
         return await self.host.audit.keys.published()
+
+    # ─── Notifications ───────────────────────────────────────────────────
+
+    def _notifier(self, grant: Grant) -> Notifier:
+        self.allow(grant, Command.MANAGE_WEBHOOKS)
+        if self.notifier is None:
+            raise CommandError(ErrorCode.NOT_FOUND, "this server sends no notifications")
+        return self.notifier
+
+    async def add_webhook(
+        self, grant: Grant, body: dict[str, Any], own: Sequence[str]
+    ) -> dict[str, Any]:
+        """Add a webhook endpoint (server.notify.endpoints) for ``grant``'s
+        token; ``own`` the server's own base URLs, which it may not point at.
+        Answers its id and its secret, which is never shown again."""
+        notifier = self._notifier(grant)
+        endpoint, secret = await notifier.endpoints.add(
+            grant.token_id,
+            body.get("url"),
+            own=[notifier.base_url, *own],
+            now=self.clock(),
+            events=body.get("events"),
+            format=body.get("format"),
+            sessions=body.get("sessions"),
+            escalate_after=body.get("escalateAfter"),
+        )
+        notifier.targets_changed()
+        return {**_camel(endpoint.listed()), "secret": secret}
+
+    async def list_webhooks(self, grant: Grant) -> list[dict[str, Any]]:
+        notifier = self._notifier(grant)
+        return [_camel(e.listed()) for e in await notifier.endpoints.all()]
+
+    async def remove_webhook(self, grant: Grant, endpoint_id: str) -> None:
+        notifier = self._notifier(grant)
+        if not await notifier.endpoints.remove(endpoint_id):
+            raise CommandError(ErrorCode.NOT_FOUND, f"no webhook {endpoint_id!r}")
+        notifier.targets_changed()
+
+    async def rotate_webhook_secret(self, grant: Grant, endpoint_id: str) -> dict[str, Any]:
+        """A new secret; the old one signs beside it for a day."""
+        secret = await self._notifier(grant).endpoints.rotate(endpoint_id, self.clock())
+        if secret is None:
+            raise CommandError(ErrorCode.NOT_FOUND, f"no webhook {endpoint_id!r}")
+        return {"id": endpoint_id, "secret": secret}
+
+    async def deliveries(self, grant: Grant, endpoint: str | None) -> list[dict[str, Any]]:
+        return await self._notifier(grant).deliveries(endpoint)
+
+    async def resend(self, grant: Grant, delivery: str, target: str | None) -> None:
+        if not await self._notifier(grant).resend(delivery, target):
+            raise CommandError(ErrorCode.NOT_FOUND, f"no delivery {delivery!r} to send again")
+
+    async def invite_by_email(self, grant: Grant, body: dict[str, Any]) -> None:
+        """Remember a person invited by email (``huddle invite --email``):
+        each request opened in their sessions is emailed to them with a
+        sign-in link (server.notify.outbox)."""
+        notifier = self._notifier(grant)
+        ttl = body.get("ttl")
+        ttl = self.credentials.default_ttl if ttl is None else ttl
+        if not isinstance(ttl, int | float) or not 0 < ttl <= self.credentials.max_ttl:
+            raise MalformedFrame(ErrorCode.INVALID_PARAMS, "ttl out of range", "$.ttl")
+        email, name, role = body.get("email"), body.get("name"), body.get("role", "participant")
+        sessions = body.get("sessions")
+        if not isinstance(email, str) or not isinstance(name, str) or not name:
+            raise MalformedFrame(ErrorCode.INVALID_PARAMS, "email and name are strings", "$")
+        if role not in ("participant", "observer"):
+            raise MalformedFrame(ErrorCode.INVALID_PARAMS, "participant or observer", "$.role")
+        invite = Invite(
+            email=email,
+            name=name,
+            role=role,
+            sessions=session_uris(sessions),
+            expires_at=self.clock() + ttl,
+        )
+        await notifier.endpoints.invite(invite)
+        notifier.targets_changed()
 
     # ─── Subscriptions ───────────────────────────────────────────────────
 
@@ -753,3 +835,10 @@ def _offset(cursor: str | None) -> int:
     except (ValueError, UnicodeDecodeError):
         pass
     raise MalformedFrame(ErrorCode.INVALID_PARAMS, "unknown cursor", "$.cursor")
+
+
+def _camel(value: dict[str, Any]) -> dict[str, Any]:
+    """An endpoint as the HTTP API shows it (camelCase keys)."""
+    return {
+        k.split("_")[0] + "".join(w.title() for w in k.split("_")[1:]): v for k, v in value.items()
+    }

@@ -50,7 +50,16 @@ from reducers.validation import reject_reason, working_directories_problem
 from server.auth import Identity
 from server.core.audit import GONE_RECORDS, AuditTrail, AuditValues
 from server.core.audit_key import AuditKeys
-from server.core.channels import Applied, ChannelCore, ChannelView, Hook, Hooks, Riding, Validator
+from server.core.channels import (
+    Ahead,
+    Applied,
+    ChannelCore,
+    ChannelView,
+    Hook,
+    Hooks,
+    Riding,
+    Validator,
+)
 from server.core.expiry import Expiries, Expiry, Family, expiry_problem
 from server.core.frozen_forms import Form, FormRegistry, chat_session, needs_session
 from server.core.policy import active_turn_stamp
@@ -152,6 +161,12 @@ class Host:
         """Ask ``riding`` for a write to ride on each append this process
         makes of an action it accepted (server.core.channels.Riding)."""
         self.core.riders.append(riding)
+
+    def add_ahead_of_append(self, ahead: Ahead) -> None:
+        """Ask ``ahead`` for a write ahead of every append this process
+        makes, the server's own actions included, once validated
+        (server.core.channels.Ahead)."""
+        self.core.aheads.append(ahead)
 
     def add_write_ahead(self, ahead: WriteAhead) -> None:
         """Ask ``ahead`` for a write ahead of each client's action (see

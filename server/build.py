@@ -14,9 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from protocol.session import AgentInfo
-from server.auth import Grant
+from server.auth import Grant, Role, TokenAuthority
 from server.client import HuddleClient
-from server.auth import Role, TokenAuthority
 from server.config import Settings
 from server.core.audit import AuditTrail
 from server.core.host import STOP_PATIENCE, Host
@@ -186,6 +185,8 @@ def mcp_door(parts: Parts, connect: Callable[[Grant], Awaitable[HuddleClient]]) 
         progress_every=parts.settings.mcp_progress_interval,
         max_body_bytes=parts.settings.max_body_bytes,
     )
+
+
 def notifier(
     settings: Settings, host: Host, authority: TokenAuthority | None, clock: Callable[[], float]
 ) -> Notifier:

@@ -708,6 +708,8 @@ class McpEndpoint:
             await refusal(scope, receive, send)
             return
         await self.serve(grant, scope, receive, send)
+
+
 # ─── Notifications (server.notify; agent tokens only) ────────────────────────
 
 

@@ -211,18 +211,17 @@ class ChatResuming:
         await asyncio.sleep(0)
 
     def write_ahead(
-        self, uri: str, action: StateAction, sender: Identity
+        self, uri: str, result: Step, sender: Identity | None
     ) -> Awaitable[None] | None:
-        """The host's write ahead (server.core.host.WriteAhead): a person's
-        ``chat/turnStarted`` is recorded as starting before it is appended,
-        so that a crash before its runner's turn exists leaves the sweep a
-        record of it: the chat's one record, written for a chat with no turn
-        active here (one that has is refused anyway); the sweep drops a
-        record whose start never landed."""
-        if not isinstance(action, ChatTurnStarted) or action.message.origin.kind == "agent":
+        """The core's write ahead of an append (server.core.channels.Ahead):
+        a person's ``chat/turnStarted``, validated, is recorded as starting
+        before it is appended, so that a crash before its runner's turn
+        exists leaves the sweep a record of it: the chat's one record. The
+        sweep drops a record whose start never landed."""
+        action = result.envelope.action
+        if sender is None or not isinstance(action, ChatTurnStarted):
             return None
-        held = self.host.core.cached(uri)
-        if held is not None and isinstance(held.state, ChatState) and held.state.active_turn:
+        if action.message.origin.kind == "agent":
             return None
         record = {"turn": action.turn_id, "at": self.runner.clock()}
         return self.host.store.put_record(STARTS, uri, json.dumps(record).encode())

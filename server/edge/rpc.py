@@ -154,6 +154,12 @@ class LiveClients:
         return len(self._by_id)
 
 
+def _asked_name(capability: Any) -> str | None:
+    """The name a ``huddle.identity`` capability asks to go by, if any."""
+    named = capability.get("name") if isinstance(capability, dict) else None
+    return named if isinstance(named, str) else None
+
+
 class Rpc:
     """The methods of one connection; see the module docstring."""
 
@@ -334,9 +340,7 @@ class Rpc:
         asked = frozenset(capabilities.keys()) & EXTENSIONS.keys()
         identity = self.identity
         if IDENTITY in asked:  # a name it refuses fails initialize before anything is claimed
-            wanted_name = capabilities[IDENTITY]
-            named = wanted_name.get("name") if isinstance(wanted_name, dict) else None
-            identity = self.grant.identity_as(named if isinstance(named, str) else None)
+            identity = self.grant.identity_as(_asked_name(capabilities[IDENTITY]))
         await self.commands.credentials.claim_client(self.grant, params.client_id)
         self._set_extensions(asked, self.clients.numbering_of(params.client_id))
         self.identity = identity

@@ -461,7 +461,7 @@ class ChannelCore(Listener):
             except Exception:
                 log.exception("riding hook failed on %s", uri)
                 continue
-            if rider is not None and self.store.carries(rider.store):
+            if rider is not None and self.store.carries(rider.store, uri, rider.keys):
                 return rider
         return None
 

@@ -237,7 +237,8 @@ class ChatResuming:
         ``Runner.submit_resume`` saves it, and handed to a waiting worker
         the same way: the crossing of a second call and the hooks before it
         are saved. Nothing when the store carries no rider (the memory
-        store, a cluster, two Redises), the answer needs a read (a form not
+        store, two Redises, a cluster where the turn's keys are not in the
+        chat's slot), the answer needs a read (a form not
         held here) or the turn was not read ahead: the hook then resumes as
         without it. What the script did is read in :meth:`_saved_by_rider`."""
         runner = self.runner

@@ -230,6 +230,16 @@ class ChannelCore(Listener):
     def idle_channels(self, most: int) -> None:
         self._held.most = most
 
+    @property
+    def idle_keep(self) -> float:
+        """Seconds a channel nobody here serves is kept after its last use
+        (server.core.held)."""
+        return self._held.keep
+
+    @idle_keep.setter
+    def idle_keep(self, seconds: float) -> None:
+        self._held.keep = seconds
+
     # ─── Lifecycle ───────────────────────────────────────────────────────
 
     async def start(self) -> None:

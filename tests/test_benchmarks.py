@@ -43,6 +43,7 @@ async def test_the_fanout_benchmark_runs_quick() -> None:
     text = await _quick("bench.fanout", "--only", "redis")
     assert "A's server CPU per delivered frame" in text
     assert "C (serves no channel) CPU" in text
+    assert "A's ratio over the control's" in text
     assert "not delivered" not in text
 
 

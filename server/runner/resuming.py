@@ -272,8 +272,9 @@ class ChatResuming:
         except ResumeRejected:
             return None  # the copy may be stale: the hook decides on a fresh one
         rider = runner.store.runnable_rider(prepared.turn, runner.clock(), started=prepared.started)
-        if rider is not None:
-            self._ridden.put(uri, _RiddenResume(result.envelope.server_seq, rider, prepared))
+        if rider is None or not self.host.store.carries(rider.store, uri, rider.keys):
+            return None  # on a cluster: the turn's keys are not in the chat's slot
+        self._ridden.put(uri, _RiddenResume(result.envelope.server_seq, rider, prepared))
         return rider
 
     def _saved_by_rider(self, ridden: _RiddenResume) -> bool:

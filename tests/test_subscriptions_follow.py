@@ -295,14 +295,20 @@ async def test_subscriptions_follow_clients_as_they_come_and_go(deployment: Depl
         await eventually(lambda: watchers(0))  # the last one left: a let go
         assert a.server.parts.host.core.cached(chat) is None
 
-        carol = await a.client()
-        carol_chat = await carol.subscribe(chat)
-        assert await watchers(1)
-        writer = await b.client()
-        await writer.dispatch_and_wait(chat, draft("heard again"))
+        await comes_back(deployment, a, b, chat)
         assert await watchers(2)  # b holds it too now: it wrote to it
-        async with asyncio.timeout(5 * UNIT):
-            await carol_chat.wait_for(lambda s: isinstance(s, ChatState) and s.draft is not None)
+
+
+async def comes_back(deployment: Deployment, a: RunningServer, b: RunningServer, chat: str) -> None:
+    """A client of ``a`` subscribes to ``chat`` again: ``a`` hears it again,
+    and the client sees what a client of ``b`` writes to it."""
+    carol = await a.client()
+    carol_chat = await carol.subscribe(chat)
+    assert await deployment_has(deployment, chat, 1)
+    writer = await b.client()
+    await writer.dispatch_and_wait(chat, draft("heard again"))
+    async with asyncio.timeout(5 * UNIT):
+        await carol_chat.wait_for(lambda s: isinstance(s, ChatState) and s.draft is not None)
 
 
 async def test_a_server_stops_hearing_a_chat_soon_after_its_last_subscriber_left(
@@ -312,25 +318,14 @@ async def test_a_server_stops_hearing_a_chat_soon_after_its_last_subscriber_left
         core = a.server.parts.host.core
         core.idle_keep = 0.1 * UNIT  # the LRU bound (idle_channels) as it is by default
         chat = await new_chat(b, "ahp-session:/left")
-
-        async def watchers(count: int) -> bool:
-            return await deployment.subscribers(chat) == count
-
         alice = await a.client()
         await alice.subscribe(chat)
-        assert await watchers(1)
+        assert await deployment_has(deployment, chat, 1)
         await alice.close()
-        await eventually(lambda: watchers(0))  # a hears its pub/sub traffic no more
+        # a hears its pub/sub traffic no more
+        await eventually(lambda: deployment_has(deployment, chat, 0))
         assert core.cached(chat) is None
-
-        # Coming back: heard again, and current.
-        carol = await a.client()
-        carol_chat = await carol.subscribe(chat)
-        assert await watchers(1)
-        writer = await b.client()
-        await writer.dispatch_and_wait(chat, draft("heard again"))
-        async with asyncio.timeout(5 * UNIT):
-            await carol_chat.wait_for(lambda s: isinstance(s, ChatState) and s.draft is not None)
+        await comes_back(deployment, a, b, chat)
 
 
 async def test_a_chat_a_turn_waits_on_is_heard_until_the_wait_ends(

@@ -548,7 +548,12 @@ async def test_a_claim_of_a_waiter_takes_what_was_handed_to_it_first(store: Turn
     await store.make_runnable("other", 0.0)
     turn = await create(store, HANDED)
     registered = waiter()
-    assert await store.claim_turn("worker-a", 0.0, LEASE, turn_id="nope", waiter=registered) is None
+    # A turn that is not there (on a cluster, in another group than the
+    # workers wait on): nothing claimed, the waiter registered all the same.
+    assert (
+        await store.claim_turn("worker-a", 0.0, LEASE, turn_id="no-such-turn", waiter=registered)
+        is None
+    )
     await store.save_runnable(turn, 1.0, started=started(turn))
     # Woken otherwise (a wake token, the end of its wait), it claims again.
     claim = await store.claim_turn("worker-a", 1.0, LEASE, waiter=registered)

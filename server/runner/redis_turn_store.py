@@ -850,7 +850,18 @@ class RedisTurnStore(TurnStore):
         claim = functools.partial(self._claim_in, owner, now, lease_seconds, load=load)
         if turn_id is not None:
             group = self.group_of(turn_id)
-            return await claim(group, turn_id, waiter if group is self.desk else None)
+            if group is self.desk or waiter is None:
+                return await claim(group, turn_id, waiter)
+            # The waiter is the desk's: what was handed to it first, then
+            # the turn, then the waiter registered (the desk has no such
+            # turn to claim: its calls only read the inbox and register).
+            for where, register in ((self.desk, False), (group, False), (self.desk, True)):
+                out = await claim(
+                    where, turn_id, waiter if where is self.desk else None, register=register
+                )
+                if out is not None:
+                    return out
+            return None
         if len(self.groups) > 1:
             # The groups whose earliest work is due first go first (the
             # desk's at once when the waiter was handed something), so a

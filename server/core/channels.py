@@ -241,6 +241,16 @@ class ChannelCore(Listener):
     def idle_channels(self, most: int) -> None:
         self._held.most = most
 
+    @property
+    def idle_keep(self) -> float:
+        """Seconds a channel nobody here serves is kept after its last use
+        (server.core.held)."""
+        return self._held.keep
+
+    @idle_keep.setter
+    def idle_keep(self, seconds: float) -> None:
+        self._held.keep = seconds
+
     # ─── Lifecycle ───────────────────────────────────────────────────────
 
     async def start(self) -> None:
@@ -476,7 +486,7 @@ class ChannelCore(Listener):
             except Exception:
                 log.exception("riding hook failed on %s", uri)
                 continue
-            if rider is not None and self.store.carries(rider.store):
+            if rider is not None and self.store.carries(rider.store, uri, rider.keys):
                 return rider
         return None
 

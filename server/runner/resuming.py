@@ -236,7 +236,8 @@ class ChatResuming:
         ``Runner.submit_resume`` saves it, and handed to a waiting worker
         the same way: the crossing of a second call and the hooks before it
         are saved. Nothing when the store carries no rider (the memory
-        store, a cluster, two Redises), the answer needs a read (a form not
+        store, two Redises, a cluster where the turn's keys are not in the
+        chat's slot), the answer needs a read (a form not
         held here) or the turn was not read ahead: the hook then resumes as
         without it. What the script did is read in :meth:`_saved_by_rider`."""
         runner = self.runner
@@ -270,8 +271,9 @@ class ChatResuming:
         except ResumeRejected:
             return None  # the copy may be stale: the hook decides on a fresh one
         rider = runner.store.runnable_rider(prepared.turn, runner.clock(), started=prepared.started)
-        if rider is not None:
-            self._ridden.put(uri, _RiddenResume(result.envelope.server_seq, rider, prepared))
+        if rider is None or not self.host.store.carries(rider.store, uri, rider.keys):
+            return None  # on a cluster: the turn's keys are not in the chat's slot
+        self._ridden.put(uri, _RiddenResume(result.envelope.server_seq, rider, prepared))
         return rider
 
     def _saved_by_rider(self, ridden: _RiddenResume) -> bool:

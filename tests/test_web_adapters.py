@@ -50,7 +50,6 @@ browser = web.browser
 plain_server = web.plain_server
 
 
-
 class ScriptedCalls(Model):
     """A model that calls ``calls`` (tool name, arguments) one per turn,
     each after the last one's output came back, then says it is done; the

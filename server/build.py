@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from protocol.session import AgentInfo
-from server.auth import Grant
+from server.auth import Grant, Role, TokenAuthority
 from server.client import HuddleClient
 from server.config import Settings
 from server.core.audit import AuditTrail
@@ -22,6 +22,9 @@ from server.core.host import STOP_PATIENCE, Host
 from server.core.retention import Retention
 from server.core.sessions import CAPABILITIES
 from server.mcp.door import Askers, McpDoor
+from server.notify.endpoints import Invite
+from server.notify.outbox import Notifier
+from server.notify.sending import Smtp
 from server.runner.agent import Agent
 from server.runner.events import EventType, RunnerEvent
 from server.runner.redis_turn_store import RedisTurnStore
@@ -40,10 +43,12 @@ class Parts:
     host: Host
     service: AgentService | None
     clock: Callable[[], float]
+    notifier: Notifier
     retention: Retention | None = None
 
     async def start(self) -> None:
         await self.host.start()
+        self.notifier.start()
         if self.service is not None:
             await self.service.start()
         if self.retention is not None:
@@ -63,6 +68,7 @@ class Parts:
         await self.host.quiesce(until)
         if self.service is not None:
             await self.service.stop(until=until)
+        await self.notifier.stop()
         await self.host.stop(until=until)
         await self.store.close()
 
@@ -121,11 +127,14 @@ def build(
     turn_store: TurnStore | None = None,
     workers: int | None = None,
     clock: Callable[[], float] = time.time,
+    authority: TokenAuthority | None = None,
 ) -> Parts:
     """The parts of a server for ``settings``: ``store`` (else the one
     ``settings.store`` names), a host over it, and with ``agent`` its
     service running ``workers`` (else ``settings.workers``) worker tasks on
-    ``turn_store`` (else the one that goes with the store)."""
+    ``turn_store`` (else the one that goes with the store); the
+    notifications' outbox, whose emails sign people in with tokens
+    ``authority`` mints (None: the one of ``settings.token``, if any)."""
     store = store if store is not None else open_store(settings)
     host = Host(
         store,
@@ -162,6 +171,7 @@ def build(
         host=host,
         service=service,
         clock=clock,
+        notifier=notifier(settings, host, authority, clock),
         retention=retention,
     )
 
@@ -175,6 +185,35 @@ def mcp_door(parts: Parts, connect: Callable[[Grant], Awaitable[HuddleClient]]) 
         progress_every=parts.settings.mcp_progress_interval,
         max_body_bytes=parts.settings.max_body_bytes,
     )
+
+
+def notifier(
+    settings: Settings, host: Host, authority: TokenAuthority | None, clock: Callable[[], float]
+) -> Notifier:
+    """The outbox (server.notify.outbox), attached to ``host``."""
+    if authority is None and settings.token:
+        authority = TokenAuthority(settings.token)
+    mint: Callable[[Invite], str] | None = None
+    if authority is not None:
+        signer = authority
+
+        def mint(invite: Invite) -> str:
+            role: Role = "observer" if invite.role == "observer" else "participant"
+            return signer.mint(
+                role, sessions=invite.sessions, name=invite.name, expires_at=invite.expires_at
+            )
+
+    smtp = Smtp.of(settings.smtp_url, settings.smtp_from) if settings.smtp_url else None
+    made = Notifier(
+        host,
+        base_url=settings.base_url,
+        smtp=smtp,
+        mint=mint,
+        clock=clock,
+        interval=settings.notify_interval,
+    )
+    made.attach()
+    return made
 
 
 def audited_resumes(audit: AuditTrail) -> Callable[[RunnerEvent], None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from protocol.codec import MalformedFrame
 from protocol.uris import SESSION_SCHEME, session_uri
 from reducers.clock import iso_time
 from server.auth import TokenAuthority, name_problem
@@ -35,7 +37,8 @@ from server.core.audit import AuditBroken, PublicKeys, Verified, signed_export, 
 from server.core.audit_key import AuditKeys, read_public_keys
 from server.edge.app import create_app
 from server.edge.serve import UvicornServer, uvicorn_config
-from server.errors import StoreError
+from server.errors import CommandError, StoreError
+from server.notify.endpoints import Endpoints
 from server.runner.service import load_agent
 
 SPARE_WORKERS = (
@@ -235,6 +238,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--open-browser", action="store_true", default=None, help="open the web client"
     )
+    serve.add_argument(
+        "--public-url",
+        help="the address people reach the server at, for the links notifications carry "
+        "(default http://localhost:PORT)",
+    )
+    serve.add_argument(
+        "--smtp-url",
+        help="smtp://[user:password@]host:port (or smtps://) to email people invited with "
+        "huddle invite --email",
+    )
+    serve.add_argument("--smtp-from", help="the From address of emails (huddle@localhost)")
+    serve.add_argument(
+        "--notify-interval", type=float, help="seconds between sweeps of the outbox (1)"
+    )
     invite = commands.add_parser(
         "invite",
         help="print a web client link with a token of a person's own",
@@ -254,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--role", choices=("participant", "observer"), default="participant", help="(participant)"
     )
     invite.add_argument("--ttl", type=float, help="lifetime in seconds (7 days; at most 90 days)")
+    invite.add_argument(
+        "--email",
+        metavar="ADDRESS",
+        help="also tell the running server (--url) to email ADDRESS each request opened in "
+        "the token's sessions, with a sign-in link (the server needs --smtp-url)",
+    )
     invite.add_argument("--token", help="the agent token (also HUDDLE_TOKEN)")
     invite.add_argument(
         "--url", help="the server's address (default http://localhost:8765; HUDDLE_URL)"
@@ -303,6 +326,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="the server's public key: the answer of GET /api/audit/key (a file, or its "
         "text), a PEM public key, or the key in base64; repeatable (keys rotated)",
     )
+    webhook = commands.add_parser(
+        "webhook",
+        help="add, list or remove webhook endpoints",
+        description="Webhook endpoints hear of requests opened, settled and expired "
+        "(docs/notifications.md): managed on a running server (--url, with the agent token: "
+        "HUDDLE_TOKEN or --token) or in the store itself (--store).",
+    )
+    webhooks = webhook.add_subparsers(dest="webhook_command", metavar="ACTION", required=True)
+    adding = webhooks.add_parser("add", help="add an endpoint; prints its id and secret")
+    adding.add_argument("target", metavar="URL", help="the http(s) URL to POST events to")
+    adding.add_argument(
+        "--event", dest="events", action="append", metavar="TYPE", help="(repeatable; all)"
+    )
+    adding.add_argument("--format", choices=("standard", "slack"), help="(standard)")
+    adding.add_argument(
+        "--session", dest="sessions", action="append", metavar="ID", help="(repeatable; all)"
+    )
+    adding.add_argument(
+        "--escalate-after",
+        type=float,
+        metavar="SECONDS",
+        help="send input.escalated when a wait is still open this long after it opened",
+    )
+    webhooks.add_parser("list", help="list the endpoints (never their secrets)")
+    removing = webhooks.add_parser("remove", help="remove an endpoint")
+    removing.add_argument("id", metavar="ID")
+    for one in webhooks.choices.values():
+        one.add_argument("--store", help="the store to change: redis://host:port/db")
+        one.add_argument("--url", help="the server (default http://localhost:8765; HUDDLE_URL)")
+        one.add_argument("--token", help="the agent token (also HUDDLE_TOKEN)")
     worker = commands.add_parser(
         "worker",
         help="run an agent's turns as a process of its own (Redis store)",
@@ -326,10 +379,13 @@ async def serve(settings: Settings) -> None:
     generated = settings.token is None
     token = settings.token or TokenAuthority.generate_agent_token()
     authority = TokenAuthority(token)
-    app = create_app(build(settings, agent=load_agent(settings.agent)), authority)
+    parts = build(settings, agent=load_agent(settings.agent), authority=authority)
+    app = create_app(parts, authority)
 
     def announce(port: int) -> None:
         host = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
+        if not settings.public_url:  # the port is known now (--port 0 picks one)
+            parts.notifier.base_url = f"http://{host}:{port}"
         participant = authority.mint(
             "participant",
             name="participant",
@@ -399,6 +455,11 @@ def invite(args: argparse.Namespace, settings: Settings) -> str:
         args.role, sessions=sessions, name=args.name, expires_at=time.time() + ttl
     )
     base = (args.url or os.environ.get("HUDDLE_URL") or "http://localhost:8765").rstrip("/")
+    if args.email:
+        body = {"email": args.email, "name": args.name, "role": args.role, "ttl": ttl}
+        if sessions is not None:
+            body["sessions"] = sessions
+        call_server(args, settings, "POST", "/api/invites/email", body)
     return f"{base}/?token={token}"
 
 
@@ -423,27 +484,109 @@ async def _audit_lines(
         finally:
             await store.close()
         return
-    if not settings.token:
-        raise ValueError("reading from a server needs the agent token: HUDDLE_TOKEN or --token")
-    base = (args.url or os.environ.get("HUDDLE_URL") or "http://localhost:8765").rstrip("/")
     query = urllib.parse.urlencode({"session": session})
-    request = urllib.request.Request(
-        f"{base}/api/audit?{query}", headers={"Authorization": f"Bearer {settings.token}"}
-    )
-    try:
-        body = await asyncio.to_thread(_read_url, request)
-    except urllib.error.HTTPError as error:
-        raise ValueError(f"the server answered {error.code}: {error.read().decode()}") from None
-    except urllib.error.URLError as error:
-        raise ValueError(f"cannot reach {base}: {error.reason}") from None
+    body = await asyncio.to_thread(call_server, args, settings, "GET", f"/api/audit?{query}")
     for line in body.splitlines():
         if line:
             yield line
 
 
-def _read_url(request: urllib.request.Request) -> bytes:
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return bytes(response.read())
+def call_server(
+    args: argparse.Namespace, settings: Settings, method: str, path: str, body: Any = None
+) -> bytes:
+    """``method path`` on the server ``--url`` (HUDDLE_URL) names, with the
+    agent token; its answer's body. ValueError when it cannot be done."""
+    if not settings.token:
+        raise ValueError("asking a server needs the agent token: HUDDLE_TOKEN or --token")
+    base = (args.url or os.environ.get("HUDDLE_URL") or "http://localhost:8765").rstrip("/")
+    headers = {"Authorization": f"Bearer {settings.token}"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(base + path, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return bytes(response.read())
+    except urllib.error.HTTPError as error:
+        raise ValueError(f"the server answered {error.code}: {error.read().decode()}") from None
+    except urllib.error.URLError as error:
+        raise ValueError(f"cannot reach {base}: {error.reason}") from None
+
+
+async def manage_webhooks(args: argparse.Namespace, settings: Settings) -> str:
+    """``huddle webhook add|list|remove``: what to print."""
+    if args.store:
+        if args.store == "memory":
+            raise ValueError("the embedded store lives in its server: use --url instead")
+        store = open_store(settings)
+        try:
+            return await _in_store(args, settings, Endpoints(store))
+        finally:
+            await store.close()
+    if args.webhook_command == "add":
+        body = {
+            "url": args.target,
+            "events": args.events,
+            "format": args.format,
+            "sessions": args.sessions,
+            "escalateAfter": args.escalate_after,
+        }
+        body = {k: v for k, v in body.items() if v is not None}
+        added = json.loads(await asyncio.to_thread(call_server, args, settings, "POST", _WH, body))
+        return _added(added["id"], added["secret"])
+    if args.webhook_command == "list":
+        listed = json.loads(await asyncio.to_thread(call_server, args, settings, "GET", _WH))
+        return "\n".join(_line(e) for e in listed["webhooks"]) or "no webhooks"
+    path = f"{_WH}/{urllib.parse.quote(args.id, safe='')}"
+    await asyncio.to_thread(call_server, args, settings, "DELETE", path)
+    return f"removed {args.id}"
+
+
+_WH = "/api/webhooks"
+
+
+async def _in_store(args: argparse.Namespace, settings: Settings, endpoints: Endpoints) -> str:
+    if args.webhook_command == "add":
+        endpoint, secret = await endpoints.add(
+            "cli",
+            args.target,
+            own=[settings.base_url],
+            now=time.time(),
+            events=args.events,
+            format=args.format,
+            sessions=args.sessions,
+            escalate_after=args.escalate_after,
+        )
+        return _added(endpoint.id, secret)
+    if args.webhook_command == "list":
+        return "\n".join(_line(e.listed()) for e in await endpoints.all()) or "no webhooks"
+    if not await endpoints.remove(args.id):
+        raise ValueError(f"no webhook {args.id!r}")
+    return f"removed {args.id}"
+
+
+def _added(endpoint_id: str, secret: str) -> str:
+    return f"{endpoint_id}\nsecret (shown this once): {secret}"
+
+
+def _line(endpoint: dict[str, Any]) -> str:
+    """One endpoint as ``huddle webhook list`` prints it."""
+    extra = [
+        f"{key}={endpoint[key]}"
+        for key in ("events", "format", "sessions", "escalateAfter", "escalate_after", "disabled")
+        if endpoint.get(key) is not None
+    ]
+    return " ".join([str(endpoint["id"]), str(endpoint["url"]), *extra])
+
+
+def webhook(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        print(asyncio.run(manage_webhooks(args, settings)))
+    except (ValueError, OSError, StoreError, CommandError, MalformedFrame) as error:
+        print(f"huddle: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def audit(args: argparse.Namespace, settings: Settings) -> int:
@@ -540,6 +683,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "audit":
         return audit(args, settings)
+    if args.command == "webhook":
+        return webhook(args, settings)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(serve(settings) if args.command == "serve" else work(settings))

@@ -87,6 +87,8 @@ from server.core.waiters import InputOutcome
 from server.credentials import AGENT_CLAIM_TTL, Credentials
 from server.errors import ActionRejected, ChannelGone, CommandError, StoreUnavailable, refused
 from server.metrics import Metrics
+from server.notify.endpoints import Invite, session_uris
+from server.notify.outbox import Notifier
 from server.ratelimit import Budgets, NewClientIds
 
 PAGE_SIZE = 100
@@ -112,6 +114,7 @@ COSTS: Final[dict[str, float]] = {
     "expire": ACTION_COST,
     "mintToken": ACTION_COST,
     "mcp": READ_COST,
+    "webhooks": ACTION_COST,
 }
 """What each command costs of its token's budget up front, in actions
 (server.ratelimit), the same over HTTP and the socket, paid before any of
@@ -154,8 +157,11 @@ class Commands:
         max_sessions: int = 10_000,
         client_ids: NewClientIds | None = None,
         client_claim_ttl: float = AGENT_CLAIM_TTL,
+        notifier: Notifier | None = None,
     ) -> None:
         self.host = host
+        self.audit = AuditCommands(self)
+        self.webhooks = WebhookCommands(self, notifier)
         self.credentials = Credentials(
             host,
             authority,
@@ -259,45 +265,6 @@ class Commands:
         """Whether ``grant``'s token reaches ``session`` (server.core.policy)."""
         return reaches(grant, session)
 
-    async def export_audit(self, grant: Grant, uri: str) -> AsyncIterator[bytes]:
-        """Session ``uri``'s audit, its records as JSON lines
-        (server.core.audit.export), once their cost is charged to the token
-        (a debt). Unlike any other answer its cost is not capped at the
-        burst: an export's bytes are whatever the session holds (up to
-        ``--audit-max-bytes``), so a token that exports a large audit waits
-        its size out before its next request (the last record says the
-        audit's bytes before it: server.core.audit). One action more per
-        whole :data:`AUDIT_RECORDS_PER_COST` records or per whole 64 KiB of
-        it, whichever is more."""
-        self.allow(grant, Command.READ_AUDIT)
-        if not uri.startswith(SESSION_SCHEME):
-            raise MalformedFrame(
-                ErrorCode.INVALID_PARAMS, "expected ahp-session:/<id>", "$.session"
-            )
-        await self.reach(grant, uri, "$.session")  # a malformed id: 400
-        store = self.host.store
-        last = await store.last_audit(uri)
-        if last is None:
-            await self.snapshot(grant, uri)  # 404 when there is no such session
-        else:
-            head = decode_json(last)
-            records = int(head["n"])  # records are numbered from 1
-            before = head.get("bytes")
-            size = len(last) + records + (before if isinstance(before, int) else 0)
-            cost = max(records // AUDIT_RECORDS_PER_COST, size // BYTES_PER_COST)
-            burst = self.budgets.budget_of(grant).burst
-            while cost > 0:  # each charge is capped at the burst: the debt is not
-                self.charge(grant, min(cost, burst))
-                cost -= burst
-        return self.host.audit.export(uri)
-
-    async def audit_key(self, grant: Grant) -> dict[str, Any]:
-        """The public keys the audit is signed with (server.core.audit_key:
-        AuditKeys.published). Any token may read them, an observer's too: a
-        public key is not a secret, and whoever checks an export needs it."""
-        self.allow(grant, Command.READ)
-        return await self.host.audit.keys.published()
-
     # ─── Subscriptions ───────────────────────────────────────────────────
 
     async def subscribe(self, uri: str, subscriber: Subscriber) -> Snapshot:
@@ -323,24 +290,14 @@ class Commands:
     def leave(
         self, session: str, client_id: str, back: Callable[[], bool], grant: Grant | None
     ) -> None:
-        """``client_id``'s connection went: take its entry out of
-        ``session``'s active clients, in the background, unless it is
-        ``back`` by then (server.core.presence), and give it back to the
-        count of ``grant``'s token (None: it passed to another connection,
-        or is an agent's, which is not counted)."""
+        """``client_id``'s entry in ``session`` went (server.core.presence):
+        taken out unless ``back``, given back to ``grant``'s count (None: not)."""
         payer = None if grant is None or grant.role == "agent" else grant.budget_key
         self.host.core.spawn(presence.leave(self.host, session, client_id, back, payer))
 
     async def arrive(self, grant: Grant, session: str, limit: int) -> bool:
-        """Count one more of ``grant``'s token's entries in ``session``'s
-        active clients, over every process (server.core.presence.arrive);
-        False when it holds ``limit``. Raises StoreError."""
+        """server.core.presence.arrive for ``grant``'s token; StoreError."""
         return await presence.arrive(self.host, session, grant.budget_key, limit)
-
-    def depart(self, grant: Grant, session: str) -> None:
-        """One of ``grant``'s entries in ``session`` went, or was not taken
-        (counted in the background)."""
-        self.host.core.spawn(presence.depart(self.host, session, grant.budget_key))
 
     @staticmethod
     def window(state: ChatState, turns: int | None, max_bytes: int) -> ChatState:
@@ -769,3 +726,140 @@ def _offset(cursor: str | None) -> int:
     except (ValueError, UnicodeDecodeError):
         pass
     raise MalformedFrame(ErrorCode.INVALID_PARAMS, "unknown cursor", "$.cursor")
+
+
+def _camel(value: dict[str, Any]) -> dict[str, Any]:
+    """An endpoint as the HTTP API shows it (camelCase keys)."""
+    return {
+        k.split("_")[0] + "".join(w.title() for w in k.split("_")[1:]): v for k, v in value.items()
+    }
+
+
+class AuditCommands:
+    """The session audits' commands (server.core.audit): exports and the
+    public keys they are signed with; ``commands.audit``."""
+
+    def __init__(self, commands: Commands) -> None:
+        self.commands = commands
+
+    async def export(self, grant: Grant, uri: str) -> AsyncIterator[bytes]:
+        """Session ``uri``'s audit, its records as JSON lines
+        (server.core.audit.export), once their cost is charged to the token
+        (a debt). Unlike any other answer its cost is not capped at the
+        burst: an export's bytes are whatever the session holds (up to
+        ``--audit-max-bytes``), so a token that exports a large audit waits
+        its size out before its next request (the last record says the
+        audit's bytes before it: server.core.audit). One action more per
+        whole :data:`AUDIT_RECORDS_PER_COST` records or per whole 64 KiB of
+        it, whichever is more."""
+        self.commands.allow(grant, Command.READ_AUDIT)
+        if not uri.startswith(SESSION_SCHEME):
+            raise MalformedFrame(
+                ErrorCode.INVALID_PARAMS, "expected ahp-session:/<id>", "$.session"
+            )
+        await self.commands.reach(grant, uri, "$.session")  # a malformed id: 400
+        store = self.commands.host.store
+        last = await store.last_audit(uri)
+        if last is None:
+            await self.commands.snapshot(grant, uri)  # 404 when there is no such session
+        else:
+            head = decode_json(last)
+            records = int(head["n"])  # records are numbered from 1
+            before = head.get("bytes")
+            size = len(last) + records + (before if isinstance(before, int) else 0)
+            cost = max(records // AUDIT_RECORDS_PER_COST, size // BYTES_PER_COST)
+            burst = self.commands.budgets.budget_of(grant).burst
+            while cost > 0:  # each charge is capped at the burst: the debt is not
+                self.commands.charge(grant, min(cost, burst))
+                cost -= burst
+        return self.commands.host.audit.export(uri)
+
+    async def key(self, grant: Grant) -> dict[str, Any]:
+        """The public keys the audit is signed with (server.core.audit_key:
+        AuditKeys.published). Any token may read them, an observer's too: a
+        public key is not a secret, and whoever checks an export needs it."""
+        self.commands.allow(grant, Command.READ)
+        return await self.commands.host.audit.keys.published()
+
+
+class WebhookCommands:
+    """The notifications' commands (server.notify: webhook endpoints, their
+    deliveries, people invited by email), for agent tokens;
+    ``commands.webhooks``."""
+
+    def __init__(self, commands: Commands, notifier: Notifier | None) -> None:
+        self.commands = commands
+        self.notifier = notifier
+
+    def _notifier(self, grant: Grant) -> Notifier:
+        self.commands.allow(grant, Command.MANAGE_WEBHOOKS)
+        if self.notifier is None:
+            raise CommandError(ErrorCode.NOT_FOUND, "this server sends no notifications")
+        return self.notifier
+
+    async def add(self, grant: Grant, body: dict[str, Any], own: Sequence[str]) -> dict[str, Any]:
+        """Add a webhook endpoint (server.notify.endpoints) for ``grant``'s
+        token; ``own`` the server's own base URLs, which it may not point at.
+        Answers its id and its secret, which is never shown again."""
+        notifier = self._notifier(grant)
+        endpoint, secret = await notifier.endpoints.add(
+            grant.token_id,
+            body.get("url"),
+            own=[notifier.base_url, *own],
+            now=self.commands.clock(),
+            events=body.get("events"),
+            format=body.get("format"),
+            sessions=body.get("sessions"),
+            escalate_after=body.get("escalateAfter"),
+        )
+        notifier.targets_changed()
+        return {**_camel(endpoint.listed()), "secret": secret}
+
+    async def listed(self, grant: Grant) -> list[dict[str, Any]]:
+        notifier = self._notifier(grant)
+        return [_camel(e.listed()) for e in await notifier.endpoints.all()]
+
+    async def remove(self, grant: Grant, endpoint_id: str) -> None:
+        notifier = self._notifier(grant)
+        if not await notifier.endpoints.remove(endpoint_id):
+            raise CommandError(ErrorCode.NOT_FOUND, f"no webhook {endpoint_id!r}")
+        notifier.targets_changed()
+
+    async def rotate_secret(self, grant: Grant, endpoint_id: str) -> dict[str, Any]:
+        """A new secret; the old one signs beside it for a day."""
+        secret = await self._notifier(grant).endpoints.rotate(endpoint_id, self.commands.clock())
+        if secret is None:
+            raise CommandError(ErrorCode.NOT_FOUND, f"no webhook {endpoint_id!r}")
+        return {"id": endpoint_id, "secret": secret}
+
+    async def deliveries(self, grant: Grant, endpoint: str | None) -> list[dict[str, Any]]:
+        return await self._notifier(grant).deliveries(endpoint)
+
+    async def resend(self, grant: Grant, delivery: str, target: str | None) -> None:
+        if not await self._notifier(grant).resend(delivery, target):
+            raise CommandError(ErrorCode.NOT_FOUND, f"no delivery {delivery!r} to send again")
+
+    async def invite_by_email(self, grant: Grant, body: dict[str, Any]) -> None:
+        """Remember a person invited by email (``huddle invite --email``):
+        each request opened in their sessions is emailed to them with a
+        sign-in link (server.notify.outbox)."""
+        notifier = self._notifier(grant)
+        ttl = body.get("ttl")
+        ttl = self.commands.credentials.default_ttl if ttl is None else ttl
+        if not isinstance(ttl, int | float) or not 0 < ttl <= self.commands.credentials.max_ttl:
+            raise MalformedFrame(ErrorCode.INVALID_PARAMS, "ttl out of range", "$.ttl")
+        email, name, role = body.get("email"), body.get("name"), body.get("role", "participant")
+        sessions = body.get("sessions")
+        if not isinstance(email, str) or not isinstance(name, str) or not name:
+            raise MalformedFrame(ErrorCode.INVALID_PARAMS, "email and name are strings", "$")
+        if role not in ("participant", "observer"):
+            raise MalformedFrame(ErrorCode.INVALID_PARAMS, "participant or observer", "$.role")
+        invite = Invite(
+            email=email,
+            name=name,
+            role=role,
+            sessions=session_uris(sessions),
+            expires_at=self.commands.clock() + ttl,
+        )
+        await notifier.endpoints.invite(invite)
+        notifier.targets_changed()

@@ -140,6 +140,23 @@ class Settings:
     (``X-Forwarded-Email``); None: no proxy is trusted."""
     auth_proxy_trusted: tuple[str, ...] = ()
     """The networks (CIDR) whose requests' proxy header is believed."""
+    public_url: str | None = None
+    """The address people reach the server at (``https://huddle.example``),
+    for the links notifications carry; None: ``http://localhost:<port>``."""
+    smtp_url: str | None = None
+    """``smtp://[user:password@]host:port`` (or ``smtps://``) to email the
+    people invited with ``huddle invite --email``; None: no email."""
+    smtp_from: str = "huddle@localhost"
+    notify_interval: float = 1.0
+    """Seconds between two sweeps of the notifications' outbox."""
+
+    @property
+    def base_url(self) -> str:
+        """The web client's address (server.notify: the links of events)."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "localhost" if self.host in ("127.0.0.1", "0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
 
 
 ENV_PREFIX = "HUDDLE_"
@@ -266,6 +283,10 @@ def settings_from(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
         oidc_roles=src.items("oidc_roles"),
         auth_proxy_header=_path(src.raw("auth_proxy_header")),
         auth_proxy_trusted=src.items("auth_proxy_trusted"),
+        public_url=_path(src.raw("public_url")),
+        smtp_url=_path(src.raw("smtp_url")),
+        smtp_from=src.text("smtp_from", base.smtp_from),
+        notify_interval=src.seconds("notify_interval", base.notify_interval),
     )
 
 

@@ -76,13 +76,23 @@ class ActionFrame(OutFrame):
 
     def numbered(self, server_seq: int) -> OutFrame:
         """This frame with ``serverSeq`` set to ``server_seq``, its wire
-        bytes made at once (it is made for one connection, which sends it
-        now; making them on first use costs three times as much)."""
-        head, tail = self._around_seq
-        payload = head + b"%d" % server_seq + tail
-        frame = OutFrame(payload)
-        frame.__dict__["wire"] = _wire(payload)  # what the cached property would make
+        bytes made at once (a connection sends it now; making them on first
+        use costs three times as much), and made once per number: plain
+        connections that have been sent the same frames (the subscribers of
+        one chat, mostly) are at the same number, and share it."""
+        frame = self._numbered.get(server_seq)
+        if frame is None:
+            head, tail = self._around_seq
+            payload = head + b"%d" % server_seq + tail
+            frame = self._numbered[server_seq] = OutFrame(payload)
+            frame.__dict__["wire"] = _wire(payload)  # what the cached property would make
         return frame
+
+    @cached_property
+    def _numbered(self) -> dict[int, OutFrame]:
+        """The renumbered copies made so far, by number (as many as there
+        are distinct numbers among the connections that got this frame)."""
+        return {}
 
     @cached_property
     def _around_seq(self) -> tuple[bytes, bytes]:

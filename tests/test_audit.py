@@ -450,7 +450,10 @@ async def test_an_audit_is_bounded_in_bytes_and_its_reserve_keeps_decisions() ->
 
 
 async def test_an_export_is_charged_by_its_bytes_as_a_debt() -> None:
-    huddle = await start_server(Settings(port=0, limits=Limits(action_burst=10)))
+    # A slow refill: the debt must still be owed when the next request
+    # comes, however long a loaded machine takes between the two.
+    limits = Limits(action_burst=10, actions_per_second=0.1)
+    huddle = await start_server(Settings(port=0, limits=limits))
     try:
         audit = huddle.server.parts.host.audit
         agent = await huddle.client("agent", name="agent")

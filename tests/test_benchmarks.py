@@ -43,6 +43,7 @@ async def test_the_fanout_benchmark_runs_quick() -> None:
     text = await _quick("bench.fanout", "--only", "redis")
     assert "A's server CPU per delivered frame" in text
     assert "C (serves no channel) CPU" in text
+    assert "A's ratio over the control's" in text
     assert "not delivered" not in text
 
 
@@ -67,5 +68,7 @@ async def test_the_broadcast_benchmark_runs_quick() -> None:
     # Its 100 idle connections are more than one person's token may hold:
     # the benchmark mints a token for every few, as that many people would.
     text = await _quick("bench.broadcast")
-    assert "server CPU per delivered frame, huddle / relay" in text
+    # Huddle with plain AHP clients and with Huddle's extensions, beside the relay.
+    assert "plain / relay: server CPU per delivered frame" in text
+    assert "ext / relay: server CPU per delivered frame" in text
     assert "huddle / bare websockets: ratio" in text

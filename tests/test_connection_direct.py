@@ -11,6 +11,7 @@ from websockets.frames import Frame, Opcode
 
 from protocol.codec import encode
 from server.edge.connection import CLOSE_NORMAL, CLOSE_TRY_AGAIN, Connection
+from server.edge.numbering import Numbering
 from server.frames import ACTION_FRAME_HEAD, OVERLOADED, WRITTEN, OutFrame, action_frame
 from tests.conftest import UNIT
 
@@ -101,3 +102,21 @@ def test_a_renumbered_frame_is_the_frame_websockets_writes_for_its_envelope(seq:
     assert renumbered.payload == expected
     assert renumbered.wire == Frame(Opcode.TEXT, expected).serialize(mask=False, extensions=[])
     assert frame.numbered(seq + 1).payload == expected.replace(b"%d" % seq, b"%d" % (seq + 1))
+
+
+async def test_plain_connections_at_one_number_are_sent_one_copy_of_a_frame() -> None:
+    # The bytes of a renumbered frame are made once per distinct number, not
+    # once per connection: the subscribers of one chat are mostly at one.
+    sockets = [Socket() for _ in range(3)]
+    connections = [connection_on(socket) for socket in sockets]
+    for connection, start in zip(connections, [4, 4, 7], strict=True):
+        connection.numbering = Numbering(start)
+        connection.start_writer()
+    envelope = {"channel": "ahp-chat:/c", "action": {"type": "x"}, "serverSeq": 1}
+    frame = action_frame(encode(envelope), "ahp-chat:/c", 1)
+    for connection in connections:
+        connection.send_frame(frame)
+    first, second, third = (socket.written[-1] for socket in sockets)
+    assert first is second
+    assert first.endswith(b'"serverSeq":5}}')
+    assert third.endswith(b'"serverSeq":8}}')

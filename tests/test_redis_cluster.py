@@ -329,6 +329,32 @@ def replicated_cluster() -> Iterator[RunningCluster]:
         cluster.destroy()
 
 
+async def test_turns_spread_over_every_primary_and_every_one_is_claimed(
+    replicated_cluster: RunningCluster,
+) -> None:
+    cluster = replicated_cluster
+    turns = RedisTurnStore(cluster.url(replicas=1))
+    ids = [f"spread-{n}" for n in range(48)]
+    async with opened(turns):
+        for turn_id in ids:
+            await turns.make_runnable((await turns.create(Turn(id=turn_id, agent="echo"))).id, 0.0)
+        held: dict[str, set[str]] = {}
+        for node in cluster.primaries():
+            client = aioredis.Redis(port=node.port)
+            try:
+                found = [key.decode() async for key in client.scan_iter(match="*:turn:spread-*")]
+            finally:
+                await client.aclose()
+            held[node.address] = {key.rpartition(":turn:")[2] for key in found}
+        assert all(held.values()), f"a primary holds no turn: {held}"
+        assert sorted(turn for on_node in held.values() for turn in on_node) == sorted(ids)
+        # One worker, claiming again and again, takes every turn on every
+        # node, and each once.
+        claimed = [await turns.claim("worker-a", 1.0, 10.0) for _ in range(len(ids) + 1)]
+        assert claimed[-1] is None
+        assert sorted(lease.turn_id for lease in claimed if lease is not None) == sorted(ids)
+
+
 async def script_known(node: ClusterNodeProcess, script: Script) -> bool:
     client = aioredis.Redis(port=node.port)
     try:
@@ -342,7 +368,9 @@ async def test_a_primary_killed_fails_over_and_nothing_acknowledged_is_lost(
     replicated_cluster: RunningCluster,
 ) -> None:
     cluster = replicated_cluster
-    turn_key = "{huddle:turn}:turn:t1"
+    url = cluster.url(replicas=1)
+    store, turns = RedisStore(url), RedisTurnStore(url)
+    turn_key = turns.group_of("t1").turn("t1")
     primary = cluster.primary_of(turn_key)
     replica = cluster.replica_of(primary)
     chat = next(
@@ -350,8 +378,6 @@ async def test_a_primary_killed_fails_over_and_nothing_acknowledged_is_lost(
         for n in range(10_000)
         if cluster.primary_of(topic_of(f"ahp-chat:/failover-{n}")) is primary
     )
-    url = cluster.url(replicas=1)
-    store, turns = RedisStore(url), RedisTurnStore(url)
     async with opened(store, turns):
         heard = Listener()
         store.add_listener(heard)

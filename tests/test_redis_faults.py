@@ -168,8 +168,8 @@ def participant_token(served: Served) -> str:
 class Client(HuddleClient):
     """A client whose reconnects a test can await."""
 
-    def __init__(self, url: str, token: str, *, client_id: str | None = None) -> None:
-        super().__init__(url, token, client_id=client_id)
+    def __init__(self, url: str, token: str, **options: Any) -> None:
+        super().__init__(url, token, **options)
         self.reconnected = asyncio.Condition()
         self.seen: dict[str, list[int]] = {}
         """Every applied serverSeq, by channel (see :meth:`watch`)."""

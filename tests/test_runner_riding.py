@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
+from redis.crc import key_slot
 
 from server.client import HuddleClient, Mirror
 from server.errors import AlreadyApplied, SeqConflict, StoreUnavailable
@@ -34,10 +36,11 @@ from server.store.base import ClientAction, Rider
 from server.store.memory import MemoryStore
 from server.store.redis import RedisStore
 from tests.conftest import UNIT, RunningServer, start_server
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, shared_cluster
 from tests.runner_kit import Runs
 from tests.test_runner_chat_faults import ended, open_chat, pending, until
 from tests.test_runner_chat_resume import answer, asking_a_form, asking_approval, read_ahead
+from tests.test_turn_store_contract import HANDED
 
 WITHIN = 10 * UNIT
 CHANNEL = "ahp-chat:/riding"
@@ -143,17 +146,54 @@ async def test_a_rider_whose_answer_is_lost_is_unknown(redis_server: RedisServer
         await patient.close()
 
 
-async def test_only_a_single_redis_that_both_stores_are_on_carries_a_rider(
+async def test_only_the_redis_that_both_stores_are_on_carries_a_rider(
     store: RedisStore,
 ) -> None:
     assert store.carries(store.url)
+    assert store.carries(store.url, CHANNEL, ["riding:runs"])
     assert not store.carries(store.url + "?db=1")
     assert not MemoryStore().carries(store.url)
-    cluster = RedisStore("redis+cluster://127.0.0.1:7000")
+
+
+def chat_in_slot_of(key: str) -> str:
+    """A chat whose channel keys are in ``key``'s cluster slot."""
+    slot = key_slot(key.encode())
+    return next(
+        f"ahp-chat:/beside-{n}"
+        for n in itertools.count()
+        if key_slot(f"ahp-chat:/beside-{n}".encode()) == slot
+    )
+
+
+@pytest.mark.redis
+async def test_on_a_cluster_a_resume_rides_when_its_keys_share_the_chats_slot() -> None:
+    cluster = shared_cluster(10 * UNIT)
+    cluster.flush()
+    chats, turns = RedisStore(cluster.url()), RedisTurnStore(cluster.url())
     try:
-        assert not cluster.carries(cluster.url)
+        desk_turn = HANDED  # in the desk: its resume is one script in one slot
+        turn = await turns.create(Turn(id=desk_turn, agent="echo"))
+        rider = turns.runnable_rider(turn, 1.0)
+        assert rider is not None
+        beside, elsewhere = chat_in_slot_of(rider.keys[0]), "ahp-chat:/elsewhere"
+        assert chats.carries(rider.store)  # it may carry some
+        assert chats.carries(rider.store, beside, rider.keys)
+        assert not chats.carries(rider.store, elsewhere, rider.keys)
+        assert await chats.create(beside, b"{}")
+        await chats.append_riding(beside, 0, b"the answer", None, rider)
+        assert rider.ran
+        saved = turns.rider_saved(rider, turn)
+        assert saved == await turns.load(desk_turn)
+        assert saved.version == 2
+        claim = await turns.claim_turn("worker-a", 1.0, 10.0)
+        assert claim is not None
+        assert claim.turn == saved
+        # A turn of another group has no rider: its wake-up is another write.
+        other = await turns.create(Turn(id="t1", agent="echo"))
+        assert turns.runnable_rider(other, 1.0) is None
     finally:
-        await cluster.close()
+        await chats.close()
+        await turns.close()
 
 
 # ─── The server's resumes ────────────────────────────────────────────────────

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import Browser, expect
+from playwright.async_api import Browser, Page, expect
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
@@ -26,6 +26,7 @@ from server.edge.signin import PROXY_ISSUER, SESSION_COOKIE
 from tests import test_web_client as web
 from tests.conftest import AGENT_TOKEN, UNIT, RunningServer, start_server
 from tests.edge import Peer, eventually, initialize_params
+from tests.notify_kit import Receiver, add_webhook, receiving
 from tests.oidc_kit import Provider, oidc_settings, sign_in, signed_in_server
 from tests.test_web_client import create_session, session_href
 from tests.test_web_people import FORM, ask, here, request_note
@@ -148,6 +149,44 @@ def test_a_subject_unfit_to_name_a_person_is_refused(subject: str) -> None:
 # ─── Signing in through the provider ─────────────────────────────────────────
 
 
+async def dana_answers(
+    page: Page, running: RunningServer, chat: str, receiver: Receiver, provider: Provider
+) -> None:
+    """Dana, signed in, answers the form asked in ``chat``: the audit, the
+    session's notes, the waiting agent and the webhook all name her, with
+    her email and the issuer that vouches for her."""
+    session = await running.server.parts.host.session_of(chat)
+    assert session is not None
+    waited = asyncio.create_task(agent_waits(running, chat))
+    await eventually(lambda: running.server.parts.host.waiters.waiting_on(chat) > 0)
+    system = page.get_by_label("Affected system")
+    await system.fill("SSO")
+    await system.press("Tab")
+    await page.get_by_role("button", name="Submit").click()
+    await expect(page.locator("section.request .outcome")).to_have_text(
+        "Submitted by Dana Scully (dana@example.com)"
+    )
+
+    dana = {
+        **DANA,
+        "role": "participant",
+        "issuer": provider.issuer,
+        "token": person_id(provider.issuer, "dana"),
+    }
+    records = await audit_of(running, session)
+    record = next(r for r in records if r["what"] == "chat/inputCompleted")
+    assert record["who"] == dana
+    assert (await request_note(running, session, chat))["completed"]["by"] == dana
+    assert (await waited).json()["who"] == dana  # what the agent waiting is told
+
+    requested = await receiver.next()
+    assert requested.json["type"] == "input.requested"
+    told = await receiver.next()
+    assert told.verified is not None
+    assert told.json["type"] == "input.completed"
+    assert told.json["data"]["settledBy"] == dana  # what the webhook tells
+
+
 @pytest.mark.browser
 async def test_a_person_signs_in_with_chromium_answers_and_is_named_by_the_server(
     browser: Browser, provided: tuple[RunningServer, Provider]
@@ -171,28 +210,10 @@ async def test_a_person_signs_in_with_chromium_answers_and_is_named_by_the_serve
 
     await page.goto(base + session_href(session))
     await expect(here(page)).to_have_text(["Dana Scully (dana@example.com)"])
-    await ask(running, chat, FORM)
-    waited = asyncio.create_task(agent_waits(running, chat))
-    await eventually(lambda: running.server.parts.host.waiters.waiting_on(chat) > 0)
-    system = page.get_by_label("Affected system")
-    await system.fill("SSO")
-    await system.press("Tab")
-    await page.get_by_role("button", name="Submit").click()
-    await expect(page.locator("section.request .outcome")).to_have_text(
-        "Submitted by Dana Scully (dana@example.com)"
-    )
-
-    dana = {
-        **DANA,
-        "role": "participant",
-        "issuer": provider.issuer,
-        "token": person_id(provider.issuer, "dana"),
-    }
-    records = await audit_of(running, session)
-    completed = next(r for r in records if r["what"] == "chat/inputCompleted")
-    assert completed["who"] == dana
-    assert (await request_note(running, session, chat))["completed"]["by"] == dana
-    assert (await waited).json()["who"] == dana  # what the agent waiting is told
+    async with receiving() as receiver:
+        receiver.secret = (await add_webhook(running, url=receiver.url))["secret"]
+        await ask(running, chat, FORM)
+        await dana_answers(page, running, chat, receiver, provider)
 
     await page.get_by_role("link", name="Sign out").click()
     await expect(page.get_by_text("You are signed out")).to_be_visible()

@@ -13,8 +13,11 @@ server here has a store of its own, as a process would).
   link to Redis comes back.
 
 What decides which channels are served and held is the channel core's: it
-keeps up to ``idle_channels`` channels nobody here serves, the least
-recently used evicted first (first test, on the memory store); a channel
+keeps a channel nobody here serves for ``idle_keep`` seconds after its last
+use (so a server soon stops hearing a chat its clients left, and a chat a
+turn waits on here stays heard: it is pinned), and up to ``idle_channels``
+of them, the least recently used evicted first (first test, on the memory
+store); a channel
 only held applies what it hears a moment later, but before a read or a
 write of it (second test).
 """
@@ -296,14 +299,63 @@ async def test_subscriptions_follow_clients_as_they_come_and_go(deployment: Depl
         await eventually(lambda: watchers(0))  # the last one left: a let go
         assert a.server.parts.host.core.cached(chat) is None
 
-        carol = await a.client()
-        carol_chat = await carol.subscribe(chat)
-        assert await watchers(1)
-        writer = await b.client()
-        await writer.dispatch_and_wait(chat, draft("heard again"))
+        await comes_back(deployment, a, b, chat)
         assert await watchers(2)  # b holds it too now: it wrote to it
-        async with asyncio.timeout(5 * UNIT):
-            await carol_chat.wait_for(lambda s: isinstance(s, ChatState) and s.draft is not None)
+
+
+async def comes_back(deployment: Deployment, a: RunningServer, b: RunningServer, chat: str) -> None:
+    """A client of ``a`` subscribes to ``chat`` again: ``a`` hears it again,
+    and the client sees what a client of ``b`` writes to it."""
+    carol = await a.client()
+    carol_chat = await carol.subscribe(chat)
+    assert await deployment_has(deployment, chat, 1)
+    writer = await b.client()
+    await writer.dispatch_and_wait(chat, draft("heard again"))
+    async with asyncio.timeout(5 * UNIT):
+        await carol_chat.wait_for(lambda s: isinstance(s, ChatState) and s.draft is not None)
+
+
+async def test_a_server_stops_hearing_a_chat_soon_after_its_last_subscriber_left(
+    deployment: Deployment,
+) -> None:
+    async with servers(deployment, 2) as (a, b):
+        core = a.server.parts.host.core
+        core.idle_keep = 0.1 * UNIT  # the LRU bound (idle_channels) as it is by default
+        chat = await new_chat(b, "ahp-session:/left")
+        alice = await a.client()
+        await alice.subscribe(chat)
+        assert await deployment_has(deployment, chat, 1)
+        await alice.close()
+        # a hears its pub/sub traffic no more
+        await eventually(lambda: deployment_has(deployment, chat, 0))
+        assert core.cached(chat) is None
+        await comes_back(deployment, a, b, chat)
+
+
+async def test_a_chat_a_turn_waits_on_is_heard_until_the_wait_ends(
+    deployment: Deployment,
+) -> None:
+    async with servers(deployment, 2) as (a, b):
+        core = a.server.parts.host.core
+        core.idle_keep = 0.1 * UNIT
+        waited_on = await new_chat(b, "ahp-session:/waited-on")
+        left = await new_chat(b, "ahp-session:/left-later")
+        await core.pin(waited_on)  # as a runner turn waiting for people here pins it
+        alice = await a.client()
+        await alice.subscribe(waited_on)
+        await alice.subscribe(left)
+        await alice.unsubscribe(waited_on)
+        await alice.unsubscribe(left)
+        # The chat left later is let go; the pinned one, left first, is not.
+        await eventually(lambda: deployment_has(deployment, left, 0))
+        assert await deployment.subscribers(waited_on) == 1
+        core.unpin(waited_on)
+        await eventually(lambda: deployment_has(deployment, waited_on, 0))
+
+
+async def deployment_has(deployment: Deployment, chat: str, count: int) -> bool:
+    """Whether ``count`` connections hear ``chat``'s pub/sub traffic."""
+    return await deployment.subscribers(chat) == count
 
 
 async def append_unannounced(deployment: Deployment, b: RunningServer, chat: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,7 +20,7 @@ import redis.asyncio as aioredis
 
 from server.errors import StoreError, StoreUnavailable
 from server.runner.events import EventType
-from server.runner.redis_turn_store import RedisTurnStore
+from server.runner.redis_turn_store import CLUSTER_GROUPS, RedisTurnStore, group_index
 from server.runner.runner import Runner
 from server.runner.turn import ModelMessage, Turn, TurnStatus
 from server.runner.turn_store import (
@@ -390,6 +391,12 @@ def started(turn: Turn) -> Turn:
     return start(turn)
 
 
+HANDED = next(f"t{n}" for n in itertools.count(1) if group_index(f"t{n}", CLUSTER_GROUPS) == 0)
+"""A turn id in the first group of a store spread over a cluster: only
+that group's turns are handed over there (the others are queued, and a
+waiting worker woken: see test_a_turn_outside_the_desk_is_queued_and_wakes_a_waiter)."""
+
+
 async def handed_to(store: TurnStore, registered: Waiter) -> Claim:
     """What ``registered`` is handed, as its wait returns it."""
     async with asyncio.timeout(3 * UNIT):
@@ -445,9 +452,9 @@ async def test_save_runnable_of_a_stale_turn_conflicts_and_changes_nothing(
 async def test_of_two_concurrent_save_runnables_of_one_version_exactly_one_wins(
     store: TurnStore,
 ) -> None:
-    await create(store)
+    await create(store, HANDED)
     registered = await waiting(store)
-    one, two = await store.load("t1"), await store.load("t1")
+    one, two = await store.load(HANDED), await store.load(HANDED)
     results = await asyncio.gather(
         store.save_runnable(said(one, "one"), 1.0, started=started(one)),
         store.save_runnable(said(two, "two"), 1.0, started=started(two)),
@@ -456,31 +463,31 @@ async def test_of_two_concurrent_save_runnables_of_one_version_exactly_one_wins(
     saved = [r for r in results if isinstance(r, Turn)]
     assert (len(saved), len([r for r in results if isinstance(r, VersionConflict)])) == (1, 1)
     claim = await handed_to(store, registered)
-    assert claim.turn == saved[0] == await store.load("t1")
+    assert claim.turn == saved[0] == await store.load(HANDED)
     assert await store.claim_turn("worker-b", 1.0, LEASE) is None  # handed once, not queued
 
 
 async def test_save_runnable_hands_the_turn_started_to_the_waiting_worker(
     store: TurnStore,
 ) -> None:
-    turn = await create(store)
+    turn = await create(store, HANDED)
     registered = await waiting(store)
     resumed = said(turn, "resumed")
     saved = await store.save_runnable(resumed, 1.0, started=started(resumed))
     assert (saved.version, saved.status) == (2, TurnStatus.RUNNING)
     claim = await handed_to(store, registered)
     assert claim.running
-    assert claim.turn == saved == await store.load("t1")
-    assert (claim.lease.turn_id, claim.lease.owner, claim.lease.until) == ("t1", "worker-a", 11.0)
-    assert await store.by_status(TurnStatus.RUNNING) == ["t1"]
+    assert claim.turn == saved == await store.load(HANDED)
+    assert (claim.lease.turn_id, claim.lease.owner, claim.lease.until) == (HANDED, "worker-a", 11.0)
+    assert await store.by_status(TurnStatus.RUNNING) == [HANDED]
     # Leased like a claimed turn: nobody else may claim it, and its saves go.
-    assert await store.claim_turn("worker-b", 5.0, LEASE, turn_id="t1") is None
+    assert await store.claim_turn("worker-b", 5.0, LEASE, turn_id=HANDED) is None
     again = await store.save(said(claim.turn, "ran"), lease=claim.lease)
     assert again.version == 3
 
 
 async def test_save_runnable_without_a_started_turn_hands_it_as_saved(store: TurnStore) -> None:
-    turn = await create(store)
+    turn = await create(store, HANDED)
     registered = await waiting(store)
     saved = await store.save_runnable(said(turn, "resumed"), 1.0)
     claim = await handed_to(store, registered)
@@ -488,7 +495,7 @@ async def test_save_runnable_without_a_started_turn_hands_it_as_saved(store: Tur
 
 
 async def test_a_handed_turn_is_fenced_once_its_lease_was_taken_over(store: TurnStore) -> None:
-    turn = await create(store)
+    turn = await create(store, HANDED)
     registered = await waiting(store)
     await store.save_runnable(turn, 1.0, started=started(turn))
     claim = await handed_to(store, registered)
@@ -528,25 +535,30 @@ async def test_a_waiter_whose_wait_ended_is_handed_nothing(store: TurnStore) -> 
 
 
 async def test_the_last_registered_waiter_gets_the_turn_and_only_it(store: TurnStore) -> None:
-    turn = await create(store)
+    turn = await create(store, HANDED)
     first = await waiting(store, "w1", until=50.0)
     last = await waiting(store, "w2", until=60.0)
     await store.save_runnable(turn, 1.0, started=started(turn))
-    assert (await handed_to(store, last)).lease.turn_id == "t1"
+    assert (await handed_to(store, last)).lease.turn_id == HANDED
     assert await store.claim_turn("worker-a", 1.0, LEASE, waiter=first) is None
 
 
 async def test_a_claim_of_a_waiter_takes_what_was_handed_to_it_first(store: TurnStore) -> None:
     await create(store, "other")
     await store.make_runnable("other", 0.0)
-    turn = await create(store)
+    turn = await create(store, HANDED)
     registered = waiter()
-    assert await store.claim_turn("worker-a", 0.0, LEASE, turn_id="nope", waiter=registered) is None
+    # A turn that is not there (on a cluster, in another group than the
+    # workers wait on): nothing claimed, the waiter registered all the same.
+    assert (
+        await store.claim_turn("worker-a", 0.0, LEASE, turn_id="no-such-turn", waiter=registered)
+        is None
+    )
     await store.save_runnable(turn, 1.0, started=started(turn))
     # Woken otherwise (a wake token, the end of its wait), it claims again.
     claim = await store.claim_turn("worker-a", 1.0, LEASE, waiter=registered)
     assert claim is not None
-    assert (claim.lease.turn_id, claim.running) == ("t1", True)
+    assert (claim.lease.turn_id, claim.running) == (HANDED, True)
 
 
 async def test_a_waiter_that_claimed_waits_no_more(store: TurnStore) -> None:
@@ -577,7 +589,7 @@ async def test_a_stopping_waiter_gives_back_what_it_was_handed(store: TurnStore)
 async def test_wait_for_work_returns_the_turn_handed_to_the_waiter_at_once(
     store: TurnStore,
 ) -> None:
-    turn = await create(store)
+    turn = await create(store, HANDED)
     registered = await waiting(store)
     wait = asyncio.create_task(store.wait_for_work(60 * UNIT, registered))
     await asyncio.sleep(0)  # a yield, not a wait: let the waiter start waiting
@@ -585,7 +597,7 @@ async def test_wait_for_work_returns_the_turn_handed_to_the_waiter_at_once(
     async with asyncio.timeout(3 * UNIT):
         claim = await wait
     assert claim is not None
-    assert (claim.lease.turn_id, claim.running) == ("t1", True)
+    assert (claim.lease.turn_id, claim.running) == (HANDED, True)
 
 
 async def test_wait_for_work_of_a_waiter_returns_nothing_when_woken_otherwise(
@@ -601,6 +613,23 @@ async def test_wait_for_work_of_a_waiter_returns_nothing_when_woken_otherwise(
     claim = await store.claim_turn("worker-a", 1.0, LEASE, waiter=registered)
     assert claim is not None
     assert not claim.running
+
+
+@pytest.mark.redis
+async def test_a_turn_outside_the_desk_is_queued_and_wakes_a_waiter() -> None:
+    async with redis_turn_store("cluster") as store:
+        assert store.group_of("t1") is not store.desk
+        turn = await create(store)
+        registered = await waiting(store)
+        wait = asyncio.create_task(store.wait_for_work(60 * UNIT, registered))
+        await asyncio.sleep(0)
+        saved = await store.save_runnable(said(turn, "resumed"), 1.0, started=started(turn))
+        assert saved.status == TurnStatus.READY  # queued as resumed, not handed over started
+        async with asyncio.timeout(3 * UNIT):
+            assert await wait is None
+        claim = await store.claim_turn("worker-a", 1.0, LEASE, waiter=registered)
+        assert claim is not None
+        assert (claim.lease.turn_id, claim.running, claim.turn) == ("t1", False, saved)
 
 
 # ─── Redis only ──────────────────────────────────────────────────────────────
@@ -703,12 +732,19 @@ async def test_redis_reloads_its_scripts_after_a_restart(
 
 # ─── Redis only: records this version cannot decode ──────────────────────────
 # A record corrupted in Redis, or written by a newer version, is parked on its
-# first claim: claimed no more, logged once, kept for an operator.
+# first claim: claimed no more, logged once, kept for an operator. The record
+# is turn bad2's, which is in the first group (the desk) of a store spread
+# over a cluster, as every turn handed over there is.
 
-TAG = "{huddle:turn}"
+
+def tag(store: RedisTurnStore) -> str:
+    """The hash tag of turn ``bad2``'s group."""
+    return store.group_of("bad2").tag
+
+
 UNDECODABLE_PAYLOADS = [
-    pytest.param(b'{"id": "bad", "agent": ', id="corrupt-json"),
-    pytest.param(b'{"id": "bad", "agent": "echo", "status": "PAUSED"}', id="newer-status"),
+    pytest.param(b'{"id": "bad2", "agent": ', id="corrupt-json"),
+    pytest.param(b'{"id": "bad2", "agent": "echo", "status": "PAUSED"}', id="newer-status"),
     pytest.param(None, id="no-payload"),
 ]
 
@@ -724,7 +760,7 @@ async def poisoned(request: pytest.FixtureRequest) -> AsyncIterator[RedisTurnSto
 async def write_record(
     store: RedisTurnStore, payload: bytes | None, *, status: str = "READY", token: int = 0
 ) -> None:
-    """Turn ``bad`` as another writer left it, straight into Redis: its hash
+    """Turn ``bad2`` as another writer left it, straight into Redis: its hash
     (``payload`` left out when None), its status set, due at once."""
     fields: dict[str, bytes | str | int] = {
         "version": 3,
@@ -737,26 +773,26 @@ async def write_record(
     }
     if payload is not None:
         fields["payload"] = payload
-    await store.client.hset(f"{TAG}:turn:bad", mapping=fields)  # type: ignore[arg-type]
-    await store.client.sadd(f"{TAG}:status:{status}", "bad")
-    await store.client.zadd(f"{TAG}:runnable", {"bad": 0.0})
+    await store.client.hset(f"{tag(store)}:turn:bad2", mapping=fields)  # type: ignore[arg-type]
+    await store.client.sadd(f"{tag(store)}:status:{status}", "bad2")
+    await store.client.zadd(f"{tag(store)}:runnable", {"bad2": 0.0})
 
 
 async def record_of_bad(store: RedisTurnStore) -> dict[Any, Any]:
-    held: dict[Any, Any] = await store.client.hgetall(f"{TAG}:turn:bad")
+    held: dict[Any, Any] = await store.client.hgetall(f"{tag(store)}:turn:bad2")
     return held
 
 
 def parked_logs(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.getMessage().startswith("parked turn bad:")]
+    return [r for r in caplog.records if r.getMessage().startswith("parked turn bad2:")]
 
 
 async def assert_parked_and_kept(store: RedisTurnStore, before: dict[Any, Any]) -> None:
-    """``bad`` is parked: in no queue, lease or status set; its data as it was."""
-    assert set(await store.parked()) == {"bad"}
-    assert await store.client.zscore(f"{TAG}:runnable", "bad") is None
-    assert await store.client.zscore(f"{TAG}:leases", "bad") is None
-    assert "bad" not in await store.by_status(TurnStatus.READY)
+    """``bad2`` is parked: in no queue, lease or status set; its data as it was."""
+    assert set(await store.parked()) == {"bad2"}
+    assert await store.client.zscore(f"{tag(store)}:runnable", "bad2") is None
+    assert await store.client.zscore(f"{tag(store)}:leases", "bad2") is None
+    assert "bad2" not in await store.by_status(TurnStatus.READY)
     after = await record_of_bad(store)
     kept = {b"version", b"status", b"phase", b"cancel", b"payload"}
     assert {k: v for k, v in after.items() if k in kept} == {
@@ -773,7 +809,7 @@ async def test_redis_parks_a_record_it_cannot_decode_and_claims_the_next_turn(
     await write_record(poisoned, payload)
     before = await record_of_bad(poisoned)
     await create(poisoned)
-    await poisoned.make_runnable("t1", 1.0)  # due after the bad one
+    await poisoned.make_runnable("t1", 1.0)  # due after the bad2 one
 
     claim = await poisoned.claim_turn("worker-a", 2.0, LEASE)
 
@@ -782,10 +818,10 @@ async def test_redis_parks_a_record_it_cannot_decode_and_claims_the_next_turn(
     await assert_parked_and_kept(poisoned, before)
     [logged] = parked_logs(caplog)
     assert logged.levelno == logging.ERROR
-    why = (await poisoned.parked())["bad"]
+    why = (await poisoned.parked())["bad2"]
     assert why
     assert why in logged.getMessage()
-    # Long after any lease would have expired: nothing to claim, bad included.
+    # Long after any lease would have expired: nothing to claim, bad2 included.
     await poisoned.release(claim.lease)
     token = (await record_of_bad(poisoned))[b"lease_token"]
     assert await poisoned.claim_turn("worker-a", 2.0 + 10 * LEASE, LEASE) is None
@@ -800,8 +836,8 @@ async def test_redis_parks_a_given_turn_it_cannot_decode_and_claims_nothing_else
     await write_record(poisoned, b"not json")
     await create(poisoned)
     await poisoned.make_runnable("t1", 0.0)
-    assert await poisoned.claim_turn("worker-a", 2.0, LEASE, turn_id="bad") is None
-    assert set(await poisoned.parked()) == {"bad"}
+    assert await poisoned.claim_turn("worker-a", 2.0, LEASE, turn_id="bad2") is None
+    assert set(await poisoned.parked()) == {"bad2"}
     claim = await poisoned.claim_turn("worker-a", 2.0, LEASE)
     assert claim is not None
     assert claim.lease.turn_id == "t1"
@@ -811,8 +847,8 @@ def inbox_item(header: bytes, payload: bytes) -> bytes:
     return header + b"\n" + payload
 
 
-HANDED_BAD = b'["bad", 7, 3, 0, "1000.0", 1]'
-"""The header of turn ``bad`` handed over under lease token 7."""
+HANDED_BAD = b'["bad2", 7, 3, 0, "1000.0", 1]'
+"""The header of turn ``bad2`` handed over under lease token 7."""
 
 
 @pytest.mark.redis
@@ -822,14 +858,14 @@ async def test_redis_parks_a_handed_turn_it_cannot_decode(
 ) -> None:
     caplog.set_level(logging.ERROR, logger="huddle.runner.redis_store")
     await write_record(poisoned, b"not json", token=7)
-    await poisoned.client.zrem(f"{TAG}:runnable", "bad")  # handed: leased, not queued
-    await poisoned.client.zadd(f"{TAG}:leases", {"bad": 1000.0})
+    await poisoned.client.zrem(f"{tag(poisoned)}:runnable", "bad2")  # handed: leased, not queued
+    await poisoned.client.zadd(f"{tag(poisoned)}:leases", {"bad2": 1000.0})
     before = await record_of_bad(poisoned)
     registered = await waiting(poisoned)
     await create(poisoned)
     await poisoned.make_runnable("t1", 0.0)
     item = inbox_item(HANDED_BAD, b"not json")
-    await poisoned.client.rpush(f"{TAG}:inbox:{registered.id}", item)
+    await poisoned.client.rpush(f"{poisoned.desk.tag}:inbox:{registered.id}", item)
 
     if taken_by == "wait_for_work":
         async with asyncio.timeout(3 * UNIT):
@@ -850,8 +886,8 @@ async def test_redis_drops_a_hand_over_whose_header_it_cannot_read(
     registered = await waiting(poisoned)
     await create(poisoned)
     await poisoned.make_runnable("t1", 0.0)
-    item = inbox_item(b'["bad", 7, "from a newer version"]', b"{}")
-    await poisoned.client.rpush(f"{TAG}:inbox:{registered.id}", item)
+    item = inbox_item(b'["bad2", 7, "from a newer version"]', b"{}")
+    await poisoned.client.rpush(f"{poisoned.desk.tag}:inbox:{registered.id}", item)
     async with asyncio.timeout(3 * UNIT):
         assert await poisoned.wait_for_work(60 * UNIT, registered) is None
     claim = await poisoned.claim_turn("worker-a", 2.0, LEASE, waiter=registered)
@@ -867,7 +903,7 @@ async def test_a_worker_parks_a_record_it_cannot_decode_once_and_runs_the_other_
     poisoned: RedisTurnStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR)
-    await write_record(poisoned, b'{"id": "bad", "agent": "helper", "status": "PAUSED"}')
+    await write_record(poisoned, b'{"id": "bad2", "agent": "helper", "status": "PAUSED"}')
     before = await record_of_bad(poisoned)
     clock = Clock()
     helper = agent(scripted(say("Hello.")))

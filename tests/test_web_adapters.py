@@ -42,17 +42,12 @@ from tests.conftest import RunningServer
 from tests.people_kit import WITHIN
 from tests.test_langgraph_adapter import State, human_interrupt, thread
 from tests.test_openai_agents_adapter import QUIET
+from tests.test_web_mcp import SYSTEM_FORM
 
 pytestmark = pytest.mark.browser
 
 browser = web.browser
 plain_server = web.plain_server
-
-SYSTEM_FORM: dict[str, Any] = {
-    "type": "object",
-    "properties": {"system": {"type": "string", "title": "Affected system", "minLength": 2}},
-    "required": ["system"],
-}
 
 
 class ScriptedCalls(Model):

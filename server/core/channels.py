@@ -180,6 +180,16 @@ belongs with it (server.store.base.Rider), or None. The store runs a rider
 it carries with the append; the hook that made it reads the outcome from
 the rider when the envelope is applied (its seq is the step's)."""
 
+Ahead = Callable[[str, Step, Identity | None], Awaitable[None] | None]
+"""Asked, with the channel's lock held, for every action this process is
+about to append (validated: its :class:`Step`, and its sender) for a write
+that must be durable before the action is, because a crash right after the
+append must not lose what the action makes known (server.notify.outbox's
+event of a wait opened or settled), or None. The write may be made for an
+append that then does not land (a conflict, the store away): whoever reads
+it checks the channel. A write that fails keeps the action from being
+appended."""
+
 
 def step(
     view: ChannelView,
@@ -229,6 +239,7 @@ class ChannelCore(Listener):
         an append whose hint was lost is applied within one interval."""
         self.hooks = hooks if hooks is not None else Hooks()
         self.riders: list[Riding] = []
+        self.aheads: list[Ahead] = []
         self.background = Background()
         self._held = HeldChannels(store, self.background)
         self._following = Following(store, self._held, self.background, self._apply_entry)
@@ -245,6 +256,16 @@ class ChannelCore(Listener):
     @idle_channels.setter
     def idle_channels(self, most: int) -> None:
         self._held.most = most
+
+    @property
+    def idle_keep(self) -> float:
+        """Seconds a channel nobody here serves is kept after its last use
+        (server.core.held)."""
+        return self._held.keep
+
+    @idle_keep.setter
+    def idle_keep(self, seconds: float) -> None:
+        self._held.keep = seconds
 
     # ─── Lifecycle ───────────────────────────────────────────────────────
 
@@ -439,6 +460,10 @@ class ChannelCore(Listener):
                     if seen is not None:
                         raise await self._applied(ch, seen, action, origin)
                 raise ActionRejected.of(result)
+            for ahead in self.aheads:
+                written = ahead(ch.uri, result, sender)
+                if written is not None:
+                    await written
             ch.appending = True
             try:
                 entry = encode_entry(now, result.data, sender)
@@ -492,7 +517,7 @@ class ChannelCore(Listener):
             except Exception:
                 log.exception("riding hook failed on %s", uri)
                 continue
-            if rider is not None and self.store.carries(rider.store):
+            if rider is not None and self.store.carries(rider.store, uri, rider.keys):
                 return rider
         return None
 

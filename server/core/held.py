@@ -2,9 +2,13 @@
 
 A channel is loaded on first use (watched first, so that no append falls
 between the load and its hints) and kept while it is served (subscribed
-to or pinned); of the others, the least recently used beyond
-:attr:`HeldChannels.most` are evicted and no longer watched
-(:data:`IDLE_CHANNELS`). :class:`HeldChannel` is the mutable record of one;
+to or pinned: a runner turn waiting on a chat here pins it); the others
+are evicted and no longer watched once unused for :attr:`HeldChannels.keep`
+seconds (:data:`IDLE_KEEP`), and sooner, least recently used first, beyond
+:attr:`HeldChannels.most` of them (:data:`IDLE_CHANNELS`). So a process
+stops hearing a chat soon after its last subscriber and its last waiting
+turn there have gone, and pays nothing for what other processes write to
+it then. :class:`HeldChannel` is the mutable record of one;
 callers outside the core see a :class:`ChannelView`.
 """
 
@@ -31,6 +35,12 @@ log = logging.getLogger("huddle.channels")
 IDLE_CHANNELS = 1000
 """Channels kept in memory while nobody here subscribes to or waits on
 them; the least recently used beyond are evicted (and no longer watched)."""
+IDLE_KEEP = 2.0
+"""Seconds a channel nobody here serves is kept after its last use (a
+read, a write, its last subscriber or pin gone): long enough that a
+worker writing a turn's steps into a chat, or a client that reconnects,
+finds it held; short enough that a process soon stops hearing chats it no
+longer serves."""
 
 
 class Subscriber(Protocol):
@@ -90,6 +100,11 @@ class HeldChannel:
     if the log holds it at that seq, it is this process's (its hooks run as
     for a local action: the audit records it, the session hears of it)."""
 
+    idle_since: float = 0.0
+    """When it was last used while not served (the loop's clock)."""
+    let_go: asyncio.TimerHandle | None = None
+    """The check that evicts it once unused for ``HeldChannels.keep``."""
+
     last_view: ChannelView | None = None
     """The view last made, given again while the channel has not moved
     (a view is asked for several times for each action)."""
@@ -118,12 +133,14 @@ class HeldChannel:
 
 class HeldChannels:
     """The channels this process holds, loaded on first use; the idle ones
-    (not served) beyond :attr:`most` are let go, least recently used first."""
+    (not served) are let go once unused for :attr:`keep` seconds, and those
+    beyond :attr:`most` at once, least recently used first."""
 
     def __init__(self, store: ChannelStore, background: Background) -> None:
         self.store = store
         self.background = background
         self.most = IDLE_CHANNELS
+        self.keep = IDLE_KEEP
         self._channels: dict[str, HeldChannel] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()
         """Channels held but not served (no subscriber, no pin), oldest first."""
@@ -192,9 +209,13 @@ class HeldChannels:
         subscribed to, pinned or read)."""
         if ch.served:
             self._idle.pop(ch.uri, None)
+            _stop_timer(ch)
             return
         self._idle[ch.uri] = None
         self._idle.move_to_end(ch.uri)
+        ch.idle_since = asyncio.get_running_loop().time()
+        if ch.let_go is None:
+            self._let_go_in(ch, self.keep)
         busy: list[str] = []
         while len(self._idle) > self.most:
             oldest = next(iter(self._idle))
@@ -206,6 +227,26 @@ class HeldChannels:
         for uri in busy:
             self._idle[uri] = None  # in use now (a write, a catch-up): at a later touch
 
+    def _let_go_in(self, ch: HeldChannel, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        ch.let_go = loop.call_later(max(0.0, seconds), self._let_go, ch)
+
+    def _let_go(self, ch: HeldChannel) -> None:
+        """Evict ``ch`` if it was not used for :attr:`keep` seconds; else
+        look again when it will not have been (a touch only notes the time:
+        no timer per use)."""
+        ch.let_go = None
+        if self._channels.get(ch.uri) is not ch or ch.served:
+            return
+        unused = asyncio.get_running_loop().time() - ch.idle_since
+        if unused < self.keep:
+            self._let_go_in(ch, self.keep - unused)
+            return
+        self._idle.pop(ch.uri, None)
+        if self._evict(ch.uri):
+            self._idle[ch.uri] = None  # busy: it goes once unused again
+            self._let_go_in(ch, self.keep)
+
     def _evict(self, uri: str) -> bool:
         """Evict an idle channel; True when it is busy (locked, catching
         up) and stays, still idle."""
@@ -214,6 +255,7 @@ class HeldChannels:
             return False
         if ch.lock.locked() or ch.catching_up:
             return True
+        _stop_timer(ch)
         del self._channels[uri]
         task = self.background.spawn(self._unwatch(uri))
         if task is not None:
@@ -231,4 +273,13 @@ class HeldChannels:
     def forget(self, uri: str) -> HeldChannel | None:
         """Stop holding ``uri`` (it is being dropped); the channel it was."""
         self._idle.pop(uri, None)
-        return self._channels.pop(uri, None)
+        ch = self._channels.pop(uri, None)
+        if ch is not None:
+            _stop_timer(ch)
+        return ch
+
+
+def _stop_timer(ch: HeldChannel) -> None:
+    if ch.let_go is not None:
+        ch.let_go.cancel()
+        ch.let_go = None

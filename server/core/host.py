@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Final
 
 from msgspec.structs import replace
@@ -50,7 +50,16 @@ from reducers.validation import reject_reason, working_directories_problem
 from server.auth import Identity
 from server.core.audit import AUDITED, GONE_RECORDS, AuditTrail, AuditValues
 from server.core.audit_key import AuditKeys
-from server.core.channels import Applied, ChannelCore, ChannelView, Hook, Hooks, Riding, Validator
+from server.core.channels import (
+    Ahead,
+    Applied,
+    ChannelCore,
+    ChannelView,
+    Hook,
+    Hooks,
+    Riding,
+    Validator,
+)
 from server.core.expiry import Expiries, Expiry, Family, expiry_problem
 from server.core.frozen_forms import Form, FormRegistry, chat_session, needs_session
 from server.core.policy import active_turn_stamp
@@ -69,13 +78,6 @@ STOP_PATIENCE: Final = 5.0
 a resume, the audit's records) while the store refuses it (Redis down):
 beyond, what is left is lost with the process, logged."""
 log = logging.getLogger("huddle.host")
-
-WriteAhead = Callable[[str, StateAction, Identity], Awaitable[None] | None]
-"""Asked before an action a client sent (``sender``) on channel ``uri`` is
-appended: a write that must be durable before the action is, because a
-crash right after the append must not lose what the action starts
-(server.runner.resuming's start of a turn), or None. A write that fails
-keeps the action from being accepted."""
 
 ANSWERS = (ChatInputAnswerChanged, ChatInputCompleted, ChatToolCallConfirmed)
 """The actions that answer a wait (too late once its expiry passed)."""
@@ -141,7 +143,6 @@ class Host:
         self.hooks.bookkeeping += [self.waiters.hook, self._read_form_ahead, self.expiries.hook]
         self.hooks.recorded.append(self.audit.hook)
         self.hooks.records += [self.notes.hook, self.aggregate.hook]
-        self._ahead: list[WriteAhead] = []
 
     def add_hook(self, hook: Hook) -> None:
         """Run ``hook`` on every applied envelope, a reaction: after the
@@ -154,10 +155,11 @@ class Host:
         makes of an action it accepted (server.core.channels.Riding)."""
         self.core.riders.append(riding)
 
-    def add_write_ahead(self, ahead: WriteAhead) -> None:
-        """Ask ``ahead`` for a write ahead of each client's action (see
-        :data:`WriteAhead`)."""
-        self._ahead.append(ahead)
+    def add_ahead_of_append(self, ahead: Ahead) -> None:
+        """Ask ``ahead`` for a write ahead of every append this process
+        makes, the server's own actions included, once validated
+        (server.core.channels.Ahead)."""
+        self.core.aheads.append(ahead)
 
     def now_ms(self) -> int:
         return self.core.now_ms()
@@ -267,11 +269,6 @@ class Host:
             self.core.write, uri, action, origin=origin, seq_scope=seq_scope, sender=sender
         )
         validator = await self._validator(uri, action, provided) if validate else None
-        if sender is not None:
-            for ahead in self._ahead:
-                written = ahead(uri, action, sender)
-                if written is not None:
-                    await written
         audited = isinstance(action, AUDITED) and self.audit.waiting()
         session = await self.session_of(uri) if payer is not None or audited else None
         if audited and session is not None:

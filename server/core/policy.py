@@ -128,6 +128,7 @@ class Command(StrEnum):
     MINT_TOKEN = "mint-token"
     READ_AUDIT = "read-audit"
     SET_EXPIRY = "set-expiry"
+    MANAGE_WEBHOOKS = "manage-webhooks"
 
 
 def reaches(grant: Grant, session: str | None) -> bool:
@@ -159,6 +160,10 @@ def command_refusal(grant: Grant, command: Command) -> str | None:
             return None if grant.may_dispatch else "observers may not read the audit"
         case Command.SET_EXPIRY:
             return None if grant.role == "agent" else "only an agent token may set an expiry"
+        case Command.MANAGE_WEBHOOKS:
+            # A webhook hears of every session it names: agents are trusted,
+            # people are not (and an invite by email mints tokens).
+            return None if grant.role == "agent" else "only an agent token may manage webhooks"
 
 
 def chat_disposal_refusal(grant: Grant, state: ChatState) -> Rejection | None:

@@ -527,7 +527,7 @@ async def read_audit(request: Request, server: Server, grant: Grant) -> Response
     """The session's audit as JSON Lines (server.core.audit), streamed
     (:meth:`Commands.export_audit` charges it)."""
     uri = request.query_params.get("session", "")
-    records = await server.commands.export_audit(grant, uri)
+    records = await server.commands.audit.export(grant, uri)
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in channel_id(uri))
 
     async def lines() -> AsyncIterator[bytes]:
@@ -544,7 +544,7 @@ async def read_audit(request: Request, server: Server, grant: Grant) -> Response
 async def read_audit_key(request: Request, server: Server, grant: Grant) -> Response:
     """``GET /api/audit/key``: the public keys that sign the audit
     (:meth:`Commands.audit_key`), for ``huddle audit verify --public-key``."""
-    return _json(await server.commands.audit_key(grant))
+    return _json(await server.commands.audit.key(grant))
 
 
 async def set_expiry(request: Request, server: Server, grant: Grant) -> Response:
@@ -710,6 +710,56 @@ class McpEndpoint:
         await self.serve(grant, scope, receive, send)
 
 
+# ─── Notifications (server.notify; agent tokens only) ────────────────────────
+
+
+async def add_webhook(request: Request, server: Server, grant: Grant) -> Response:
+    """``POST /api/webhooks {url, events?, format?, sessions?, escalateAfter?}``:
+    the endpoint with its secret, shown this once. The address the request
+    came in on is the server's own too: no webhook may point at it."""
+    server.commands.allow(grant, Command.MANAGE_WEBHOOKS)
+    body = await _body(request, server)
+    added = await server.commands.webhooks.add(grant, body, own=[str(request.base_url)])
+    return _json(added, 201)
+
+
+async def list_webhooks(request: Request, server: Server, grant: Grant) -> Response:
+    return _json({"webhooks": await server.commands.webhooks.listed(grant)})
+
+
+async def remove_webhook(request: Request, server: Server, grant: Grant) -> Response:
+    await server.commands.webhooks.remove(grant, request.path_params["id"])
+    return Response(status_code=204)
+
+
+async def rotate_webhook_secret(request: Request, server: Server, grant: Grant) -> Response:
+    return _json(await server.commands.webhooks.rotate_secret(grant, request.path_params["id"]))
+
+
+async def read_deliveries(request: Request, server: Server, grant: Grant) -> Response:
+    """``GET /api/webhooks/deliveries[?webhook=ID]``: each delivery's tries."""
+    webhook = request.query_params.get("webhook")
+    return _json({"deliveries": await server.commands.webhooks.deliveries(grant, webhook)})
+
+
+async def resend_delivery(request: Request, server: Server, grant: Grant) -> Response:
+    """``POST /api/webhooks/deliveries/{id}/resend [{target}]``: send it again now."""
+    server.commands.allow(grant, Command.MANAGE_WEBHOOKS)
+    target = (await _body(request, server)).get("target")
+    delivery = request.path_params["id"]
+    await server.commands.webhooks.resend(
+        grant, delivery, target if isinstance(target, str) else None
+    )
+    return Response(status_code=202)
+
+
+async def invite_by_email(request: Request, server: Server, grant: Grant) -> Response:
+    """``POST /api/invites/email {email, name, role?, sessions?, ttl?}``."""
+    server.commands.allow(grant, Command.MANAGE_WEBHOOKS)
+    await server.commands.webhooks.invite_by_email(grant, await _body(request, server))
+    return Response(status_code=204)
+
+
 # ─── Health, metrics, web client ─────────────────────────────────────────────
 
 
@@ -832,6 +882,7 @@ def create_app(
         max_ttl=parts.settings.max_token_ttl,
         max_sessions=limits.max_sessions,
         client_claim_ttl=parts.settings.client_claim_ttl,
+        notifier=parts.notifier,
     )
     hosts = allowed_hosts(parts.settings.host, parts.settings.allowed_hosts)
     if (warning := rebinding_warning(parts.settings.host, hosts)) is not None:
@@ -896,6 +947,13 @@ def create_app(
         api("GET", "/api/input/wait", wait_input, pays="waitInput"),
         api("POST", "/api/tokens", mint_token, pays="mintToken"),
         Route("/mcp", McpEndpoint(door.serve), methods=["GET", "POST", "DELETE"]),
+        api("GET", "/api/webhooks/deliveries", read_deliveries, pays="webhooks"),
+        api("POST", "/api/webhooks/deliveries/{id}/resend", resend_delivery, pays="webhooks"),
+        api("POST", "/api/webhooks", add_webhook, pays="webhooks"),
+        api("GET", "/api/webhooks", list_webhooks, pays="webhooks"),
+        api("DELETE", "/api/webhooks/{id}", remove_webhook, pays="webhooks"),
+        api("POST", "/api/webhooks/{id}/secret", rotate_webhook_secret, pays="webhooks"),
+        api("POST", "/api/invites/email", invite_by_email, pays="webhooks"),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", read_metrics),

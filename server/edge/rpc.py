@@ -154,6 +154,12 @@ class LiveClients:
         return len(self._by_id)
 
 
+def _asked_name(capability: Any) -> str | None:
+    """The name a ``huddle.identity`` capability asks to go by, if any."""
+    named = capability.get("name") if isinstance(capability, dict) else None
+    return named if isinstance(named, str) else None
+
+
 class Rpc:
     """The methods of one connection; see the module docstring."""
 
@@ -334,9 +340,7 @@ class Rpc:
         asked = frozenset(capabilities.keys()) & EXTENSIONS.keys()
         identity = self.identity
         if IDENTITY in asked:  # a name it refuses fails initialize before anything is claimed
-            wanted_name = capabilities[IDENTITY]
-            named = wanted_name.get("name") if isinstance(wanted_name, dict) else None
-            identity = self.grant.identity_as(named if isinstance(named, str) else None)
+            identity = self.grant.identity_as(_asked_name(capabilities[IDENTITY]))
         await self.commands.credentials.claim_client(self.grant, params.client_id)
         self._set_extensions(asked, self.clients.numbering_of(params.client_id))
         self.identity = identity
@@ -527,7 +531,7 @@ class Rpc:
                     "$.params.activeClient.clientId",
                 )
             try:
-                await self._may_be_present(params.channel)
+                await _may_be_present(self, params.channel)
             except ActionRejected as rejected:
                 raise refused(rejected, "$.activeClient") from None
         joined = False
@@ -545,7 +549,7 @@ class Rpc:
             joined = joining is not None
         finally:
             if joining is not None:
-                self._present(params.channel, joined)
+                _present(self, params.channel, joined)
 
     async def _dispose_session(self, params: ChannelParams) -> None:
         await self.commands.dispose_session(self.grant, params.channel)
@@ -621,7 +625,7 @@ class Rpc:
         joining = isinstance(action, SessionActiveClientSet) and uri not in self.present
         try:
             if joining:
-                await self._may_be_present(uri)
+                await _may_be_present(self, uri)
             try:
                 await self.commands.dispatch(
                     self.grant,
@@ -634,14 +638,13 @@ class Rpc:
                 )
             except BaseException:
                 if joining:
-                    self._present(uri, False)
+                    _present(self, uri, False)
                 raise
             if joining:
-                self._present(uri, True)
+                _present(self, uri, True)
             elif isinstance(action, SessionActiveClientRemoved) and uri in self.present:
                 self.present.discard(uri)
-                if self.grant.role != "agent":
-                    self.commands.depart(self.grant, uri)
+                _present(self, uri, False)  # its count given back
         except ChannelGone:
             pass  # AHP: an action for a channel that does not exist is ignored
         except AlreadyApplied as applied:
@@ -656,28 +659,32 @@ class Rpc:
             await self.echoes.rejection(uri, encode(action), origin, reason)
         self.connection.count_action(limited=False)
 
-    async def _may_be_present(self, session: str) -> None:
-        """A person's token is in a session's active clients with at most
-        PRESENT_PER_TOKEN connections (of every process: counted in the
-        store; a shared link's browsers PRESENT_PER_LINK together): one
-        token opening many sockets must not crowd everyone else out of the
-        list. Counted once it returns: :meth:`_present` says how it went."""
-        if self.grant.role == "agent" or session in self.present:
-            return
-        limit = PRESENT_PER_LINK if self.grant.shared else PRESENT_PER_TOKEN
-        if not await self.commands.arrive(self.grant, session, limit):
-            raise ActionRejected(
-                RejectionCode.TOO_MANY,
-                f"a token may be among a session's active clients {limit} times",
-            )
 
-    def _present(self, session: str, joined: bool) -> None:
-        """After :meth:`_may_be_present` counted ``session``: it is this
-        connection's now, or the count is given back."""
-        if joined:
-            self.present.add(session)
-        elif self.grant.role != "agent":
-            self.commands.depart(self.grant, session)
+async def _may_be_present(rpc: Rpc, session: str) -> None:
+    """A person's token is in a session's active clients with at most
+    PRESENT_PER_TOKEN connections (of every process: counted in the store,
+    Commands.arrive; a shared link's browsers PRESENT_PER_LINK
+    together): one token opening many sockets must not crowd everyone else
+    out of the list. Counted once it returns: :func:`_present` says how it
+    went."""
+    grant = rpc.grant
+    if grant.role == "agent" or session in rpc.present:
+        return
+    limit = PRESENT_PER_LINK if grant.shared else PRESENT_PER_TOKEN
+    if not await rpc.commands.arrive(grant, session, limit):
+        raise ActionRejected(
+            RejectionCode.TOO_MANY,
+            f"a token may be among a session's active clients {limit} times",
+        )
+
+
+def _present(rpc: Rpc, session: str, joined: bool) -> None:
+    """After :func:`_may_be_present` counted ``session``: it is ``rpc``'s
+    now, or the count is given back (in the background)."""
+    if joined:
+        rpc.present.add(session)
+    elif rpc.client_id is not None:  # given back, the entry left as it is
+        rpc.commands.leave(session, rpc.client_id, lambda: True, rpc.grant)
 
 
 _REQUESTS: Final[dict[str, Callable[[Rpc, Any], Awaitable[Any]]]] = {

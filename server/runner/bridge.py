@@ -37,7 +37,7 @@ class ChatBridge:
         runner.port = self.showing
         host.add_hook(self.resuming.hook)
         host.add_rider(self.resuming.rider_for)
-        host.add_write_ahead(self.resuming.write_ahead)
+        host.add_ahead_of_append(self.resuming.write_ahead)
 
     async def reconcile(self) -> int:
         """Run the sweep once (server.runner.sweep); returns how many turns

@@ -1,7 +1,8 @@
 """The Redis turn store: durable turns shared by every server and worker,
 on one Redis or a Redis Cluster (``server.store.redis_link`` has the URLs).
 
-Keys, all under one hash tag (the prefix, ``{huddle:turn}`` by default)::
+Keys, in groups (below); a group's keys all carry its hash tag, here the
+first group's, ``{huddle:turn}`` (the prefix, by default)::
 
     {huddle:turn}:turn:<id>        hash    version, status, phase, lease_owner,
                                            lease_token, lease_until, cancel,
@@ -62,25 +63,46 @@ Every write is one Lua script, so it is atomic:
   (lease released, queued again);
 - ``runnable_rider`` is ``save_runnable`` as a rider on a chat's append
   (server.store.base.Rider): the same script, run by the chat store inside
-  the append's once the entry landed, on a single Redis that holds both.
+  the append's once the entry landed, where one script reaches both
+  (see Groups below).
 
 A turn is leased while it is in ``leases`` with a score after now; the
 hash's ``lease_owner`` and ``lease_until`` say the same for people reading
 it. The store keeps no clock: every time is the caller's ``now``.
 
-Redis Cluster: ``claim`` finds turn ids in the shared zsets and then writes
-those turns' hashes, and ``save`` moves ids between status sets, so no key
-layout could put one turn's keys in a slot of their own and keep the
-scripts atomic. Every runner key therefore carries the same hash tag: the
-scripts stay atomic on a cluster (they build the keys they discover from
-the prefix, which Redis allows within the slot of their declared keys), at
-the price that the whole turn store lives on one shard. Turns are written a
-few times per model or tool step, far less often than chat channels, whose
-keys are tagged per channel and spread over the cluster. Since every key
-is in one slot, no step of this store spans slots; a failover of that
-shard's primary makes the store unavailable until its replica is promoted,
-and then it carries on by itself (the slot map is read again after a
-failure).
+Groups: every script keeps to one slot, so no key layout can put one
+turn's keys in a slot of their own (``claim`` finds ids in a queue and
+then writes their hashes; ``save`` moves ids between status sets). The
+turns are spread instead over groups, each a whole layout as above under
+its own hash tag, each turn in the group :func:`group_index` picks from
+its id. On one Redis there is one group (``{huddle:turn}``, the layout of
+earlier versions); on a cluster ``CLUSTER_GROUPS``, tagged so that their
+slots are spread evenly (:func:`turn_groups`), so the turns and the work
+on them are spread over every primary. A step on one turn is one script
+in its group, as on one Redis, fenced the same way (each group hands out
+its own fencing tokens: a token is compared only with its turn's).
+
+The first group is the desk: workers register as waiting there, and wait
+on its ``wake`` list and their inbox there (a BLPOP keeps to one slot too).
+So a turn of the desk is handed over as described above; a turn of another
+group is queued in its group, and a wake-up token then put on the desk's
+``wake`` (a second command, after the queue was written: it only wakes).
+A claim of no given turn reads, in one pipeline per node, what each group
+would give first (``DUE``: a hand-over in the desk's inbox, then the
+earliest due turn, then the earliest expired lease) and claims in that
+order, so a claim takes the earliest due turn across groups as within
+one, and no group waits behind another; only when nothing is left anywhere
+does its last claim, on the desk, register the waiter. A resume rides on
+a chat's append (``runnable_rider``) only for a turn of the desk, and on
+a cluster only where the chat's slot is the desk's
+(:meth:`server.store.redis.RedisStore.carries`); else it is saved after
+the append. A failover of one primary makes the turns of its groups
+unavailable until its replica is promoted; the others carry on.
+
+Turns written by a version that kept every turn under ``{huddle:turn}`` on
+a cluster are read only if their id falls in the first group: drain the
+runner (no turn waiting or running) before upgrading a cluster, as
+docs/redis.md says. On one Redis nothing moves.
 
 Waking: ``make_runnable`` pushes a token on ``wake`` (keeping at most
 ``WAKE_TOKENS``) and ``wait_for_work`` pops one with BLPOP, on a client of
@@ -110,7 +132,8 @@ that once, at error level, and claims the next turn. Nothing is deleted:
 the hash keeps the record as it was. An operator reads ``parked`` (or
 :meth:`RedisTurnStore.parked`), repairs or removes the record, and puts a
 repaired one back with ``HDEL parked <id>``, ``SADD status:<STATUS> <id>``
-and ``ZADD runnable <due> <id>``. A record made runnable again while
+and ``ZADD runnable <due> <id>``, all under the hash tag of the turn's group
+(``RedisTurnStore.group_of``). A record made runnable again while
 still undecodable is parked again (and logged again). A claim of one given
 turn that parks it returns None. A hand-over whose header cannot be read
 names no turn to park: it is logged and dropped, and its turn is claimed
@@ -127,11 +150,16 @@ then neither dies nor spins).
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import logging
-from dataclasses import replace
+import zlib
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS as SLOTS
+from redis.crc import key_slot
 
 from server.errors import StoreUnavailable
 from server.runner.errors import Fenced, TurnExists, TurnNotFound, VersionConflict
@@ -272,11 +300,12 @@ end
 
 # KEYS: runnable, leases, tokens, waiting, waiters.  ARGV: turn key prefix,
 # owner, now, until, id or '', load (0 or 1), waiter or '', inbox key prefix,
-# the waiter's wait end, the waiter's "<lease seconds> <owner>".
+# the waiter's wait end ('': do not register it), the waiter's "<lease
+# seconds> <owner>".
 # Returns {'h', inbox item} for a turn handed to the waiter; {id, token,
 # freed: 1 when the lease before was given up, not lost} (and with load:
-# payload, version, cancel) for a claim; nil when nothing can be
-# claimed (and then the waiter, if any, is registered).
+# payload, version, cancel) for a claim; nil when nothing can be claimed
+# (and then the waiter, if any and given a wait end, is registered).
 CLAIM = (
     _INBOX_ITEM
     + """
@@ -313,7 +342,7 @@ local function take(id)
   return {id, token, freed}
 end
 local function nothing()
-  if ARGV[7] ~= '' then
+  if ARGV[7] ~= '' and ARGV[9] ~= '' then
     redis.call('ZADD', KEYS[4], ARGV[9], ARGV[7])
     redis.call('HSET', KEYS[5], ARGV[7], ARGV[10])
   end
@@ -398,6 +427,27 @@ if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], 60) end
 return 1
 """
 
+# KEYS: runnable, leases.  ARGV: now, a waiter's inbox or ''.  Returns what
+# a claim of the group would take first, as {rank, at}: {0, ''} when the
+# inbox holds something, {1, due time} for a due runnable turn, {2, lease
+# end} for an expired lease (the order CLAIM takes them in); nil for none.
+DUE = """
+if ARGV[2] ~= '' and redis.call('LLEN', ARGV[2]) > 0 then return {0, ''} end
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, 1)
+if due[2] then return {1, due[2]} end
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, 1)
+if expired[2] then return {2, expired[2]} end
+return nil
+"""
+
+# KEYS: wake.  ARGV: tokens kept.  A wake-up token alone (a turn queued in
+# another group: see the module docstring).
+WAKE = """
+redis.call('LPUSH', KEYS[1], 1)
+redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+return 1
+"""
+
 # KEYS: turn, leases.  ARGV: id, token, until.  Returns 1, or 0 if not held.
 RENEW = """
 if tonumber(redis.call('HGET', KEYS[1], 'lease_token')) ~= tonumber(ARGV[2]) then return 0 end
@@ -433,6 +483,7 @@ _MAKE_RUNNABLE, _CLAIM = Script(MAKE_RUNNABLE), Script(CLAIM)
 _RENEW, _RELEASE = Script(RENEW), Script(RELEASE)
 _SAVE_RUNNABLE, _STOP_WAITING = Script(SAVE_RUNNABLE), Script(STOP_WAITING)
 _PARK, _GIVE_UP_LEASE, _WAKE_WAITER = Script(PARK), Script(GIVE_UP), Script(WAKE_WAITER)
+_WAKE, _DUE = Script(WAKE), Script(DUE)
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Turn)
@@ -443,40 +494,129 @@ UNDECODABLE = (msgspec.DecodeError, TypeError, ValueError)
 (msgspec's errors; int() and float() of a field that is not a number)."""
 
 
+CLUSTER_GROUPS = 16
+"""How many groups a store on a Redis Cluster spreads its turns over (see
+the module docstring). Part of the key layout: every process of a
+deployment must use the same number, and changing it strands turns."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnGroup:
+    """The keys of one group of turns, all under the hash tag ``tag`` (one
+    cluster slot): the layout of the module docstring."""
+
+    tag: str
+
+    @property
+    def turn_prefix(self) -> str:
+        return f"{self.tag}:turn:"
+
+    @property
+    def status_prefix(self) -> str:
+        return f"{self.tag}:status:"
+
+    @property
+    def runnable(self) -> str:
+        return f"{self.tag}:runnable"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.tag}:leases"
+
+    @property
+    def wake(self) -> str:
+        return f"{self.tag}:wake"
+
+    @property
+    def tokens(self) -> str:
+        return f"{self.tag}:tokens"
+
+    @property
+    def waiting(self) -> str:
+        return f"{self.tag}:waiting"
+
+    @property
+    def waiters(self) -> str:
+        return f"{self.tag}:waiters"
+
+    @property
+    def inbox_prefix(self) -> str:
+        return f"{self.tag}:inbox:"
+
+    @property
+    def parked(self) -> str:
+        return f"{self.tag}:parked"
+
+    def turn(self, turn_id: str) -> str:
+        return self.turn_prefix + turn_id
+
+    def status(self, status: TurnStatus) -> str:
+        return self.status_prefix + status.value
+
+
+def turn_groups(prefix: str, count: int) -> list[TurnGroup]:
+    """The ``count`` groups of a store whose prefix is ``prefix``. The first
+    is tagged ``{prefix}`` itself (the layout of a store of one group, as
+    on one Redis); group ``g`` of the others is tagged ``{prefix:g.i}``
+    with the first ``i`` whose slot is in the ``g``-th of ``count`` equal
+    ranges of the cluster's slots, so the groups spread over the primaries
+    of a cluster whose slots are split in ranges (as ``redis-cli --cluster
+    create`` and rebalancing split them)."""
+    groups = [TurnGroup("{" + prefix + "}")]
+    for group in range(1, count):
+        label = next(
+            f"{prefix}:{group}.{i}"
+            for i in itertools.count()
+            if key_slot(f"{prefix}:{group}.{i}".encode()) * count // SLOTS == group
+        )
+        groups.append(TurnGroup("{" + label + "}"))
+    return groups
+
+
+def group_index(turn_id: str, count: int) -> int:
+    """Which of ``count`` groups turn ``turn_id`` is in (stable: a pure
+    function of the id)."""
+    return zlib.crc32(turn_id.encode()) % count if count > 1 else 0
+
+
 class RedisTurnStore(TurnStore):
     """See the module docstring. ``url`` is a store URL of
     ``server.store.redis_link`` (one Redis or a cluster); ``timeout`` bounds
-    every call but the blocking wait."""
+    every call but the blocking wait; ``groups`` is how many groups the
+    turns spread over (default: one on a single Redis, ``CLUSTER_GROUPS``
+    on a cluster)."""
 
-    def __init__(self, url: str, *, prefix: str = "huddle:turn", timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "huddle:turn",
+        timeout: float = 2.0,
+        groups: int | None = None,
+    ) -> None:
         self.url = self.rides_on = url
         self.timeout = timeout
-        tag = "{" + prefix + "}"
-        self._turn_prefix = f"{tag}:turn:"
-        self._status_prefix = f"{tag}:status:"
-        self._runnable = f"{tag}:runnable"
-        self._leases = f"{tag}:leases"
-        self._wake = f"{tag}:wake"
-        self._tokens = f"{tag}:tokens"
-        self._waiting = f"{tag}:waiting"
-        self._waiters = f"{tag}:waiters"
-        self._inbox_prefix = f"{tag}:inbox:"
-        self._parked = f"{tag}:parked"
         self.link = RedisLink(url, timeout)
         self.client = self.link.client
+        if groups is None:
+            groups = CLUSTER_GROUPS if self.link.cluster is not None else 1
+        self.groups = turn_groups(prefix, groups)
+        self.desk = self.groups[0]
+        """The group workers wait on: its waiters, inboxes and wake list."""
+        self._next = 0
+        """Where the next claim starts among the other groups (fairness)."""
 
-    def _turn_key(self, turn_id: str) -> str:
-        return self._turn_prefix + turn_id
-
-    def _status_key(self, status: TurnStatus) -> str:
-        return self._status_prefix + status.value
+    def group_of(self, turn_id: str) -> TurnGroup:
+        """The group that holds turn ``turn_id``'s keys."""
+        return self.groups[group_index(turn_id, len(self.groups))]
 
     # ─── Turns ───────────────────────────────────────────────────────────
 
     async def create(self, turn: Turn) -> Turn:
         created = as_stored(turn, version=1, cancel_requested=False)
         payload = _encoder.encode(created)
-        keys = [self._turn_key(turn.id), self._status_key(turn.status)]
+        group = self.group_of(turn.id)
+        keys = [group.turn(turn.id), group.status(turn.status)]
         args = [payload, turn.status.value, turn.phase.value, turn.id]
         if not await self.link.run(_CREATE, keys, args):
             raise TurnExists(turn.id)
@@ -484,7 +624,7 @@ class RedisTurnStore(TurnStore):
 
     async def load(self, turn_id: str) -> Turn:
         held: list[Any] = await self.link.call(
-            self.client.hmget(self._turn_key(turn_id), "payload", "version", "cancel")
+            self.client.hmget(self.group_of(turn_id).turn(turn_id), "payload", "version", "cancel")
         )
         payload, version, cancel = held
         if payload is None:
@@ -496,8 +636,9 @@ class RedisTurnStore(TurnStore):
         saved = as_stored(turn, version=turn.version + 1, cancel_requested=False)
         payload = _encoder.encode(saved)
         token = "" if lease is None else lease.token
+        group = self.group_of(turn.id)
         args = [
-            self._status_prefix,
+            group.status_prefix,
             turn.id,
             turn.version,
             token,
@@ -505,7 +646,7 @@ class RedisTurnStore(TurnStore):
             turn.status.value,
             turn.phase.value,
         ]
-        out = await self.link.run(_SAVE, [self._turn_key(turn.id)], args)
+        out = await self.link.run(_SAVE, [group.turn(turn.id)], args)
         if not out:
             raise TurnNotFound(turn.id)
         if int(out[0]) == 0:
@@ -519,9 +660,15 @@ class RedisTurnStore(TurnStore):
     async def save_runnable(self, turn: Turn, now: float, *, started: Turn | None = None) -> Turn:
         call, payload, running = self._runnable_call(turn, now, started)
         out = await self.link.run(_SAVE_RUNNABLE, *call)
-        return _runnable_saved(turn, out, payload, running)
+        saved = _runnable_saved(turn, out, payload, running)
+        await self._wake_desk(turn.id)
+        return saved
 
-    def runnable_rider(self, turn: Turn, now: float, *, started: Turn | None = None) -> Rider:
+    def runnable_rider(
+        self, turn: Turn, now: float, *, started: Turn | None = None
+    ) -> Rider | None:
+        if self.group_of(turn.id) is not self.desk:
+            return None  # its wake-up is a second write, on the desk's slot
         (keys, args), _, _ = self._runnable_call(turn, now, started)
         return Rider(SAVE_RUNNABLE, keys, args, self.url)
 
@@ -540,17 +687,18 @@ class RedisTurnStore(TurnStore):
             running = _encoder.encode(
                 as_stored(started, version=turn.version + 1, cancel_requested=False)
             )
+        group = self.group_of(turn.id)
         keys = [
-            self._turn_key(turn.id),
-            self._runnable,
-            self._wake,
-            self._leases,
-            self._tokens,
-            self._waiting,
-            self._waiters,
+            group.turn(turn.id),
+            group.runnable,
+            group.wake,
+            group.leases,
+            group.tokens,
+            group.waiting,
+            group.waiters,
         ]
         args: list[Any] = [
-            self._status_prefix,
+            group.status_prefix,
             turn.id,
             turn.version,
             payload,
@@ -558,7 +706,7 @@ class RedisTurnStore(TurnStore):
             turn.phase.value,
             repr(now),
             WAKE_TOKENS,
-            self._inbox_prefix,
+            group.inbox_prefix,
             int(turn.cancel_requested),
             running,
             "" if started is None else started.status.value,
@@ -566,26 +714,41 @@ class RedisTurnStore(TurnStore):
         ]
         return (keys, args), payload, running
 
+    async def _wake_desk(self, turn_id: str) -> None:
+        """After turn ``turn_id`` was queued in a group other than the desk:
+        a wake-up token on the desk's list, which workers wait on (the
+        group's own script could not reach it: another slot). Only wakes:
+        the queue was written first."""
+        if self.group_of(turn_id) is not self.desk:
+            await self.link.run(_WAKE, [self.desk.wake], [WAKE_TOKENS])
+
     async def request_cancel(self, turn_id: str) -> None:
-        if not await self.link.run(_REQUEST_CANCEL, [self._turn_key(turn_id)], []):
+        key = self.group_of(turn_id).turn(turn_id)
+        if not await self.link.run(_REQUEST_CANCEL, [key], []):
             raise TurnNotFound(turn_id)
 
     async def cancel_requested(self, turn_id: str) -> bool:
-        cancel = await self.link.call(self.client.hget(self._turn_key(turn_id), "cancel"))
+        key = self.group_of(turn_id).turn(turn_id)
+        cancel = await self.link.call(self.client.hget(key, "cancel"))
         if cancel is None:
             raise TurnNotFound(turn_id)
         return bool(cancel == b"1")
 
     async def by_status(self, status: TurnStatus) -> list[str]:
-        members: set[Any] = await self.link.call(self.client.smembers(self._status_key(status)))
-        return sorted(member.decode() for member in members)
+        found: set[str] = set()
+        for group in self.groups:
+            members: set[Any] = await self.link.call(self.client.smembers(group.status(status)))
+            found.update(member.decode() for member in members)
+        return sorted(found)
 
     # ─── Runnable turns and leases ───────────────────────────────────────
 
     async def make_runnable(self, turn_id: str, due_at: float) -> None:
-        keys = [self._turn_key(turn_id), self._runnable, self._wake]
+        group = self.group_of(turn_id)
+        keys = [group.turn(turn_id), group.runnable, group.wake]
         if not await self.link.run(_MAKE_RUNNABLE, keys, [turn_id, due_at, WAKE_TOKENS]):
             raise TurnNotFound(turn_id)
+        await self._wake_desk(turn_id)
 
     async def claim(
         self, owner: str, now: float, lease_seconds: float, turn_id: str | None = None
@@ -655,21 +818,25 @@ class RedisTurnStore(TurnStore):
         return Claim(lease, turn, running=running)
 
     async def _park(self, lease: Lease, why: str) -> None:
-        keys = [self._turn_key(lease.turn_id), self._runnable, self._leases, self._parked]
-        args = [self._status_prefix, lease.turn_id, lease.token, why]
+        group = self.group_of(lease.turn_id)
+        keys = [group.turn(lease.turn_id), group.runnable, group.leases, group.parked]
+        args = [group.status_prefix, lease.turn_id, lease.token, why]
         if await self.link.run(_PARK, keys, args):
             log.error(
                 "parked turn %s: its record does not decode (%s); it is claimed no more "
                 "and waits in %s for an operator",
                 lease.turn_id,
                 why,
-                self._parked,
+                group.parked,
             )
 
     async def parked(self) -> dict[str, str]:
         """The parked turns (see the module docstring): id -> why."""
-        held: dict[Any, Any] = await self.link.call(self.client.hgetall(self._parked))
-        return {key.decode(): value.decode() for key, value in held.items()}
+        found: dict[str, str] = {}
+        for group in self.groups:
+            held: dict[Any, Any] = await self.link.call(self.client.hgetall(group.parked))
+            found.update((key.decode(), value.decode()) for key, value in held.items())
+        return found
 
     async def _claim(
         self,
@@ -681,46 +848,113 @@ class RedisTurnStore(TurnStore):
         *,
         load: bool,
     ) -> Any:
+        """One claim pass (see the module docstring): the CLAIM script's
+        reply in the group that gave a turn, or None."""
+        claim = functools.partial(self._claim_in, owner, now, lease_seconds, load=load)
+        if turn_id is not None:
+            group = self.group_of(turn_id)
+            if group is self.desk or waiter is None:
+                return await claim(group, turn_id, waiter)
+            # The waiter is the desk's: what was handed to it first, then
+            # the turn, then the waiter registered (the desk has no such
+            # turn to claim: its calls only read the inbox and register).
+            for where, register in ((self.desk, False), (group, False), (self.desk, True)):
+                out = await claim(
+                    where, turn_id, waiter if where is self.desk else None, register=register
+                )
+                if out is not None:
+                    return out
+            return None
+        if len(self.groups) > 1:
+            # The groups whose earliest work is due first go first (the
+            # desk's at once when the waiter was handed something), so a
+            # claim takes the earliest due turn across groups as it does
+            # within one; the waiter is registered by the last call only,
+            # on the desk, when nothing was left anywhere.
+            for group in await self._due_groups(now, waiter):
+                out = await claim(group, None, waiter, register=False)
+                if out is not None:
+                    return out
+        return await claim(self.desk, None, waiter)
+
+    async def _due_groups(self, now: float, waiter: Waiter | None) -> list[TurnGroup]:
+        """The groups that have a turn to claim, by the time its work fell
+        due (read in one pipeline per node: a hint the claims decide on)."""
+        inbox = "" if waiter is None else self.desk.inbox_prefix + waiter.id
+        calls = [
+            ([group.runnable, group.leases], [repr(now), inbox if group is self.desk else ""])
+            for group in self.groups
+        ]
+        dues = await self.link.run_batch(_DUE, calls)
+        for due in dues:
+            if isinstance(due, BaseException):
+                raise due
+        found = [
+            (int(due[0]), float(due[1] or 0), index)
+            for index, due in enumerate(dues)
+            if due is not None
+        ]
+        return [self.groups[index] for *_, index in sorted(found)]
+
+    async def _claim_in(
+        self,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        group: TurnGroup,
+        turn_id: str | None,
+        waiter: Waiter | None,
+        *,
+        load: bool,
+        register: bool = True,
+    ) -> Any:
+        """The CLAIM script in ``group``."""
         args = [
-            self._turn_prefix,
+            group.turn_prefix,
             owner,
             repr(now),
             repr(now + lease_seconds),
             turn_id or "",
             int(load),
             "" if waiter is None else waiter.id,
-            self._inbox_prefix,
-            "" if waiter is None else repr(waiter.until),
+            group.inbox_prefix,
+            "" if waiter is None or not register else repr(waiter.until),
             "" if waiter is None else f"{waiter.lease_seconds!r} {waiter.owner}",
         ]
-        keys = [self._runnable, self._leases, self._tokens, self._waiting, self._waiters]
+        keys = [group.runnable, group.leases, group.tokens, group.waiting, group.waiters]
         return await self.link.run(_CLAIM, keys, args)
 
     async def renew(self, lease: Lease, now: float, lease_seconds: float) -> Lease | None:
         until = now + lease_seconds
-        keys = [self._turn_key(lease.turn_id), self._leases]
+        group = self.group_of(lease.turn_id)
+        keys = [group.turn(lease.turn_id), group.leases]
         if not await self.link.run(_RENEW, keys, [lease.turn_id, lease.token, until]):
             return None
         return replace(lease, until=until)
 
     async def release(self, lease: Lease) -> None:
-        keys = [self._turn_key(lease.turn_id), self._leases]
+        group = self.group_of(lease.turn_id)
+        keys = [group.turn(lease.turn_id), group.leases]
         await self.link.run(_RELEASE, keys, [lease.turn_id, lease.token])
 
     async def give_up(self, lease: Lease, now: float) -> None:
-        keys = [self._turn_key(lease.turn_id), self._runnable, self._leases, self._wake]
-        args = [self._turn_prefix, lease.turn_id, lease.token, repr(now), WAKE_TOKENS]
-        await self.link.run(_GIVE_UP_LEASE, keys, args)
+        group = self.group_of(lease.turn_id)
+        keys = [group.turn(lease.turn_id), group.runnable, group.leases, group.wake]
+        args = [group.turn_prefix, lease.turn_id, lease.token, repr(now), WAKE_TOKENS]
+        if await self.link.run(_GIVE_UP_LEASE, keys, args):
+            await self._wake_desk(lease.turn_id)
 
     async def wake(self, waiter: Waiter) -> None:
-        await self.link.run(_WAKE_WAITER, [self._inbox_prefix + waiter.id], [], replicate=False)
+        inbox = self.desk.inbox_prefix + waiter.id
+        await self.link.run(_WAKE_WAITER, [inbox], [], replicate=False)
 
     async def wait_for_work(self, at_most: float, waiter: Waiter | None = None) -> Claim | None:
         if at_most <= 0:
             return None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + at_most
-        lists = [self._wake] if waiter is None else [self._inbox_prefix + waiter.id, self._wake]
+        desk = self.desk
+        lists = [desk.wake] if waiter is None else [desk.inbox_prefix + waiter.id, desk.wake]
         try:
             # The blocking client has no socket timeout; this bounds a Redis
             # that accepts the command and then stalls.
@@ -734,13 +968,14 @@ class RedisTurnStore(TurnStore):
             return None
         where, item = popped
         item = item if isinstance(item, bytes) else item.encode()
-        if where in (self._wake, self._wake.encode()) or b"\n" not in item:
+        if where in (desk.wake, desk.wake.encode()) or b"\n" not in item:
             return None  # a wake-up token, or a wake-up of this waiter (wake)
         return await self._handed(item, waiter.owner)
 
     async def stop_waiting(self, waiter: Waiter, now: float) -> None:
-        keys = [self._waiting, self._waiters, self._runnable, self._leases, self._wake]
-        args = [waiter.id, self._inbox_prefix, self._turn_prefix, repr(now), WAKE_TOKENS]
+        desk = self.desk
+        keys = [desk.waiting, desk.waiters, desk.runnable, desk.leases, desk.wake]
+        args = [waiter.id, desk.inbox_prefix, desk.turn_prefix, repr(now), WAKE_TOKENS]
         await self.link.run(_STOP_WAITING, keys, args)
 
     async def close(self) -> None:

@@ -211,18 +211,17 @@ class ChatResuming:
         await asyncio.sleep(0)
 
     def write_ahead(
-        self, uri: str, action: StateAction, sender: Identity
+        self, uri: str, result: Step, sender: Identity | None
     ) -> Awaitable[None] | None:
-        """The host's write ahead (server.core.host.WriteAhead): a person's
-        ``chat/turnStarted`` is recorded as starting before it is appended,
-        so that a crash before its runner's turn exists leaves the sweep a
-        record of it: the chat's one record, written for a chat with no turn
-        active here (one that has is refused anyway); the sweep drops a
-        record whose start never landed."""
-        if not isinstance(action, ChatTurnStarted) or action.message.origin.kind == "agent":
+        """The core's write ahead of an append (server.core.channels.Ahead):
+        a person's ``chat/turnStarted``, validated, is recorded as starting
+        before it is appended, so that a crash before its runner's turn
+        exists leaves the sweep a record of it: the chat's one record. The
+        sweep drops a record whose start never landed."""
+        action = result.envelope.action
+        if sender is None or not isinstance(action, ChatTurnStarted):
             return None
-        held = self.host.core.cached(uri)
-        if held is not None and isinstance(held.state, ChatState) and held.state.active_turn:
+        if action.message.origin.kind == "agent":
             return None
         record = {"turn": action.turn_id, "at": self.runner.clock()}
         return self.host.store.put_record(STARTS, uri, json.dumps(record).encode())
@@ -237,7 +236,8 @@ class ChatResuming:
         ``Runner.submit_resume`` saves it, and handed to a waiting worker
         the same way: the crossing of a second call and the hooks before it
         are saved. Nothing when the store carries no rider (the memory
-        store, a cluster, two Redises), the answer needs a read (a form not
+        store, two Redises, a cluster where the turn's keys are not in the
+        chat's slot), the answer needs a read (a form not
         held here) or the turn was not read ahead: the hook then resumes as
         without it. What the script did is read in :meth:`_saved_by_rider`."""
         runner = self.runner
@@ -271,8 +271,9 @@ class ChatResuming:
         except ResumeRejected:
             return None  # the copy may be stale: the hook decides on a fresh one
         rider = runner.store.runnable_rider(prepared.turn, runner.clock(), started=prepared.started)
-        if rider is not None:
-            self._ridden.put(uri, _RiddenResume(result.envelope.server_seq, rider, prepared))
+        if rider is None or not self.host.store.carries(rider.store, uri, rider.keys):
+            return None  # on a cluster: the turn's keys are not in the chat's slot
+        self._ridden.put(uri, _RiddenResume(result.envelope.server_seq, rider, prepared))
         return rider
 
     def _saved_by_rider(self, ridden: _RiddenResume) -> bool:

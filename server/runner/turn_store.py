@@ -25,7 +25,10 @@ The fast path of a resume, one step each:
   under a new fencing token, as ``claim`` would, and put in its inbox. The
   caller may give the turn as it would be once started (its RUN
   transition, made by the caller): a hand-over then saves that one, so the
-  worker runs it without saving its start (``Claim.running``);
+  worker runs it without saving its start (``Claim.running``). A store
+  may queue the turn instead and wake the waiting worker, which claims it
+  (the Redis store on a cluster does, for turns outside the group its
+  workers wait on);
 - a worker waits as a :class:`Waiter`: ``claim_turn(..., waiter=w)`` first
   takes what was handed to ``w`` (and stops ``w`` waiting), and when there
   is nothing to claim registers ``w`` as waiting until ``w.until``;

@@ -31,7 +31,7 @@ leaves its owner to write it after the append, as without one.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -182,9 +182,11 @@ class ChannelStore(ABC):
         another, or is not known). Raises SeqConflict when the channel is
         elsewhere, ChannelGone, or StoreUnavailable."""
 
-    def carries(self, store: str) -> bool:
+    def carries(self, store: str, channel: str | None = None, keys: Sequence[str] = ()) -> bool:
         """Whether :meth:`append_riding` runs a :class:`Rider` for the store
-        at URL ``store`` with the append, atomically (this one does not)."""
+        at URL ``store`` (with ``keys``, on ``channel``'s append; without
+        them: whether it may carry some) with the append, atomically (this
+        one does not)."""
         return False
 
     async def append_riding(

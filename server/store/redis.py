@@ -21,9 +21,9 @@ write that belongs with it: server.store.base.Rider, the turn a person's
 answer resumes) runs both in one script, the rider only once the entry
 landed and inside ``pcall`` (a rider that fails leaves the entry appended,
 with what it wrote before it failed, and its owner writes on its own); it
-goes out at once, not batched. Only a
-single Redis carries riders: on a cluster the rider's keys are in other
-slots, and its owner writes after the append as before.
+goes out at once, not batched. A cluster carries a rider only when its
+keys are in the channel's slot; otherwise its owner writes after the
+append as before.
 
 Pub/sub only wakes other processes (it may drop messages); the log is the
 truth, and hosts compare heads now and then. A process hears the topics it
@@ -35,8 +35,8 @@ published on the topic of their ``topic`` (root notices on the root
 channel's), and heard by the processes that watch it.
 
 Redis Cluster: every script touches the keys of one channel, in one slot
-(RIDING, which adds a rider's keys of another slot, runs only on a single
-Redis: :meth:`RedisStore.carries`).
+(RIDING adds a rider's keys, and runs on a cluster only when they are in
+the channel's slot: :meth:`RedisStore.carries`).
 The steps that span channels are not atomic and need not be: ``heads``
 reads each channel's head on its own (one pipeline per node) and the host
 compares each with its own cache; the group commit sends each append on
@@ -74,10 +74,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from server.errors import AlreadyApplied, ChannelGone, SeqConflict, StoreError, StoreUnavailable
@@ -470,10 +471,15 @@ class RedisStore(ChannelStore):
             self._flusher = asyncio.create_task(self._flush())
         await future
 
-    def carries(self, store: str) -> bool:
-        # One script must reach both stores' keys: the same single Redis.
-        # On a cluster a rider's keys are in other slots than the channel's.
-        return self.link.cluster is None and store == self.url
+    def carries(self, store: str, channel: str | None = None, keys: Sequence[str] = ()) -> bool:
+        # One script must reach both stores' keys: the same Redis and, on a
+        # cluster, the channel's slot (a rider of another slot falls back).
+        if store != self.url:
+            return False
+        if self.link.cluster is None or channel is None:
+            return True
+        slot = key_slot(_keys(channel)[0].encode())
+        return all(key_slot(key.encode()) == slot for key in keys)
 
     async def append_riding(
         self,
@@ -485,7 +491,7 @@ class RedisStore(ChannelStore):
     ) -> None:
         # Not group-committed: the caller holds the channel's lock, so this
         # is the channel's one append in flight, and it goes out at once.
-        assert self.carries(rider.store), "a rider for another store"
+        assert self.carries(rider.store, channel, rider.keys), "a rider for another store"
         script = self._riding.get(rider.source)
         if script is None:
             if len(self._riding) >= 16:

@@ -1,0 +1,1 @@
+"""Telling people when they are needed: events, the outbox, webhooks and email."""

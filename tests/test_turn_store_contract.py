@@ -317,6 +317,24 @@ async def test_a_lease_given_up_is_claimed_at_once_by_another_worker(store: Turn
     assert taken.token != lease.token
 
 
+async def test_a_claim_says_whether_the_lease_before_was_given_up_or_lost(
+    store: TurnStore,
+) -> None:
+    await create(store)
+    first = await store.claim("worker-a", 0.0, LEASE, turn_id="t1")
+    assert first is not None
+    lost = await store.claim("worker-b", first.until + 1, LEASE)  # worker-a died
+    assert lost is not None
+    await store.give_up(lost, lost.until - 1)  # worker-b stops, handing it on
+    handed = await store.claim("worker-c", lost.until - 1, LEASE)
+    assert handed is not None
+    renewed = await store.renew(handed, lost.until, LEASE)
+
+    assert (first.freed, lost.freed, handed.freed) == (True, False, True)
+    assert renewed is not None
+    assert renewed.freed  # a renewal keeps what the claim said
+
+
 async def test_a_lease_given_up_wakes_a_waiting_worker(store: TurnStore) -> None:
     await create(store)
     lease = await store.claim("worker-a", 0.0, LEASE, turn_id="t1")

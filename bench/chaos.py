@@ -113,6 +113,11 @@ RETRY = 0.2
 """Seconds between two tries of an action the store could not take."""
 
 
+def debug(text: str) -> None:
+    if os.environ.get("CHAOS_DEBUG"):
+        print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
+
+
 def iso_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
 
@@ -174,7 +179,8 @@ class Huddle:
                 env={**os.environ, **self.env},
             )
             await read_until(self.process, [], "huddle worker:")
-        self.drain = asyncio.create_task(drained(self.process))
+        log = self.env["HUDDLE_FAULTS_DIR"] + f"/{self.slot.name.replace(' ', '-')}.log"
+        self.drain = asyncio.create_task(drained(self.process, Path(log)))
         self.slot.started(self.process.pid)
 
     async def kill(self) -> None:
@@ -184,11 +190,15 @@ class Huddle:
             await self.process.wait()
 
 
-async def drained(process: asyncio.subprocess.Process) -> None:
-    """Read a process's output so that it never blocks on a full pipe."""
+async def drained(process: asyncio.subprocess.Process, log: Path) -> None:
+    """Keep a process's output in ``log`` (so that it never blocks on a full
+    pipe, and a violation can be traced)."""
     assert process.stdout is not None
-    while await process.stdout.readline():
-        pass
+    with log.open("ab") as out:
+        out.write(f"--- started {time.strftime('%H:%M:%S')} pid {process.pid}\n".encode())
+        while line := await process.stdout.readline():
+            out.write(line)
+            out.flush()
 
 
 class Store:
@@ -308,25 +318,33 @@ class Person:
     client: HuddleClient
 
 
-async def act(history: History, person: HuddleClient, chat: str, action: StateAction) -> bool:
+RETRY_IT = None
+"""What :func:`act` says of an action to try again: the store could not
+take it, or its echo never came (its fate is then the store's; the state
+tells whether it landed)."""
+
+
+async def act(
+    history: History, person: HuddleClient, chat: str, action: StateAction
+) -> bool | None:
     """Send ``action`` and wait for its echo: True when acknowledged (and
-    recorded), False when rejected or never echoed."""
+    recorded), False when rejected for good, RETRY_IT."""
     try:
         async with asyncio.timeout(PATIENCE):
             envelope = await person.dispatch_and_wait(chat, action)
     except ActionRejected as rejected:
         history.rejected[str(rejected.code)] += 1
-        if os.environ.get("CHAOS_DEBUG"):
-            print("rejected", type(action).__name__, rejected, flush=True)
+        debug(f"rejected {type(action).__name__}: {rejected}")
         if rejected.code == RejectionCode.STORE_UNAVAILABLE:
             await asyncio.sleep(RETRY)  # a retry's pause: the store comes back by itself
+            return RETRY_IT
         return False
     except (Disconnected, TimeoutError):
         history.unacknowledged += 1
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(PATIENCE):
                 await person.connected.wait()
-        return False
+        return RETRY_IT
     assert envelope.origin is not None
     history.acked.append(
         (chat, envelope.server_seq, envelope.origin.client_id, envelope.origin.client_seq, action)
@@ -368,6 +386,7 @@ async def changed(mirror: Mirror, seq: int) -> ChatState | None:
         async with asyncio.timeout(PATIENCE):
             state = await mirror.wait_for(lambda s: mirror.seq > seq)
     except TimeoutError:
+        debug(f"nothing moved in {mirror.uri} past {seq}: {mirror.chat.active_turn}")
         return None
     assert isinstance(state, ChatState)
     return state
@@ -379,7 +398,7 @@ def answers_of(values: dict[str, str]) -> dict[str, InputAnswer]:
 
 async def answer(
     history: History, rng: random.Random, people: list[Person], chat: str, part: InputRequestPart
-) -> None:
+) -> bool | None:
     """Some people co-edit drafts of the request's answers, then one submits."""
     questions = [q.id for q in part.request.questions or []]
     for _ in range(rng.randint(0, 3)):
@@ -395,7 +414,7 @@ async def answer(
     completed = ChatInputCompleted(
         request_id=part.request.id, response="accept", answers=answers_of(values)
     )
-    await act(history, submitter.client, chat, completed)
+    return await act(history, submitter.client, chat, completed)
 
 
 async def decide(
@@ -405,7 +424,8 @@ async def decide(
     chat: str,
     turn_id: str,
     call: ToolCallPendingConfirmation,
-) -> None:
+) -> bool | None:
+    """One of the people approves (maybe with an edited input) or denies."""
     decider = rng.choice(people)
     roll = rng.random()
     if roll < 0.2:
@@ -427,7 +447,7 @@ async def decide(
             selected_option_id="approve",
             edited_tool_input=edited,
         )
-    await act(history, decider.client, chat, action)
+    return await act(history, decider.client, chat, action)
 
 
 async def idle(mirror: Mirror) -> bool:
@@ -437,6 +457,7 @@ async def idle(mirror: Mirror) -> bool:
         async with asyncio.timeout(PATIENCE):
             await mirror.wait_for(lambda s: isinstance(s, ChatState) and s.active_turn is None)
     except TimeoutError:
+        debug(f"{mirror.uri} never idle: {mirror.chat.active_turn}")
         return False
     return True
 
@@ -475,11 +496,16 @@ async def see_through(
             return
         calls, requests = pending(state), open_requests(state)
         seq = mirror.seq
+        outcome: bool | None = False
         if calls:
-            await decide(history, rng, people, chat, turn_id, calls[0])
+            outcome = await decide(history, rng, people, chat, turn_id, calls[0])
         elif requests:
-            await answer(history, rng, people, chat, requests[0])
+            outcome = await answer(history, rng, people, chat, requests[0])
+        if outcome is RETRY_IT:
+            continue
         if mirror.seq == seq and await changed(mirror, seq) is None:
+            seen = {p.name: p.client.mirrors[chat].seq for p in people if chat in p.client.mirrors}
+            debug(f"{chat}: the people's mirrors stand at {seen}")
             return
 
 
@@ -516,8 +542,11 @@ async def outside_turn(
     while not asking.done():
         requests = [p for p in open_requests(people_mirror.chat) if p.request.id == request.id]
         seq = people_mirror.seq
+        outcome: bool | None = False
         if requests:
-            await answer(history, rng, people, chat, requests[0])
+            outcome = await answer(history, rng, people, chat, requests[0])
+        if outcome is RETRY_IT:
+            continue
         if people_mirror.seq == seq:
             moved = asyncio.create_task(changed(people_mirror, seq))
             await asyncio.wait([asking, moved], return_when=asyncio.FIRST_COMPLETED)
@@ -527,6 +556,7 @@ async def outside_turn(
                 break
     with contextlib.suppress(InputAbandoned, ActionRejected, Disconnected, TimeoutError):
         async with asyncio.timeout(PATIENCE):
+            debug(f"awaiting the outside agent's answer in {chat}")
             completion = await asking
         history.agent_answers[(chat, request.id)] = {
             k: str(getattr(a.value, "value", None)) for k, a in completion.answers.items()
@@ -553,6 +583,8 @@ class Run:
     faults: Counter[str] = field(default_factory=Counter)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     authority: TokenAuthority = field(default_factory=lambda: TokenAuthority(TOKEN))
+    clean: bool = False
+    """Whether the checker found nothing wrong (the logs are removed then)."""
 
     def token(self, name: str) -> str:
         return self.authority.mint("participant", name=name, expires_at=time.time() + 86_400)
@@ -574,6 +606,7 @@ async def deployed(args: argparse.Namespace) -> AsyncIterator[Run]:
     servers: list[Huddle] = []
     workers: list[Huddle] = []
     proxies: list[CuttingProxy] = []
+    run: Run | None = None
     try:
         await store.start()
         env = {
@@ -596,14 +629,18 @@ async def deployed(args: argparse.Namespace) -> AsyncIterator[Run]:
             worker = Huddle(Slot(f"worker {index}"), ("worker",), env)
             await worker.start()
             workers.append(worker)
-        yield Run(args, root, store, servers, workers, proxies)
+        run = Run(args, root, store, servers, workers, proxies)
+        yield run
     finally:
         for proxy in proxies:
             await proxy.close()
         for process in (*servers, *workers):
             await process.kill()
         await store.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        if run is not None and run.clean:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"the processes' logs and the ledger are kept in {root}")
 
 
 async def play_session(run: Run, index: int) -> None:
@@ -709,11 +746,12 @@ async def fault_loop(run: Run, until: float) -> None:
             return
         await asyncio.sleep(wait)  # the run's schedule
         kind = KINDS[rng.randrange(len(KINDS))]
-        began = time.monotonic()
+        at, began = time.strftime("%H:%M:%S"), time.monotonic()
         what = await inject(run, rng, kind)
         run.faults[kind] += 1
+        took = time.monotonic() - began
         print(
-            f"fault {sum(run.faults.values())}: {kind} ({what}), {time.monotonic() - began:.1f} s"
+            f"fault {sum(run.faults.values())} at {at}: {kind} ({what}), {took:.1f} s", flush=True
         )
 
 
@@ -944,7 +982,16 @@ def table(run: Run, tally: Tally, minutes: float) -> str:
     return "\n".join(lines)
 
 
+def quiet_refusals(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A proxy whose server is down (killed, restarting) drops the client's
+    connection: expected here, so not logged as a traceback."""
+    if isinstance(context.get("exception"), OSError):
+        return
+    loop.default_exception_handler(context)
+
+
 async def chaos(args: argparse.Namespace) -> int:
+    asyncio.get_running_loop().set_exception_handler(quiet_refusals)
     async with deployed(args) as run:
         for index in range(SERVERS):
             run.agents.append(await run.connect(TOKEN, index))
@@ -973,6 +1020,7 @@ async def chaos(args: argparse.Namespace) -> int:
             print(f"VIOLATIONS with seed {args.seed}: {bad}")
             return 1
         print(f"all zeros (seed {args.seed})")
+        run.clean = True
         return 0
 
 

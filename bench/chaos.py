@@ -267,10 +267,10 @@ class Store:
         self.slots[primary.address].sample()
         await asyncio.to_thread(primary.kill)
         await asyncio.to_thread(replica.wait_for, "Failover election won", PATIENCE, since=mark)
+        mark = len(primary.lines)  # past the killed process's last words
         await asyncio.to_thread(primary.start, PATIENCE)
-        await asyncio.to_thread(
-            primary.wait_for, "MASTER <-> REPLICA sync: Finished with success", PATIENCE
-        )
+        synced = "MASTER <-> REPLICA sync: Finished with success"
+        await asyncio.to_thread(primary.wait_for, synced, PATIENCE, since=mark)
         assert primary.process is not None
         self.slots[primary.address].started(primary.process.pid)
         return primary.address

@@ -6,15 +6,13 @@ chain whole. Its goals are guarantees, not figures: any count but 0 fails."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import sys
 
 import pytest
 
 from bench.chaos import KINDS
-from bench.fanout import ROOT
 from tests.conftest import UNIT
+from tests.test_benchmarks import benchmark_output
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300 * UNIT)]
 
@@ -24,25 +22,12 @@ SEED = "7"
 async def test_a_minute_of_faults_loses_nothing_runs_nothing_twice_and_leaves_nothing_stuck() -> (
     None
 ):
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
+    text = await benchmark_output(
         "bench.chaos",
         *("--minutes", "1", "--seed", SEED, "--sessions", "4", "--single-redis"),
         *("--every", "1.5", "3"),
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        within=240 * UNIT,
     )
-    try:
-        async with asyncio.timeout(240 * UNIT):
-            output, _ = await process.communicate()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    text = output.decode()
-    assert process.returncode == 0, text
     assert f"all zeros (seed {SEED})" in text
     faults = re.search(r"\| faults \| (.*) \|", text)
     assert faults is not None, text

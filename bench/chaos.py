@@ -40,6 +40,9 @@ violation count is not 0, and the seed is printed with it:
 - audit chains verified / broken: each session's export and its verify
   (signatures checked), as ``huddle audit export`` and ``verify`` do;
 - each process's peak RSS against its first start, and faults by kind.
+
+``CHAOS_DEBUG=1`` prints what the people were refused and every wait that
+ran out, as it happens.
 """
 
 from __future__ import annotations

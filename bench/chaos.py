@@ -58,6 +58,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -1008,7 +1009,8 @@ async def chaos(args: argparse.Namespace) -> int:
         results = await asyncio.gather(*sessions, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
-                print(f"a session ended with {result!r}")
+                where = traceback.extract_tb(result.__traceback__)[-2:]
+                print(f"a session ended with {result!r} at {traceback.format_list(where)}")
         for process in (*run.servers, *run.workers):
             process.slot.sample()
         run.store.sample()

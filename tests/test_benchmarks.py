@@ -17,18 +17,23 @@ pytestmark = pytest.mark.redis
 
 async def _quick(module: str, *args: str) -> str:
     """``python -m <module> --quick <args>``'s output; it must succeed."""
+    return await benchmark_output(module, "--quick", *args, within=60 * UNIT)
+
+
+async def benchmark_output(module: str, *args: str, within: float) -> str:
+    """``python -m <module> <args>``'s output, within ``within`` seconds; it
+    must succeed."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         module,
-        "--quick",
         *args,
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
     try:
-        async with asyncio.timeout(60 * UNIT):
+        async with asyncio.timeout(within):
             output, _ = await process.communicate()
     finally:
         if process.returncode is None:

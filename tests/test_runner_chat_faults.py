@@ -263,12 +263,29 @@ async def saved_not_shown(
     return service, alice, chat, mirror, turn_id
 
 
-async def test_an_approval_the_chat_never_showed_is_shown_by_the_next_sweep() -> None:
+@pytest.mark.parametrize(
+    "started",
+    [
+        pytest.param(False, id="never-shown"),
+        # A chaos run (bench.chaos, seed 7) found this one: a worker killed
+        # between the call's start and its confirmation left the turn
+        # waiting for an approval nobody could give, the sweep taking the
+        # started call for an asked one.
+        pytest.param(True, id="shown-only-started"),
+    ],
+)
+async def test_an_approval_the_chat_never_showed_is_shown_by_the_next_sweep(started: bool) -> None:
     runs = Runs()
     agent = deploying(runs)
     huddle = await start_server(agent=agent, workers=0)
     try:
         service, alice, chat, mirror, turn_id = await saved_not_shown(huddle, agent)
+        if started:
+            worker = await huddle.client("agent")
+            start = ChatToolCallStart(
+                turn_id="t1", tool_call_id="c1", tool_name="deploy", display_name="Deploy"
+            )
+            await worker.dispatch_and_wait(chat, start)
         assert pending((await huddle.server.parts.host.view(chat)).state) is None  # type: ignore[arg-type]
         await service.bridge.reconcile()
         assert pending((await huddle.server.parts.host.view(chat)).state) is None  # type: ignore[arg-type]

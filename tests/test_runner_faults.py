@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
+from server.errors import StoreUnavailable
 from server.runner.agent import Agent, Tool, require_approval_for
 from server.runner.errors import ModelUnavailable
 from server.runner.events import EventType, RunnerEvent
 from server.runner.metrics import RunnerMetrics
 from server.runner.model import ModelReply
+from server.runner.port import NullPort
 from server.runner.runner import ResumeRejected, Runner, retry_after_seconds
 from server.runner.turn import ResumeCommand, Turn, TurnStatus
 from server.runner.turn_store import MemoryTurnStore
@@ -300,3 +302,40 @@ async def test_a_models_retry_after_lengthens_the_backoff(retry_after: str, wait
 def test_retry_after_is_read_only_from_a_model_that_sent_it() -> None:
     assert retry_after_seconds(ValueError("x"), 0.0) is None
     assert retry_after_seconds(ModelUnavailable("down"), 0.0) is None
+
+
+# ─── The chat's store away while the model streams ──────────────────────────
+
+
+class StoreAwayOnce(NullPort):
+    """A chat whose store refuses the first text shown (a Redis primary
+    killed under it), then takes everything."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self.away = True
+
+    async def text(self, turn: Turn, delta: str) -> None:
+        if self.away:
+            self.away = False
+            raise StoreUnavailable("the chat's primary is failing over")
+        self.shown.append(delta)
+
+
+async def test_text_the_chat_store_refused_is_not_the_models_failure_the_step_runs_again() -> None:
+    # A chaos run (bench.chaos, seed 2026, a Redis primary killed) found it:
+    # the failed append was taken for the model's failure, the turn saved
+    # failed, and showing that failed too, leaving its chat turn active.
+    clock = Clock()
+    port = StoreAwayOnce()
+    helper = agent(scripted(say("Hello there.")))
+    runner = Runner(MemoryTurnStore(), [helper], port=port, clock=clock, lease_seconds=LEASE)
+    await runner.start(helper, "Hi", turn_id="t1")
+    worker = Worker(runner)
+    assert await worker.step()  # the worker logs it and lets the lease run out
+    assert (await runner.store.load("t1")).status == TurnStatus.RUNNING  # its lease runs out
+    clock.advance(LEASE + 1)
+    assert await worker.step()  # taken over, as after a crash
+    done = await runner.store.load("t1")
+    assert done.status == TurnStatus.COMPLETED
+    assert "".join(port.shown) == "Hello there."

@@ -32,7 +32,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, Protocol, assert_never
 
-from server.errors import HuddleError
+from server.errors import HuddleError, StoreError
 from server.runner import approvals, user_input
 from server.runner.agent import Agent, Outcome, Tool
 from server.runner.context import ToolContext, enter, leave, lender
@@ -338,6 +338,12 @@ class Execution:
         except TransientError as error:
             wait = retry_after_seconds(error, self.runner.clock())
             await self._retry_later(agent, turn, lease, f"model: {error}", wait)
+        except StoreError:
+            # Showing the streamed text failed, not the model: failing the
+            # turn would save it failed and then fail to show that too (the
+            # chat's store is away), leaving its chat turn active for good.
+            # The lease runs out and the step is done again, as after a crash.
+            raise
         except Exception as error:
             log.exception("model failed in turn %s", turn.id)
             await self._finish(turn, lease, Transition.FAIL, f"model failed: {error}")

@@ -40,7 +40,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.chat import ChatState, ToolCallCancelled
+from protocol.chat import ChatState, ToolCallCancelled, ToolCallStreaming
 from reducers import notes
 from reducers.chat import select_input_settlement, select_latest_tool_call, select_tool_call
 from server.errors import ChannelGone, StoreError
@@ -166,7 +166,12 @@ class Sweep:
                 await self.showing.input_requested(turn, suspension)
             return
         pending = turn.call(suspension.correlation_id or "")
-        if pending is None or select_tool_call(state, pending.call.id) is not None:
+        if pending is None:
+            return
+        # A call its chat shows only as started (streaming) was not asked:
+        # its worker died between the call's start and its confirmation.
+        shown = select_tool_call(state, pending.call.id)
+        if shown is not None and not isinstance(shown, ToolCallStreaming):
             return
         tool = self.showing.tool(turn, pending.call.name)
         if tool is None:

@@ -186,6 +186,9 @@ async def open_client(
 
 async def start_ticket_story(page: Page) -> None:
     """Ask the demo agent for a ticket and wait for its form."""
+    # Once the chat has loaded (Send is enabled then): a turn sent before
+    # is refused on the spot, "the chat is still loading", as a person sees.
+    await expect(page.get_by_role("button", name="Send")).to_be_enabled()
     composer = page.get_by_label("Message to the agent")
     await composer.fill(TICKET)
     await composer.press("Enter")

@@ -99,7 +99,9 @@ class Sweep:
                 active = state.active_turn
                 if active is not None and active.id == chat_turn:
                     log.info("%s: turn %s was never started; starting it", chat, chat_turn)
-                    started += await self.resuming.start_again(chat, active)
+                    if await self.resuming.start_again(chat, active):
+                        started += 1
+                        continue  # the start dropped its record
             except ChannelGone:
                 pass
             except StoreError:
